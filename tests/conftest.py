@@ -1,0 +1,56 @@
+"""Shared fixtures: a tiny random-weight checkpoint drives the whole transformer path."""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from transformer_gmm.checkpoints import save_checkpoint
+from transformer_gmm.nn import MixtureTransformer, config_from_preset
+
+
+def make_tiny_checkpoint(folder: Path, seed: int = 0) -> Path:
+    """Save an untrained model of the "tiny" preset (heads for K = 2..4, d_max = 4,
+    context 64) to ``folder``. Its estimates are poor, which is what the tests want: EM
+    must still polish them into a good fit."""
+    torch.manual_seed(seed)
+    model = MixtureTransformer(config_from_preset("tiny"))
+    # The training initialisation is deliberately small (every slot starts near the data
+    # mean); unit-variance weights give components that differ, like a trained model's.
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, parameter.shape[1] ** -0.5)
+    return save_checkpoint(model, folder, model_card="Random weights, for tests only.")
+
+
+_TINY_ROOT = Path(tempfile.mkdtemp(prefix="transformer_gmm_tests_"))
+atexit.register(shutil.rmtree, _TINY_ROOT, ignore_errors=True)
+# Built at import: sklearn's parametrize_with_checks needs the path at collection time.
+TINY_CHECKPOINT = str(make_tiny_checkpoint(_TINY_ROOT / "tiny"))
+
+
+@pytest.fixture
+def tiny_checkpoint() -> str:
+    return TINY_CHECKPOINT
+
+
+def make_blobs(n_per_cluster: int, centers, scale: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Points around each centre, shuffled, as one array."""
+    rng = np.random.default_rng(seed)
+    centers = np.asarray(centers, dtype=float)
+    X = np.vstack(
+        [c + scale * rng.standard_normal((n_per_cluster, centers.shape[1])) for c in centers]
+    )
+    return X[rng.permutation(len(X))]
+
+
+@pytest.fixture
+def three_blobs() -> np.ndarray:
+    return make_blobs(60, [[-8.0, 0.0], [0.0, 8.0], [8.0, 0.0]], seed=1)

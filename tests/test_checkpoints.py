@@ -1,0 +1,245 @@
+"""Checkpoint folders: round trip, strict loading, resolving names, the per-process cache."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from transformer_gmm import checkpoints
+from transformer_gmm.checkpoints import (
+    CheckpointError,
+    bundled_checkpoints,
+    load_checkpoint,
+    load_model,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from transformer_gmm.nn import MixtureTransformer, config_from_preset
+
+
+def tiny_model(seed: int = 0, **overrides) -> MixtureTransformer:
+    torch.manual_seed(seed)
+    return MixtureTransformer(config_from_preset("tiny", **overrides)).eval()
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    return save_checkpoint(tiny_model(), tmp_path / "ckpt")
+
+
+def edit_config(folder: Path, **changes) -> None:
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps(config))
+
+
+def test_round_trip_gives_identical_outputs(tmp_path):
+    model = tiny_model(scale_type="diag")
+    folder = save_checkpoint(model, tmp_path / "a" / "b", model_card="Hello card.")
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+    ]
+    assert (folder / "README.md").read_text() == "Hello card."
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "transformer_gmm.MixtureTransformer"
+    assert config["format_version"] == 1
+    loaded = load_checkpoint(folder)
+    assert loaded.config == model.config
+    assert not loaded.training
+    for param in loaded.parameters():
+        assert param.device.type == "cpu" and param.dtype == torch.float32
+    x = torch.randn(2, 30, 4)
+    with torch.no_grad():
+        for k in (2, 3, 4):
+            for a, b in zip(model(x, k), loaded(x, k), strict=True):
+                assert torch.equal(a, b)
+
+
+def test_default_model_card_lists_the_config(folder):
+    card = (folder / "README.md").read_text()
+    assert "d_model" in card and "k_max" in card
+
+
+def test_config_mismatching_the_weights(folder):
+    edit_config(folder, d_model=32, n_head=2)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors.*shape"):
+        load_checkpoint(folder)
+
+
+def test_config_with_fewer_heads_than_the_weights(folder):
+    edit_config(folder, k_max=3)
+    with pytest.raises(CheckpointError, match=r"unexpected tensors \['heads\.4\."):
+        load_checkpoint(folder)
+
+
+def test_missing_weight_file(folder):
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors is missing"):
+        load_checkpoint(folder)
+
+
+def test_missing_config_file(folder):
+    (folder / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="config.json is missing"):
+        load_checkpoint(folder)
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_truncated_weight_file(folder):
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors is truncated or corrupted"):
+        load_checkpoint(folder)
+
+
+def test_garbage_config_file(folder):
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json"):
+        load_checkpoint(folder)
+
+
+def test_unknown_config_field_is_rejected_before_reading_weights(folder):
+    edit_config(folder, attention_window=32)
+    (folder / "model.safetensors").write_bytes(b"never read")
+    with pytest.raises(CheckpointError, match="attention_window"):
+        load_checkpoint(folder)
+
+
+def test_missing_config_field(folder):
+    config = json.loads((folder / "config.json").read_text())
+    del config["scale_type"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="scale_type"):
+        load_checkpoint(folder)
+
+
+def test_invalid_config_value(folder):
+    edit_config(folder, n_head=3)
+    with pytest.raises(CheckpointError, match="n_head"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize(
+    "field, value", [("model_type", "bert"), ("model_type", None), ("format_version", 2)]
+)
+def test_wrong_model_type_or_format_version(folder, field, value):
+    edit_config(folder, **{field: value})
+    with pytest.raises(CheckpointError, match=field):
+        load_checkpoint(folder)
+
+
+def test_extra_and_missing_tensors_are_listed(folder):
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    tensors["extra.weight"] = torch.zeros(3)
+    del tensors["readin.bias"]
+    save_file(tensors, path)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(folder)
+    assert "extra.weight" in str(info.value) and "readin.bias" in str(info.value)
+
+
+def test_half_precision_weights_load_as_float32(folder):
+    path = folder / "model.safetensors"
+    save_file({k: v.half() for k, v in load_file(path).items()}, path)
+    model = load_checkpoint(folder)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_resolve_local_folder(folder):
+    assert resolve_checkpoint(folder) == folder
+    assert resolve_checkpoint(str(folder)) == folder
+
+
+def test_resolve_unknown_name_lists_accepted_forms():
+    with pytest.raises(CheckpointError) as info:
+        resolve_checkpoint("no-such-checkpoint")
+    message = str(info.value)
+    assert "bundled" in message and "local checkpoint folder" in message and "org/name" in message
+
+
+def test_resolve_a_file_is_an_error(folder):
+    with pytest.raises(CheckpointError, match="is a file"):
+        resolve_checkpoint(folder / "config.json")
+
+
+@pytest.fixture
+def fake_hub(monkeypatch, folder):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    calls = []
+
+    def snapshot_download(repo_id, *, revision=None, allow_patterns=None, **kwargs):
+        calls.append((repo_id, revision, sorted(allow_patterns)))
+        if repo_id == "org/missing":
+            raise OSError("404 Repository Not Found")
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return calls
+
+
+def test_resolve_hub_id_with_revision(fake_hub, folder, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # so "org/name" is not also a local folder
+    files = ["README.md", "config.json", "model.safetensors"]
+    assert resolve_checkpoint("org/name@abc123") == folder
+    assert resolve_checkpoint("org/name") == folder
+    assert fake_hub == [("org/name", "abc123", files), ("org/name", None, files)]
+
+
+def test_hub_errors_become_checkpoint_errors(fake_hub, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"org/missing.*hf download.*--local-dir"):
+        resolve_checkpoint("org/missing")
+
+
+def test_local_folder_wins_over_hub_id(fake_hub, folder, monkeypatch):
+    monkeypatch.chdir(folder.parent.parent)
+    name = f"{folder.parent.name}/{folder.name}"  # relative path shaped like "org/name"
+    assert resolve_checkpoint(name) == Path(name)
+    assert fake_hub == []
+
+
+def test_load_model_caches_and_reloads_a_changed_checkpoint(folder):
+    first = load_model(folder)
+    assert load_model(str(folder)) is first
+    assert not first.training
+    assert not any(p.requires_grad for p in first.parameters())
+    save_checkpoint(tiny_model(seed=1), folder)
+    # Same size and, on a coarse clock, maybe the same mtime: move it to be sure.
+    stat = (folder / "model.safetensors").stat()
+    os.utime(folder / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    second = load_model(folder)
+    assert second is not first
+    assert not torch.equal(second.readin.weight, first.readin.weight)
+    assert load_model(folder) is second
+
+
+def test_bundled_checkpoints_is_a_dict():
+    bundled = bundled_checkpoints()
+    assert isinstance(bundled, dict)
+    assert all((path / "config.json").is_file() for path in bundled.values())
+
+
+def test_bundled_checkpoints_found_and_resolved(monkeypatch, tmp_path):
+    save_checkpoint(tiny_model(), tmp_path / "demo")
+    (tmp_path / "not_a_checkpoint").mkdir()
+    (tmp_path / "notes.md").write_text("not a folder")
+    monkeypatch.setattr(checkpoints, "_bundled_root", lambda: tmp_path)
+    assert bundled_checkpoints() == {"demo": tmp_path / "demo"}
+    assert resolve_checkpoint("demo") == tmp_path / "demo"
+    assert load_model("demo").config == config_from_preset("tiny")
+    with pytest.raises(CheckpointError, match="'demo'"):
+        resolve_checkpoint("nothing")

@@ -1,0 +1,80 @@
+"""TransformerClusterer: labels from the per-point head, Lloyd refinement, KMeans's surface."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import TINY_CHECKPOINT, make_blobs
+from sklearn.cluster import KMeans
+from sklearn.metrics import adjusted_rand_score
+
+from transformer_gmm import FallbackWarning, TransformerClusterer, _backend
+from transformer_gmm._preprocessing import fit_standardization
+
+
+def test_transformer_path_clusters_separated_blobs(three_blobs):
+    km = TransformerClusterer(3, checkpoint=TINY_CHECKPOINT, random_state=0).fit(three_blobs)
+    assert km.init_method_ == "transformer"
+    assert km.labels_.shape == (180,) and km.cluster_centers_.shape == (3, 2)
+    reference = KMeans(3, n_init=10, random_state=0).fit(three_blobs)
+    assert adjusted_rand_score(reference.labels_, km.labels_) == 1.0
+    assert km.inertia_ == pytest.approx(reference.inertia_, rel=1e-9)
+    assert km.n_iter_ >= 1
+
+
+def test_max_iter_zero_uses_the_heads_labels(three_blobs):
+    X = three_blobs[:60]  # within the tiny model's context: the head reads every point
+    km = TransformerClusterer(3, checkpoint=TINY_CHECKPOINT, max_iter=0).fit(X)
+    backbone = _backend.load_backbone(TINY_CHECKPOINT)
+    standardization = fit_standardization(X, backbone.d_max)
+    estimate = _backend.transformer_estimate(backbone, standardization.transform(X), 3, "cpu")
+    head_labels = estimate.point_probs.argmax(axis=1)
+    lifted_means = standardization.inverse_transform_means(estimate.means)
+    for k in range(3):
+        expected = X[head_labels == k].mean(axis=0) if (head_labels == k).any() else lifted_means[k]
+        np.testing.assert_allclose(km.cluster_centers_[k], expected, rtol=1e-10)
+    assert km.n_iter_ == 0
+    # labels_ are always the nearest centre, as KMeans guarantees.
+    np.testing.assert_array_equal(km.labels_, km.predict(X))
+
+
+def test_labels_transform_predict_and_score_agree(three_blobs):
+    km = TransformerClusterer(3, checkpoint=TINY_CHECKPOINT, random_state=0).fit(three_blobs)
+    distances = km.transform(three_blobs)
+    assert distances.shape == (180, 3)
+    np.testing.assert_array_equal(distances.argmin(axis=1), km.labels_)
+    np.testing.assert_array_equal(km.predict(three_blobs), km.labels_)
+    np.testing.assert_array_equal(km.fit_predict(three_blobs), km.labels_)
+    assert km.score(three_blobs) == pytest.approx(-km.inertia_, rel=1e-9)
+    np.testing.assert_allclose(km.fit_transform(three_blobs), distances)
+
+
+def test_fallback_warns_and_matches_kmeans(three_blobs):
+    with pytest.warns(FallbackWarning):
+        km = TransformerClusterer(3, random_state=0).fit(three_blobs)
+    assert km.init_method_ == "k-means++"
+    reference = KMeans(3, n_init=1, random_state=0).fit(three_blobs)
+    assert adjusted_rand_score(reference.labels_, km.labels_) == 1.0
+    with pytest.warns(FallbackWarning, match="not 6"):
+        TransformerClusterer(6, checkpoint=TINY_CHECKPOINT, random_state=0).fit(three_blobs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TransformerClusterer(3, checkpoint=None, random_state=0).fit(three_blobs)
+
+
+def test_same_random_state_same_result():
+    X = make_blobs(40, [[-4.0, 0.0], [0.0, 4.0], [4.0, 0.0], [0.0, -4.0]], seed=8)
+    for checkpoint in [TINY_CHECKPOINT, None]:
+        a = TransformerClusterer(4, checkpoint=checkpoint, n_init=3, random_state=3).fit(X)
+        b = TransformerClusterer(4, checkpoint=checkpoint, n_init=3, random_state=3).fit(X)
+        np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
+        np.testing.assert_array_equal(a.labels_, b.labels_)
+
+
+def test_n_init_keeps_the_lowest_inertia():
+    X = make_blobs(30, np.random.default_rng(9).uniform(-3, 3, (4, 2)), seed=9)
+    single = TransformerClusterer(4, checkpoint=TINY_CHECKPOINT, random_state=0).fit(X)
+    several = TransformerClusterer(4, checkpoint=TINY_CHECKPOINT, n_init=8, random_state=0).fit(X)
+    assert several.inertia_ <= single.inertia_ + 1e-9

@@ -1,0 +1,186 @@
+"""TransformerGMM: the transformer path, the fallback, invariances and GaussianMixture's surface."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from conftest import TINY_CHECKPOINT, make_blobs
+from sklearn.mixture import GaussianMixture
+
+from transformer_gmm import CheckpointError, FallbackWarning, TransformerGMM, _backend
+from transformer_gmm._preprocessing import fit_standardization
+
+COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
+
+
+def _sorted_means(means):
+    return means[np.lexsort(means.T[::-1])]
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_transformer_path_runs_end_to_end(three_blobs, covariance_type):
+    # The tiny checkpoint has random weights, so its estimate may lead EM to a local
+    # optimum; the trained checkpoint's accuracy is measured by benchmarks/accuracy.py.
+    raw = TransformerGMM(3, covariance_type=covariance_type, checkpoint=TINY_CHECKPOINT, max_iter=0)
+    gmm = TransformerGMM(3, covariance_type=covariance_type, checkpoint=TINY_CHECKPOINT)
+    raw.fit(three_blobs)
+    gmm.fit(three_blobs)
+    assert gmm.init_method_ == "transformer" and gmm.device_ == "cpu"
+    assert gmm.converged_ and gmm.n_iter_ >= 1
+    assert gmm.lower_bound_ > raw.lower_bound_
+    assert gmm.weights_.sum() == pytest.approx(1.0)
+    expected_precisions = (
+        np.linalg.inv(gmm.covariances_)
+        if covariance_type in ("full", "tied")
+        else 1 / gmm.covariances_
+    )
+    np.testing.assert_allclose(gmm.precisions_, expected_precisions, rtol=1e-8)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_restarts_recover_separated_blobs(three_blobs, covariance_type):
+    gmm = TransformerGMM(
+        3, covariance_type=covariance_type, checkpoint=TINY_CHECKPOINT, n_init=4, random_state=0
+    ).fit(three_blobs)
+    np.testing.assert_allclose(_sorted_means(gmm.means_), [[-8, 0], [0, 8], [8, 0]], atol=0.5)
+    np.testing.assert_allclose(gmm.weights_, 1 / 3, atol=0.02)
+
+
+def test_max_iter_zero_returns_the_transformers_estimate(three_blobs):
+    X = three_blobs[:60]  # within the tiny model's context: the backbone reads every point
+    gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0).fit(X)
+    backbone = _backend.load_backbone(TINY_CHECKPOINT)
+    standardization = fit_standardization(X, backbone.d_max)
+    estimate = _backend.transformer_estimate(backbone, standardization.transform(X), 3, "cpu")
+    np.testing.assert_allclose(
+        gmm.means_, standardization.inverse_transform_means(estimate.means), rtol=1e-6
+    )
+    np.testing.assert_allclose(gmm.weights_, estimate.weights / estimate.weights.sum(), rtol=1e-6)
+    assert gmm.n_iter_ == 0 and not gmm.converged_
+    assert gmm.init_method_ == "transformer"
+
+
+def test_default_checkpoint_missing_falls_back_with_warning(three_blobs):
+    with pytest.warns(FallbackWarning, match="No default checkpoint is bundled"):
+        gmm = TransformerGMM(3, random_state=0).fit(three_blobs)
+    assert gmm.init_method_ == "k-means++"
+
+
+def test_component_count_without_a_head_falls_back_with_warning(three_blobs):
+    with pytest.warns(FallbackWarning, match="heads for 2 to 4 components, not 5"):
+        gmm = TransformerGMM(5, checkpoint=TINY_CHECKPOINT, random_state=0).fit(three_blobs)
+    assert gmm.init_method_ == "k-means++" and gmm.converged_
+
+
+def test_explicit_none_and_single_component_do_not_warn(three_blobs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        TransformerGMM(3, checkpoint=None, random_state=0).fit(three_blobs)
+        TransformerGMM(1, random_state=0).fit(three_blobs)
+
+
+def test_named_checkpoint_that_cannot_be_found_is_an_error(three_blobs, tmp_path):
+    with pytest.raises(CheckpointError):
+        TransformerGMM(3, checkpoint=str(tmp_path / "nowhere")).fit(three_blobs)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError):
+        TransformerGMM(3, checkpoint=str(tmp_path / "empty")).fit(three_blobs)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_fallback_matches_sklearn_gaussian_mixture(covariance_type):
+    X = make_blobs(80, [[-6.0, 0.0, 1.0], [0.0, 6.0, 0.0], [6.0, 0.0, -1.0]], seed=3)
+    ours = TransformerGMM(3, covariance_type=covariance_type, checkpoint=None, random_state=0)
+    theirs = GaussianMixture(3, covariance_type=covariance_type, random_state=0)
+    ours.fit(X)
+    theirs.fit(X)
+    np.testing.assert_allclose(_sorted_means(ours.means_), _sorted_means(theirs.means_), atol=1e-3)
+    assert ours.lower_bound_ == pytest.approx(theirs.lower_bound_, abs=1e-3)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_scoring_surface_agrees_with_sklearn_on_the_same_parameters(three_blobs, covariance_type):
+    ours = TransformerGMM(3, covariance_type=covariance_type, checkpoint=TINY_CHECKPOINT)
+    ours.fit(three_blobs)
+    # Give sklearn exactly our parameters and compare every derived quantity.
+    theirs = GaussianMixture(3, covariance_type=covariance_type)
+    theirs.fit(three_blobs[:10])  # sets its fitted flags; the parameters are overwritten below
+    for name in ["weights_", "means_", "covariances_", "precisions_cholesky_", "precisions_"]:
+        setattr(theirs, name, getattr(ours, name))
+    X = make_blobs(20, [[0.0, 0.0]], scale=6.0, seed=4)
+    np.testing.assert_allclose(ours.score_samples(X), theirs.score_samples(X), rtol=1e-10)
+    np.testing.assert_allclose(ours.predict_proba(X), theirs.predict_proba(X), atol=1e-12)
+    np.testing.assert_array_equal(ours.predict(X), theirs.predict(X))
+    assert ours.score(X) == pytest.approx(theirs.score(X), rel=1e-12)
+    assert ours.bic(X) == pytest.approx(theirs.bic(X), rel=1e-12)
+    assert ours.aic(X) == pytest.approx(theirs.aic(X), rel=1e-12)
+
+
+def test_fit_predict_equals_fit_then_predict(three_blobs):
+    gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, random_state=0)
+    labels = gmm.fit_predict(three_blobs)
+    np.testing.assert_array_equal(labels, gmm.predict(three_blobs))
+
+
+@pytest.mark.parametrize("checkpoint", [TINY_CHECKPOINT, None])
+def test_same_random_state_same_result(checkpoint):
+    # 200 points > the tiny model's context of 64: the subsample is seeded too.
+    X = make_blobs(50, [[-4.0, 0.0], [0.0, 4.0], [4.0, 0.0], [0.0, -4.0]], seed=5)
+    first = TransformerGMM(4, checkpoint=checkpoint, n_init=2, random_state=7).fit(X)
+    second = TransformerGMM(4, checkpoint=checkpoint, n_init=2, random_state=7).fit(X)
+    np.testing.assert_array_equal(first.means_, second.means_)
+    np.testing.assert_array_equal(first.covariances_, second.covariances_)
+
+
+def test_fit_does_not_depend_on_row_order(three_blobs):
+    X = three_blobs[:60]  # within the tiny model's context, so no subsample is drawn
+    shuffled = X[np.random.default_rng(0).permutation(60)]
+    a = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0).fit(X)
+    b = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0).fit(shuffled)
+    np.testing.assert_allclose(a.means_, b.means_, rtol=1e-5, atol=1e-6)
+    a = TransformerGMM(3, checkpoint=TINY_CHECKPOINT).fit(X)
+    b = TransformerGMM(3, checkpoint=TINY_CHECKPOINT).fit(shuffled)
+    np.testing.assert_allclose(a.means_, b.means_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a.covariances_, b.covariances_, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_features", [2, 7])  # 7 > d_max = 4: goes through the projection
+def test_translation_and_scaling_map_the_means(n_features):
+    rng = np.random.default_rng(6)
+    X = make_blobs(20, rng.uniform(-5, 5, (3, n_features)), seed=6)
+    a, b = 3.5, rng.normal(size=n_features) * 10
+    for max_iter in [0, 100]:
+        base = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=max_iter).fit(X)
+        moved = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=max_iter).fit(a * X + b)
+        # The backbone reads float32, so rounding differs in the last bits of its input.
+        np.testing.assert_allclose(moved.means_, a * base.means_ + b, rtol=1e-4, atol=1e-4 * a)
+        np.testing.assert_allclose(moved.weights_, base.weights_, rtol=1e-4)
+
+
+def test_sample_draws_from_the_fitted_mixture(three_blobs):
+    gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, random_state=0).fit(three_blobs)
+    X, y = gmm.sample(3000)
+    assert X.shape == (3000, 2) and y.shape == (3000,)
+    for k in range(3):
+        np.testing.assert_allclose(X[y == k].mean(axis=0), gmm.means_[k], atol=0.15)
+    with pytest.raises(ValueError, match="positive integer"):
+        gmm.sample(0)
+
+
+def test_non_convergence_warns(three_blobs):
+    from sklearn.exceptions import ConvergenceWarning
+
+    with pytest.warns(ConvergenceWarning, match="Increase max_iter"):
+        TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=1, tol=0.0).fit(three_blobs)
+
+
+def test_n_init_keeps_the_best_lower_bound(three_blobs):
+    single = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=2, random_state=0)
+    several = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=2, n_init=5, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        single.fit(three_blobs)
+        several.fit(three_blobs)
+    assert several.lower_bound_ >= single.lower_bound_

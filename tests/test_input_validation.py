@@ -1,0 +1,72 @@
+"""Bad input gets a clear error that says what to do, never a crash deep in torch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from conftest import TINY_CHECKPOINT
+
+from transformer_gmm import TransformerClusterer, TransformerGMM
+
+ESTIMATORS = [
+    TransformerGMM(3, checkpoint=TINY_CHECKPOINT),
+    TransformerGMM(3, checkpoint=None),
+    TransformerClusterer(3, checkpoint=TINY_CHECKPOINT),
+]
+
+X_GOOD = np.random.default_rng(0).normal(size=(30, 2))
+X_NAN = X_GOOD.copy()
+X_NAN[3, 1] = np.nan
+X_INF = X_GOOD.copy()
+X_INF[5, 0] = np.inf
+
+BAD_INPUTS = {
+    "nan": (X_NAN, ValueError, "Input X contains NaN"),
+    "inf": (X_INF, ValueError, "Input X contains infinity"),
+    "fewer samples than components": (X_GOOD[:2], ValueError, "Pass more samples or lower"),
+    "1-D": (X_GOOD[:, 0], ValueError, "Reshape your data"),
+    "empty": (np.empty((0, 2)), ValueError, "minimum of 2 is required"),
+    "no features": (np.empty((30, 0)), ValueError, "minimum of 1 is required"),
+    "strings": (np.array([["a", "b"]] * 30), ValueError, "could not convert|dtype"),
+    "sparse matrix": (sp.csr_matrix(X_GOOD), TypeError, "dense data is required"),
+    "complex": (X_GOOD + 1j, ValueError, "Complex data not supported"),
+}
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=repr)
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_fit_input_raises_a_clear_error(estimator, case):
+    X, error, message = BAD_INPUTS[case]
+    with pytest.raises(error, match=message):
+        estimator.fit(X)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=repr)
+def test_predict_with_the_wrong_number_of_features(estimator):
+    estimator.fit(X_GOOD)
+    with pytest.raises(ValueError, match="X has 3 features, but .* is expecting 2 features"):
+        estimator.predict(np.zeros((4, 3)))
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(n_components=0), "'n_components' parameter .* must be an int in the range"),
+        (dict(covariance_type="banana"), "'covariance_type' parameter"),
+        (dict(max_iter=-1), "'max_iter' parameter"),
+        (dict(reg_covar=-1.0), "'reg_covar' parameter"),
+        (dict(n_init=0), "'n_init' parameter"),
+        (dict(checkpoint=3), "'checkpoint' parameter"),
+        (dict(device="tpu"), "device='tpu' is not"),
+        pytest.param(
+            dict(device="cuda"),
+            "CUDA is not available",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present here"),
+        ),
+    ],
+)
+def test_bad_parameters_raise_on_fit(params, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerGMM(**{"checkpoint": None, **params}).fit(X_GOOD)

@@ -1,0 +1,189 @@
+"""The model reads a set: shapes, constraints, permutation and padding invariance, config."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from transformer_gmm.nn import (
+    PRESETS,
+    MixtureOutput,
+    MixtureTransformer,
+    ModelConfig,
+    config_from_preset,
+)
+
+ATOL = 1e-5
+
+
+def make_model(scale_type: str = "spherical", seed: int = 0) -> MixtureTransformer:
+    torch.manual_seed(seed)
+    # Two layers, so attention between points is exercised beyond one block.
+    config = config_from_preset("tiny", n_layer=2, scale_type=scale_type)
+    return MixtureTransformer(config).eval()
+
+
+@pytest.fixture(params=["spherical", "diag"])
+def model(request) -> MixtureTransformer:
+    return make_model(request.param)
+
+
+def points(batch: int, n: int, d: int = 4, seed: int = 1) -> torch.Tensor:
+    return torch.randn(batch, n, d, generator=torch.Generator().manual_seed(seed))
+
+
+def assert_close(a: MixtureOutput, b: MixtureOutput, fields=MixtureOutput._fields) -> None:
+    for name in fields:
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_output_shapes_and_constraints(model, k):
+    out = model(points(3, 20), k)
+    scale_dim = 1 if model.config.scale_type == "spherical" else 4
+    assert isinstance(out, MixtureOutput)
+    assert out.log_weights.shape == out.weights.shape == (3, k)
+    assert out.means.shape == (3, k, 4)
+    assert out.scales.shape == (3, k, scale_dim)
+    assert out.point_logits.shape == (3, 20, k)
+    for tensor in out:
+        assert tensor.dtype == torch.float32
+        assert torch.isfinite(tensor).all()
+    torch.testing.assert_close(out.weights.sum(-1), torch.ones(3))
+    torch.testing.assert_close(out.log_weights.exp(), out.weights)
+    assert (out.weights > 0).all() and (out.scales > 0).all()
+
+
+def test_untrained_outputs_are_varied():
+    out = make_model()(points(2, 30), 4)
+    # Distinct seeds give distinct components, and different data different estimates.
+    assert torch.cdist(out.means[0], out.means[0]).triu(1).max() > 1e-3
+    assert (out.point_logits[0].std(0) > 0).all()
+    assert not torch.allclose(out.means[0], out.means[1])
+
+
+def test_permutation_invariance_and_equivariance(model):
+    x = points(2, 25)
+    perm = torch.randperm(25, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out, shuffled = model(x, 3), model(x[:, perm], 3)
+    assert_close(out, shuffled, ["log_weights", "weights", "means", "scales"])
+    torch.testing.assert_close(shuffled.point_logits, out.point_logits[:, perm], atol=ATOL, rtol=0)
+
+
+def test_padding_rows_change_nothing(model):
+    x = points(1, 15)
+    junk = 1e3 * points(1, 10, seed=3)
+    junk[0, 0, 0] = float("nan")  # masked rows must not leak, not even a NaN
+    padded = torch.cat([x[:, :7], junk, x[:, 7:]], dim=1)  # real points around the junk
+    mask = torch.ones(1, 25, dtype=torch.bool)
+    mask[0, 7:17] = False
+    with torch.no_grad():
+        out, out_padded = model(x, 3), model(padded, 3, mask)
+    real = mask[0]
+    assert_close(out, out_padded._replace(point_logits=out_padded.point_logits[:, real]))
+
+
+def test_batch_of_datasets_of_different_sizes():
+    model = make_model()
+    big, small = points(1, 20, seed=4), points(1, 8, seed=5)
+    x = torch.cat([big, torch.cat([small, torch.zeros(1, 12, 4)], dim=1)])  # (2, 20, 4)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, 8:] = False
+    with torch.no_grad():
+        out = model(x, 2, mask)
+        alone = model(small, 2)
+    torch.testing.assert_close(out.means[1], alone.means[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.point_logits[1, :8], alone.point_logits[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.means[0], model(big, 2).means[0], atol=ATOL, rtol=0)
+
+
+def test_fully_masked_dataset_gives_finite_outputs():
+    model = make_model()
+    mask = torch.zeros(2, 10, dtype=torch.bool)
+    mask[0] = True
+    out = model(points(2, 10), 3, mask)
+    assert all(torch.isfinite(tensor).all() for tensor in out)
+
+
+def test_gradients_reach_every_parameter_of_the_used_head():
+    model = make_model().train()
+    out = model(points(2, 12), 3)
+    (out.means.sum() + out.scales.sum() + out.log_weights.sum() + out.point_logits.sum()).backward()
+    for name, param in model.named_parameters():
+        used = not name.startswith("heads.") or name.startswith("heads.3.")
+        assert (param.grad is not None) == used, name
+
+
+@pytest.mark.parametrize("k", [1, 5, 0])
+def test_unsupported_n_components_raises(k):
+    model = make_model()
+    assert not model.has_head(k)
+    with pytest.raises(ValueError, match=r"\[2, 4\]"):
+        model(points(1, 10), k)
+
+
+def test_supported_n_components():
+    model = make_model()
+    assert model.supported_n_components == range(2, 5)
+    assert model.has_head(2) and model.has_head(4)
+    assert not model.has_head(3.0) and not model.has_head(True)
+
+
+def test_bad_inputs_raise():
+    model = make_model()
+    with pytest.raises(ValueError, match="d_max=4"):
+        model(torch.randn(1, 10, 3), 2)
+    with pytest.raises(ValueError, match="mask"):
+        model(torch.randn(1, 10, 4), 2, torch.ones(1, 9, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_build(name):
+    config = config_from_preset(name)
+    assert ModelConfig.from_dict(config.to_dict()) == config
+    if name != "base":  # base is built by the latency check, not in every test run
+        model = MixtureTransformer(config)
+        assert set(model.heads) == {str(k) for k in range(config.k_min, config.k_max + 1)}
+
+
+def test_config_from_preset_overrides_and_errors():
+    assert config_from_preset("small", scale_type="diag").scale_type == "diag"
+    with pytest.raises(ValueError, match="huge"):
+        config_from_preset("huge")
+    with pytest.raises(ValueError, match="n_layers"):
+        config_from_preset("tiny", n_layers=3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(d_model=30, n_head=4), "d_model"),
+        (dict(k_min=5, k_max=3), "k_min"),
+        (dict(k_min=0), "k_min"),
+        (dict(scale_type="full"), "scale_type"),
+        (dict(n_layer=0), "n_layer"),
+        (dict(d_max=4.0), "d_max"),
+        (dict(context_size=True), "context_size"),
+    ],
+)
+def test_config_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ModelConfig(**kwargs)
+
+
+def test_config_round_trip_and_strict_from_dict():
+    config = ModelConfig(scale_type="diag")
+    assert ModelConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.d_model = 64
+    with pytest.raises(ValueError, match="dropout"):
+        ModelConfig.from_dict({**config.to_dict(), "dropout": 0.1})
+    partial = config.to_dict()
+    del partial["n_head"], partial["mlp_ratio"]
+    with pytest.raises(ValueError, match=r"n_head.*mlp_ratio"):
+        ModelConfig.from_dict(partial)
+    with pytest.raises(ValueError, match="dict"):
+        ModelConfig.from_dict([1, 2])

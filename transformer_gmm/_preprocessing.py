@@ -1,0 +1,86 @@
+"""The map between the user's space and the model's input space (numpy only).
+
+The backbone reads points of width ``d_max`` with zero mean and unit average variance
+per coordinate. ``fit`` and the training task sampler both go through
+:func:`fit_standardization`, so the model sees at inference exactly the distribution it
+was trained on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Standardization:
+    """An affine map ``z = basis.T @ (x - center) / scale``, zero-padded to ``d_max``.
+
+    Attributes
+    ----------
+    center : ndarray of shape (n_features,)
+        Mean of the data.
+    scale : float
+        One global scale: the root mean variance of the kept coordinates.
+    basis : ndarray of shape (n_features, n_kept)
+        Orthonormal columns. The identity when ``n_features <= d_max``; otherwise the top
+        ``d_max`` principal directions, where the component means live.
+    d_max : int
+        Width of the model's input.
+    """
+
+    center: np.ndarray
+    scale: float
+    basis: np.ndarray
+    d_max: int
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        """Map points of shape (n, n_features) to model inputs of shape (n, d_max)."""
+        Z = np.zeros((X.shape[0], self.d_max), dtype=np.float32)
+        Z[:, : self.basis.shape[1]] = ((X - self.center) @ self.basis) / self.scale
+        return Z
+
+    def inverse_transform_means(self, means: np.ndarray) -> np.ndarray:
+        """Map model-space means of shape (K, d_max) back to shape (K, n_features)."""
+        kept = means[:, : self.basis.shape[1]].astype(np.float64)
+        return self.center + self.scale * kept @ self.basis.T
+
+
+def fit_standardization(X: np.ndarray, d_max: int) -> Standardization:
+    """Fit the translation, projection and global scale that bring ``X`` to model space.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features)
+        Data in the user's space.
+    d_max : int
+        Width of the model's input.
+
+    Returns
+    -------
+    Standardization
+        The fitted map. Translating ``X`` by ``b`` and scaling it by ``a > 0`` changes
+        ``center`` to ``a * center + b`` and ``scale`` to ``a * scale`` and leaves the
+        transformed points unchanged, so the model's estimate is equivariant.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    n_features = X.shape[1]
+    center = X.mean(axis=0)
+    Xc = X - center
+    if n_features <= d_max:
+        basis = np.eye(n_features)
+        variances = Xc.var(axis=0)
+    else:
+        # Eigenvectors of the d x d covariance: O(n d^2) time and O(d^2) memory, whatever n.
+        eigenvalues, eigenvectors = np.linalg.eigh(Xc.T @ Xc / X.shape[0])
+        order = np.argsort(eigenvalues)[::-1][:d_max]
+        basis = eigenvectors[:, order]
+        # Fix each direction's sign (largest loading positive) so the map is deterministic.
+        signs = np.sign(basis[np.abs(basis).argmax(axis=0), np.arange(d_max)])
+        basis = basis * np.where(signs == 0, 1.0, signs)
+        variances = np.clip(eigenvalues[order], 0.0, None)
+    scale = float(np.sqrt(variances.mean()))
+    if not np.isfinite(scale) or scale <= np.finfo(np.float64).tiny:
+        scale = 1.0  # all points coincide: any scale maps them to the origin
+    return Standardization(center=center, scale=scale, basis=basis, d_max=d_max)

@@ -1,0 +1,288 @@
+"""Checkpoint I/O: a checkpoint is a folder with three files.
+
+- ``config.json``: the :class:`~transformer_gmm.nn.ModelConfig` fields, plus ``model_type``
+  and ``format_version``;
+- ``model.safetensors``: the weights (read with safetensors only: never pickle);
+- ``README.md``: the model card.
+
+``checkpoint=`` accepts a bundled name, a local folder or a Hugging Face Hub id
+(``"org/name"`` or ``"org/name@revision"``); :func:`load_model` resolves and loads it once
+per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .nn import MixtureTransformer, ModelConfig
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+MODEL_TYPE = "transformer_gmm.MixtureTransformer"
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+CARD_FILE = "README.md"
+
+# "org/name" or "org/name@revision"; the first character of each part must be
+# alphanumeric, so "./x", "/x" and "~/x" are never taken for Hub ids.
+_HUB_ID = re.compile(
+    r"^(?P<repo_id>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$"
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint could not be found, downloaded or loaded."""
+
+
+# --- saving ----------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    model: MixtureTransformer, folder: str | os.PathLike, *, model_card: str | None = None
+) -> Path:
+    """Write ``model`` to ``folder`` (created if needed) as config, weights and model card."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": MODEL_TYPE, "format_version": FORMAT_VERSION}
+    config.update(model.config.to_dict())
+    tensors = {
+        name: tensor.detach().to("cpu", torch.float32).contiguous()
+        for name, tensor in model.state_dict().items()
+    }
+    # Write each file beside its target, then rename: a crash never leaves half a file
+    # under the real name, and a reader sees the old file or the new one.
+    _replace(folder / WEIGHTS_FILE, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    _replace(folder / CONFIG_FILE, lambda p: Path(p).write_text(json.dumps(config, indent=2)))
+    card = model_card if model_card is not None else _default_card(model.config)
+    _replace(folder / CARD_FILE, lambda p: Path(p).write_text(card, encoding="utf-8"))
+    return folder
+
+
+def _replace(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(str(tmp))
+    os.replace(tmp, path)
+
+
+def _default_card(config: ModelConfig) -> str:
+    rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in config.to_dict().items())
+    k = f"{config.k_min}..{config.k_max}"
+    return (
+        "---\nlibrary_name: transformer_gmm\ntags: [gaussian-mixture, clustering]\n---\n\n"
+        "# transformer_gmm checkpoint\n\n"
+        f"A `MixtureTransformer` with readout heads for {k} components, reading up to "
+        f"{config.context_size} points of dimension up to {config.d_max}.\n\n"
+        "| field | value |\n| --- | --- |\n" + rows + "\n\n"
+        "```python\nfrom transformer_gmm import TransformerGMM\n\n"
+        'gmm = TransformerGMM(n_components=3, checkpoint="<this folder or Hub id>").fit(X)\n```\n'
+    )
+
+
+# --- loading ---------------------------------------------------------------------------
+
+
+def load_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
+    """Load the checkpoint in ``folder``: in eval mode, on CPU, in float32.
+
+    Strict: the config is validated before any tensor is built, and the weights must match
+    its shapes exactly. Every failure is a :class:`CheckpointError`.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise CheckpointError(f"Checkpoint folder {str(folder)!r} does not exist.")
+    config = _read_config(folder / CONFIG_FILE)
+    state = _read_weights(folder / WEIGHTS_FILE)
+    # On the meta device nothing is allocated: the expected names and shapes come for free,
+    # and load_state_dict(assign=True) then adopts the loaded tensors as the parameters.
+    with torch.device("meta"):
+        model = MixtureTransformer(config)
+    _check_weights(folder / WEIGHTS_FILE, state, model.state_dict())
+    state = {name: tensor.to(torch.float32) for name, tensor in state.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval()
+
+
+def _read_config(path: Path) -> ModelConfig:
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path} is missing: a checkpoint folder holds {CONFIG_FILE}, {WEIGHTS_FILE} and "
+            f"{CARD_FILE}. Save one with transformer_gmm.checkpoints.save_checkpoint."
+        )
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path} is not readable JSON ({error}).") from error
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(d).__name__}.")
+    d = dict(d)
+    model_type = d.pop("model_type", None)
+    if model_type != MODEL_TYPE:
+        raise CheckpointError(
+            f"{path}: field 'model_type' is {model_type!r}, expected {MODEL_TYPE!r}. "
+            "This is not a transformer_gmm checkpoint."
+        )
+    version = d.pop("format_version", None)
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: field 'format_version' is {version!r}, but this version of "
+            f"transformer_gmm reads format_version {FORMAT_VERSION}. A newer checkpoint needs "
+            "a newer transformer_gmm: upgrade it (pip install -U transformer-gmm)."
+        )
+    try:
+        return ModelConfig.from_dict(d)
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{path}: {error}") from error
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path} is missing: the checkpoint has no weights. Download or copy the whole "
+            "checkpoint folder again."
+        )
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(
+            f"{path} is truncated or corrupted ({error}). Download or copy the checkpoint "
+            "folder again."
+        ) from error
+
+
+def _check_weights(
+    path: Path, state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
+) -> None:
+    """Raise a CheckpointError listing every missing, unexpected and misshapen tensor."""
+    problems = []
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing:
+        problems.append(f"missing tensors {missing}")
+    if unexpected:
+        problems.append(f"unexpected tensors {unexpected}")
+    for name in sorted(set(state) & set(expected)):
+        got, want = state[name], expected[name]
+        if got.shape != want.shape:
+            problems.append(f"{name} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+        elif not got.is_floating_point():
+            problems.append(f"{name} has dtype {got.dtype}, expected a floating point dtype")
+    if problems:
+        raise CheckpointError(
+            f"{path} does not match the model described by {CONFIG_FILE}: "
+            + "; ".join(problems)
+            + ". The config and the weights must come from the same save_checkpoint call."
+        )
+
+
+# --- finding checkpoints ---------------------------------------------------------------
+
+
+def _bundled_root() -> Traversable:
+    """Where bundled checkpoints live; a function so tests can point it elsewhere."""
+    return resources.files("transformer_gmm.pretrained")
+
+
+def bundled_checkpoints() -> dict[str, Path]:
+    """The checkpoints shipped with the package, by name: every folder with a config.json."""
+    found = {}
+    for entry in _bundled_root().iterdir():
+        if entry.is_dir() and entry.joinpath(CONFIG_FILE).is_file():
+            # A regular package on disk, so the Traversable is a filesystem path.
+            found[entry.name] = Path(str(entry))
+    return dict(sorted(found.items()))
+
+
+def resolve_checkpoint(checkpoint: str | os.PathLike) -> Path:
+    """The local folder of ``checkpoint``, downloading it first if it is a Hub id.
+
+    Tried in order: a bundled name, an existing local folder, a Hugging Face Hub id
+    ``"org/name"`` or ``"org/name@revision"``.
+    """
+    bundled = bundled_checkpoints()
+    if isinstance(checkpoint, str) and checkpoint in bundled:
+        return bundled[checkpoint]
+    path = Path(checkpoint).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(
+            f"Checkpoint {str(checkpoint)!r} is a file; pass the folder that holds "
+            f"{CONFIG_FILE} and {WEIGHTS_FILE}."
+        )
+    match = _HUB_ID.match(checkpoint) if isinstance(checkpoint, str) else None
+    if match:
+        return _download(match["repo_id"], match["revision"])
+    names = ", ".join(repr(name) for name in bundled) or "none in this version"
+    raise CheckpointError(
+        f"Checkpoint {str(checkpoint)!r} was not found. checkpoint= accepts a bundled name "
+        f"(bundled: {names}), a path to a local checkpoint folder, or a Hugging Face Hub id "
+        "'org/name' or 'org/name@revision'."
+    )
+
+
+def _download(repo_id: str, revision: str | None) -> Path:
+    # Imported here: huggingface_hub is slow to import and only this branch needs it.
+    import huggingface_hub
+
+    try:
+        folder = huggingface_hub.snapshot_download(
+            repo_id, revision=revision, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE]
+        )
+    except Exception as error:  # network, auth, missing repo, offline mode: all alike here
+        at = f"@{revision}" if revision else ""
+        raise CheckpointError(
+            f"Could not download checkpoint {repo_id + at!r} from the Hugging Face Hub "
+            f"({type(error).__name__}: {error}). On a machine with internet access run "
+            f"`hf download {repo_id}{' --revision ' + revision if revision else ''} "
+            f"--local-dir <folder>`, copy the folder here, and pass checkpoint='<folder>'."
+        ) from error
+    return Path(folder)
+
+
+# --- the per-process cache -------------------------------------------------------------
+
+_CACHE: dict[Path, tuple[tuple, MixtureTransformer]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _stamp(folder: Path) -> tuple:
+    """(mtime, size) of the files a model is built from; None for a missing one."""
+    stamps = []
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        try:
+            stat = (folder / name).stat()
+            stamps.append((stat.st_mtime_ns, stat.st_size))
+        except OSError:
+            stamps.append(None)
+    return tuple(stamps)
+
+
+def load_model(checkpoint: str | os.PathLike) -> MixtureTransformer:
+    """Resolve and load ``checkpoint``, once per process.
+
+    Models are cached by folder and by the (mtime, size) of its config and weights, so a
+    rewritten checkpoint is loaded again. The returned model is SHARED by every caller and
+    frozen (``requires_grad`` off, eval mode): use it for inference only and never modify
+    it; call :func:`load_checkpoint` for a private copy to train or change.
+    """
+    folder = resolve_checkpoint(checkpoint).resolve()
+    stamp = _stamp(folder)
+    with _CACHE_LOCK:  # one load per checkpoint even when threads ask at once
+        cached = _CACHE.get(folder)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        model = load_checkpoint(folder).requires_grad_(False)
+        _CACHE[folder] = (stamp, model)  # replaces a stale model of the same folder
+        return model

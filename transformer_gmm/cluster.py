@@ -1,0 +1,251 @@
+"""TransformerClusterer: k-means clustering whose labels a pretrained transformer proposes."""
+
+from __future__ import annotations
+
+from numbers import Integral
+
+import numpy as np
+from sklearn.base import (
+    ClassNamePrefixFeaturesOutMixin,
+    ClusterMixin,
+    TransformerMixin,
+    _fit_context,
+)
+from sklearn.metrics.pairwise import euclidean_distances
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval
+from sklearn.utils.validation import check_is_fitted
+
+from . import _backend
+from ._base import _TransformerMixtureBase, draw_seed
+
+
+def _centers_from_labels(X: np.ndarray, labels: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """Mean of each cluster's points; a cluster with no point keeps its ``fallback`` row."""
+    centers = fallback.copy()
+    for k in range(fallback.shape[0]):
+        members = labels == k
+        if members.any():
+            centers[k] = X[members].mean(axis=0)
+    return centers
+
+
+class TransformerClusterer(
+    ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, _TransformerMixtureBase
+):
+    """K-means clustering started from the labels a pretrained transformer assigns.
+
+    The transformer's per-point head labels every point in one forward pass (a
+    permutation-invariant clustering, as in He et al. 2025); the cluster centres are the
+    means of those labels, and Lloyd's algorithm then refines them on all of ``X``. When
+    the checkpoint has no head for ``n_clusters`` (or no default checkpoint is bundled),
+    k-means++ seeds Lloyd instead, as in :class:`sklearn.cluster.KMeans`, with a
+    :class:`~transformer_gmm.FallbackWarning`.
+
+    Parameters
+    ----------
+    n_clusters : int, default=8
+        The number of clusters.
+    checkpoint : str, path or None, default="default"
+        The transformer: a bundled name, a local checkpoint folder, or a Hugging Face
+        Hub id. ``None`` uses k-means++ without a warning. A checkpoint that is named
+        but cannot be found or loaded raises an error.
+    max_iter : int, default=300
+        Lloyd iterations that refine the transformer's clustering; ``0`` keeps the
+        centres of its labels (points are then labelled by their nearest centre).
+    tol : float, default=1e-4
+        Lloyd stops when the squared shift of the centres falls below ``tol`` times the
+        mean variance of the features, or when no label changes.
+    n_init : int, default=1
+        Initialisations to run; the one with the lowest inertia is kept. The first comes
+        from the transformer, the others from k-means++ (all run as one batch).
+    device : str, default="auto"
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
+    random_state : int, RandomState instance or None, default=None
+        Seeds the subsample the transformer reads when ``n_samples`` exceeds its context
+        size, and the k-means++ seedings.
+
+    Attributes
+    ----------
+    cluster_centers_ : ndarray of shape (n_clusters, n_features)
+        Cluster centres.
+    labels_ : ndarray of shape (n_samples,)
+        The nearest centre of each training sample.
+    inertia_ : float
+        Sum of squared distances of the training samples to their nearest centre.
+    n_iter_ : int
+        Lloyd iterations run for the kept initialisation.
+    init_method_ : {"transformer", "k-means++"}
+        Where the kept clustering started.
+    device_ : str
+        The device the fit ran on.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of features seen during fit, when ``X`` has string column names.
+
+    See Also
+    --------
+    sklearn.cluster.KMeans : Lloyd from k-means++ seeding.
+    TransformerGMM : Soft clustering (a Gaussian mixture) with the same backbone.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm import TransformerClusterer
+    >>> rng = np.random.default_rng(0)
+    >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+    >>> km = TransformerClusterer(n_clusters=2, checkpoint=None, random_state=0).fit(X)
+    >>> np.bincount(km.labels_).tolist()
+    [50, 50]
+    >>> bool(km.predict([[-5.0, -5.0]])[0] == km.labels_[0])
+    True
+    """
+
+    _parameter_constraints: dict = {
+        **_TransformerMixtureBase._parameter_constraints,
+        "n_clusters": [Interval(Integral, 1, None, closed="left")],
+    }
+
+    def __init__(
+        self,
+        n_clusters=8,
+        *,
+        checkpoint="default",
+        max_iter=300,
+        tol=1e-4,
+        n_init=1,
+        device="auto",
+        random_state=None,
+    ):
+        self.n_clusters = n_clusters
+        self.checkpoint = checkpoint
+        self.max_iter = max_iter
+        self.tol = tol
+        self.n_init = n_init
+        self.device = device
+        self.random_state = random_state
+
+    def _n_components(self) -> int:
+        return self.n_clusters
+
+    @property
+    def _n_features_out(self) -> int:
+        return self.cluster_centers_.shape[0]
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y=None):
+        """Cluster ``X``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        self : TransformerClusterer
+            The fitted estimator.
+        """
+        X = self._validate_fit_data(X)
+        random_state = check_random_state(self.random_state)
+        device = _backend.resolve_device(self.device)
+        backbone = self._load_backbone()
+        init_centers = None
+        if backbone is not None:
+            standardization, rows, estimate = self._transformer_estimate(
+                X, backbone, device, random_state
+            )
+            # A cluster the head leaves empty starts at the parameter head's mean instead.
+            init_centers = _centers_from_labels(
+                X[rows],
+                estimate.point_probs.argmax(axis=1),
+                standardization.inverse_transform_means(estimate.means),
+            )
+        fit = _backend.fit_kmeans(
+            X,
+            n_clusters=self.n_clusters,
+            max_iter=self.max_iter,
+            tol=self.tol,
+            device=device,
+            seed=draw_seed(random_state),
+            n_kmeans_inits=self.n_init - 1 if init_centers is not None else self.n_init,
+            init_centers=init_centers,
+        )
+        self.cluster_centers_ = fit.centers
+        self.labels_ = fit.labels
+        self.inertia_ = fit.inertia
+        self.n_iter_ = fit.n_iter
+        self.init_method_ = (
+            "transformer" if init_centers is not None and fit.best_run == 0 else "k-means++"
+        )
+        self.device_ = device
+        return self
+
+    def fit_predict(self, X, y=None):
+        """Cluster ``X`` and return ``labels_``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,)
+            Cluster labels.
+        """
+        return self.fit(X).labels_
+
+    def predict(self, X):
+        """The nearest cluster centre of each sample.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,)
+            Cluster labels.
+        """
+        return self.transform(X).argmin(axis=1).astype(np.int32)
+
+    def transform(self, X):
+        """Distances from each sample to each cluster centre.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        distances : ndarray of shape (n_samples, n_clusters)
+            Euclidean distances.
+        """
+        check_is_fitted(self)
+        X = self._validate_predict_data(X)
+        return euclidean_distances(X, self.cluster_centers_)
+
+    def score(self, X, y=None):
+        """Minus the inertia of ``X`` with respect to the fitted centres (higher is better).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        score : float
+            ``-sum(min_k ||x - c_k||^2)``.
+        """
+        return -float((self.transform(X).min(axis=1) ** 2).sum())

@@ -1,0 +1,398 @@
+"""TransformerGMM: a Gaussian mixture initialised by a pretrained transformer."""
+
+from __future__ import annotations
+
+import warnings
+from numbers import Integral, Real
+
+import numpy as np
+from scipy.special import logsumexp
+from sklearn.base import DensityMixin, _fit_context
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted
+
+from . import _backend
+from ._base import _TransformerMixtureBase, draw_seed
+
+# Free parameters of the covariances, by type (for bic and aic).
+_N_COVARIANCE_PARAMETERS = {
+    "full": lambda k, d: k * d * (d + 1) / 2,
+    "tied": lambda k, d: d * (d + 1) / 2,
+    "diag": lambda k, d: k * d,
+    "spherical": lambda k, d: k,
+}
+
+
+def _precisions(precisions_cholesky: np.ndarray, covariance_type: str) -> np.ndarray:
+    if covariance_type == "full":
+        return precisions_cholesky @ np.swapaxes(precisions_cholesky, -1, -2)
+    if covariance_type == "tied":
+        return precisions_cholesky @ precisions_cholesky.T
+    return precisions_cholesky**2
+
+
+class TransformerGMM(DensityMixin, _TransformerMixtureBase):
+    """Gaussian mixture whose parameters a pretrained transformer estimates in one pass.
+
+    A set transformer reads the whole (standardized) dataset and returns mixture
+    weights, means and scales for the requested number of components; EM then polishes
+    that estimate on all of ``X`` in the original space. When the checkpoint has no
+    readout head for ``n_components`` (or no default checkpoint is bundled), the
+    estimator falls back to EM from k-means++ initialisation, as
+    :class:`sklearn.mixture.GaussianMixture` does, and says so with a
+    :class:`~transformer_gmm.FallbackWarning`.
+
+    Parameters
+    ----------
+    n_components : int, default=1
+        The number of mixture components.
+    covariance_type : {"full", "tied", "diag", "spherical"}, default="full"
+        The covariance parameterisation, as in :class:`~sklearn.mixture.GaussianMixture`.
+    checkpoint : str, path or None, default="default"
+        The transformer: a bundled name, a local checkpoint folder, or a Hugging Face
+        Hub id ``"org/name"`` (optionally ``"org/name@revision"``). ``None`` skips the
+        transformer and uses EM from k-means++ initialisation, without a warning. A
+        checkpoint that is named but cannot be found or loaded raises an error.
+    max_iter : int, default=100
+        EM iterations that polish the transformer's estimate. ``0`` returns the
+        transformer's own weights and means, with covariances from one M-step on its
+        responsibilities.
+    tol : float, default=1e-3
+        EM stops when the gain in the lower bound (mean log-likelihood per sample) is
+        below this threshold.
+    reg_covar : float, default=1e-6
+        Non-negative regularisation added to the diagonal of the covariances.
+    n_init : int, default=1
+        Initialisations to run; the one with the highest lower bound is kept. The first
+        comes from the transformer, the others from k-means++ (all run as one batch).
+    device : str, default="auto"
+        Where to run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when
+        available). Fitting uses float64 on CPU and float32 on CUDA.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the subsample the transformer reads when ``n_samples`` exceeds its context
+        size, and the k-means++ initialisations. The same seed gives the same result on
+        the same device.
+
+    Attributes
+    ----------
+    weights_ : ndarray of shape (n_components,)
+        The weight of each mixture component.
+    means_ : ndarray of shape (n_components, n_features)
+        The mean of each component.
+    covariances_ : ndarray
+        The covariance of each component; its shape depends on ``covariance_type``::
+
+            (n_components,)                        if "spherical",
+            (n_features, n_features)               if "tied",
+            (n_components, n_features)             if "diag",
+            (n_components, n_features, n_features) if "full"
+    precisions_ : ndarray
+        The inverses of the covariances, of the same shape.
+    precisions_cholesky_ : ndarray
+        Cholesky factors of the precisions, of the same shape (as in scikit-learn).
+    converged_ : bool
+        Whether EM converged (False when ``max_iter=0``).
+    n_iter_ : int
+        EM iterations run for the kept initialisation.
+    lower_bound_ : float
+        Mean log-likelihood per sample at the last E-step of the kept initialisation.
+    init_method_ : {"transformer", "k-means++"}
+        Where the kept estimate started: the transformer, or k-means++ (the fallback when
+        the transformer does not cover the request, or a restart that won).
+    device_ : str
+        The device the fit ran on.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (n_features_in_,)
+        Names of features seen during fit, when ``X`` has string column names.
+
+    See Also
+    --------
+    sklearn.mixture.GaussianMixture : EM from k-means initialisation.
+    TransformerClusterer : Hard clustering with the same backbone.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm import TransformerGMM
+    >>> rng = np.random.default_rng(0)
+    >>> X = np.vstack([rng.normal(-5, 1, (100, 2)), rng.normal(5, 1, (100, 2))])
+    >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+    >>> np.round(np.sort(gmm.means_[:, 0]))
+    array([-5.,  5.])
+    >>> gmm.weights_.round(2)
+    array([0.5, 0.5])
+    >>> labels = gmm.predict([[-5.0, -5.0], [5.0, 5.0]])
+    >>> bool(labels[0] != labels[1])
+    True
+    """
+
+    _parameter_constraints: dict = {
+        **_TransformerMixtureBase._parameter_constraints,
+        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "covariance_type": [StrOptions({"full", "tied", "diag", "spherical"})],
+        "reg_covar": [Interval(Real, 0.0, None, closed="left")],
+    }
+
+    def __init__(
+        self,
+        n_components=1,
+        *,
+        covariance_type="full",
+        checkpoint="default",
+        max_iter=100,
+        tol=1e-3,
+        reg_covar=1e-6,
+        n_init=1,
+        device="auto",
+        random_state=None,
+    ):
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.checkpoint = checkpoint
+        self.max_iter = max_iter
+        self.tol = tol
+        self.reg_covar = reg_covar
+        self.n_init = n_init
+        self.device = device
+        self.random_state = random_state
+
+    def _n_components(self) -> int:
+        return self.n_components
+
+    # --- fitting -----------------------------------------------------------------------
+
+    def fit(self, X, y=None):
+        """Estimate the mixture's parameters.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        self : TransformerGMM
+            The fitted estimator.
+        """
+        self.fit_predict(X, y)
+        return self
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit_predict(self, X, y=None):
+        """Fit the mixture and return the component of each sample.
+
+        Equals ``fit(X).predict(X)``: labels come from a final E-step.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training data.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,)
+            Component labels.
+        """
+        X = self._validate_fit_data(X)
+        random_state = check_random_state(self.random_state)
+        device = _backend.resolve_device(self.device)
+        backbone = self._load_backbone()
+        transformer_init = {}
+        if backbone is not None:
+            standardization, _, estimate = self._transformer_estimate(
+                X, backbone, device, random_state
+            )
+            transformer_init = dict(
+                init_resp=_backend.model_space_responsibilities(
+                    estimate, standardization.transform(X)
+                ),
+                init_weights=estimate.weights / estimate.weights.sum(),
+                init_means=standardization.inverse_transform_means(estimate.means),
+            )
+        fit = _backend.fit_mixture(
+            X,
+            n_components=self.n_components,
+            covariance_type=self.covariance_type,
+            reg_covar=self.reg_covar,
+            max_iter=self.max_iter,
+            tol=self.tol,
+            device=device,
+            seed=draw_seed(random_state),
+            n_kmeans_inits=self.n_init - 1 if transformer_init else self.n_init,
+            **transformer_init,
+        )
+        self.weights_ = fit.weights
+        self.means_ = fit.means
+        self.covariances_ = fit.covariances
+        self.precisions_cholesky_ = fit.precisions_cholesky
+        self.precisions_ = _precisions(fit.precisions_cholesky, self.covariance_type)
+        self.converged_ = fit.converged
+        self.n_iter_ = fit.n_iter
+        self.lower_bound_ = fit.lower_bound
+        self.init_method_ = "transformer" if transformer_init and fit.best_run == 0 else "k-means++"
+        self.device_ = device
+        if not self.converged_ and self.max_iter > 0:
+            warnings.warn(
+                "EM did not converge for the kept initialisation. Increase max_iter or tol, "
+                "or check the data for degenerate (duplicated or collapsed) samples.",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+        return self._estimate_weighted_log_prob(X).argmax(axis=1)
+
+    # --- scoring -----------------------------------------------------------------------
+
+    def _estimate_weighted_log_prob(self, X: np.ndarray) -> np.ndarray:
+        return _backend.estimate_weighted_log_prob(
+            X, self.weights_, self.means_, self.precisions_cholesky_, self.covariance_type
+        )
+
+    def score_samples(self, X):
+        """Log-likelihood of each sample under the fitted mixture.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        log_prob : ndarray of shape (n_samples,)
+            ``log p(x)`` for each sample.
+        """
+        check_is_fitted(self)
+        X = self._validate_predict_data(X)
+        return logsumexp(self._estimate_weighted_log_prob(X), axis=1)
+
+    def score(self, X, y=None):
+        """Mean log-likelihood per sample (higher is better).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        log_likelihood : float
+            Mean of :meth:`score_samples`.
+        """
+        return float(self.score_samples(X).mean())
+
+    def predict(self, X):
+        """The most probable component of each sample.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,)
+            Component labels.
+        """
+        check_is_fitted(self)
+        X = self._validate_predict_data(X)
+        return self._estimate_weighted_log_prob(X).argmax(axis=1)
+
+    def predict_proba(self, X):
+        """Posterior probability of each component for each sample.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        resp : ndarray of shape (n_samples, n_components)
+            Responsibilities; each row sums to 1.
+        """
+        check_is_fitted(self)
+        X = self._validate_predict_data(X)
+        weighted = self._estimate_weighted_log_prob(X)
+        return np.exp(weighted - logsumexp(weighted, axis=1, keepdims=True))
+
+    def sample(self, n_samples=1):
+        """Draw samples from the fitted mixture.
+
+        Parameters
+        ----------
+        n_samples : int, default=1
+            Number of samples to draw.
+
+        Returns
+        -------
+        X : ndarray of shape (n_samples, n_features)
+            Samples, grouped by component.
+        y : ndarray of shape (n_samples,)
+            The component each sample came from.
+        """
+        check_is_fitted(self)
+        if not isinstance(n_samples, Integral) or n_samples < 1:
+            raise ValueError(
+                f"Invalid value for 'n_samples': {n_samples!r}. It must be a positive integer."
+            )
+        rng = check_random_state(self.random_state)
+        counts = rng.multinomial(n_samples, self.weights_)
+        if self.covariance_type == "full":
+            draws = [
+                rng.multivariate_normal(mean, cov, int(count))
+                for mean, cov, count in zip(self.means_, self.covariances_, counts, strict=True)
+            ]
+        elif self.covariance_type == "tied":
+            draws = [
+                rng.multivariate_normal(mean, self.covariances_, int(count))
+                for mean, count in zip(self.means_, counts, strict=True)
+            ]
+        else:
+            draws = [
+                mean + rng.standard_normal((count, mean.shape[0])) * np.sqrt(cov)
+                for mean, cov, count in zip(self.means_, self.covariances_, counts, strict=True)
+            ]
+        labels = np.concatenate([np.full(count, k, dtype=int) for k, count in enumerate(counts)])
+        return np.vstack(draws), labels
+
+    def _n_parameters(self) -> int:
+        n_features = self.means_.shape[1]
+        covariance = _N_COVARIANCE_PARAMETERS[self.covariance_type](self.n_components, n_features)
+        return int(covariance + self.n_components * n_features + self.n_components - 1)
+
+    def bic(self, X):
+        """Bayesian information criterion on ``X`` (lower is better).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        bic : float
+        """
+        n_samples = np.shape(X)[0]
+        return -2 * self.score(X) * n_samples + self._n_parameters() * np.log(n_samples)
+
+    def aic(self, X):
+        """Akaike information criterion on ``X`` (lower is better).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        aic : float
+        """
+        return -2 * self.score(X) * np.shape(X)[0] + 2 * self._n_parameters()

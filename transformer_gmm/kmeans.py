@@ -1,0 +1,227 @@
+"""Batched k-means in torch: k-means++ seeding and Lloyd's algorithm.
+
+The seeding and the Lloyd iterations follow scikit-learn's ``sklearn/cluster/_kmeans.py``
+(greedy k-means++, Lloyd with its convergence rule), vectorised over a batch of B
+datasets. ``X`` is (B, N, d), or (1, N, d) shared by all B runs; an optional bool
+``mask`` (B or 1, N) marks real points, so datasets of different sizes can be padded
+into one batch. Padded points take no part in anything. Also home to the small batch and
+padding helpers that :mod:`transformer_gmm.em` shares.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["kmeans_plusplus", "lloyd"]
+
+
+# --- batches and padding ---------------------------------------------------------------
+
+
+def _check_batch(X: Tensor, *batched: Tensor, mask: Tensor | None = None) -> int:
+    """Check ``X`` is (B|1, N, d) and every batch size is 1 or B; return B."""
+    if X.dim() != 3:
+        raise ValueError(f"X must have shape (B, N, d), got {tuple(X.shape)}")
+    if mask is not None:
+        if mask.dtype != torch.bool or mask.dim() != 2 or mask.shape[1] != X.shape[1]:
+            raise ValueError(
+                f"mask must be a bool tensor of shape (B, {X.shape[1]}), "
+                f"got {mask.dtype} {tuple(mask.shape)}"
+            )
+        batched = (*batched, mask)
+    sizes = {X.shape[0], *(t.shape[0] for t in batched)}
+    n_batch = max(sizes)
+    if not sizes <= {1, n_batch}:
+        raise ValueError(f"batch sizes {sorted(sizes)} do not broadcast")
+    return n_batch
+
+
+def _compact(t: Tensor | None) -> Tensor | None:
+    """Undo ``expand`` along the batch: one dataset repeated is worked on once."""
+    if t is not None and t.shape[0] > 1 and t.stride(0) == 0:
+        return t[:1]
+    return t
+
+
+def _zero_padding(X: Tensor, mask: Tensor | None) -> Tensor:
+    # Padded rows may hold anything (even NaN); zeroing them keeps sums over N clean,
+    # since 0 * NaN would still be NaN.
+    return X if mask is None else X.masked_fill(~mask[..., None], 0.0)
+
+
+def _point_weights(X: Tensor, mask: Tensor | None) -> Tensor:
+    """1.0 for real points, 0.0 for padding: (B|1, N) in X's dtype."""
+    if mask is None:
+        return X.new_ones(X.shape[:2])
+    return mask.to(X.dtype)
+
+
+def _squared_distances(X: Tensor, centers: Tensor) -> Tensor:
+    """(B|1, N, d), (B, K, d) -> (B, N, K); expanded as scikit-learn does (one matmul)."""
+    dist = (
+        X.square().sum(-1, keepdim=True)
+        - 2.0 * X @ centers.mT
+        + centers.square().sum(-1)[:, None, :]
+    )
+    return dist.clamp_min_(0.0)  # rounding can leave tiny negatives
+
+
+# --- k-means++ -------------------------------------------------------------------------
+
+
+def _sample(weights: Tensor, n_draws: int, generator: torch.Generator) -> Tensor:
+    """Indices (B, n_draws) drawn with probability proportional to ``weights`` (B, N)."""
+    cumulative = weights.cumsum(-1)  # (B, N)
+    # u in (0, 1] and values at most the last cumulative sum: searchsorted then always
+    # lands on a point of positive weight, so never on padding.
+    u = 1.0 - torch.rand(
+        weights.shape[0],
+        n_draws,
+        generator=generator,
+        dtype=weights.dtype,
+        device=weights.device,
+    )
+    index = torch.searchsorted(cumulative, u * cumulative[:, -1:])
+    return index.clamp_max_(weights.shape[1] - 1)
+
+
+def kmeans_plusplus(
+    X: Tensor, n_clusters: int, *, generator: torch.Generator, mask: Tensor | None = None
+) -> Tensor:
+    """Greedy k-means++ seeds for each dataset of the batch, as scikit-learn picks them.
+
+    Parameters
+    ----------
+    X : Tensor of shape (B, N, d)
+        One seeding per dataset; pass ``X.expand(B, N, d)`` for B seedings of one dataset.
+    n_clusters : int
+        Number of seeds K.
+    generator : torch.Generator
+        The only source of randomness (on X's device).
+    mask : bool Tensor of shape (B, N) or (1, N), optional
+        True for real points.
+
+    Returns
+    -------
+    centers : Tensor of shape (B, K, d)
+        Rows of X (real points only). The first is drawn uniformly; each next one is the
+        best of ``2 + int(log K)`` candidates drawn proportionally to the squared distance
+        to the closest seed so far.
+    """
+    n_batch = _check_batch(X, mask=mask)
+    n_points = X.shape[1]
+    X = _zero_padding(_compact(X), _compact(mask))  # (B|1, N, d)
+    weights = _point_weights(X, _compact(mask)).expand(n_batch, n_points)  # (B, N)
+    n_trials = 2 + int(math.log(n_clusters))
+    rows = torch.arange(n_batch, device=X.device)
+    points = X.expand(n_batch, -1, -1)  # view, for gathering the chosen rows
+
+    index = _sample(weights, 1, generator)[:, 0]  # (B,)
+    centers = [points[rows, index]]  # list of (B, d)
+    closest = _squared_distances(X, centers[0][:, None, :])[..., 0] * weights  # (B, N)
+    for _ in range(1, n_clusters):
+        # All real points already sit on a seed (fewer distinct points than K): fall back
+        # to uniform draws rather than to index 0, which might be padding.
+        potential = closest.sum(-1, keepdim=True)  # (B, 1)
+        candidates = _sample(torch.where(potential > 0, closest, weights), n_trials, generator)
+        distances = _squared_distances(X, points[rows[:, None], candidates]).mT  # (B, T, N)
+        trial_closest = torch.minimum(closest[:, None, :], distances) * weights[:, None, :]
+        best = trial_closest.sum(-1).argmin(-1)  # (B,) candidate lowering the potential most
+        closest = trial_closest[rows, best]
+        centers.append(points[rows, candidates[rows, best]])
+    return torch.stack(centers, dim=1)
+
+
+# --- Lloyd -----------------------------------------------------------------------------
+
+
+def _assign(X: Tensor, centers: Tensor) -> Tensor:
+    """Index of the closest centre: (B|1, N, d), (B, K, d) -> (B, N)."""
+    return _squared_distances(X, centers).argmin(-1)
+
+
+def lloyd(
+    X: Tensor,
+    centers: Tensor,
+    *,
+    max_iter: int,
+    tol: float = 1e-4,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Lloyd's k-means from ``centers``, batched, with scikit-learn's stopping rule.
+
+    A dataset stops when its labels do not change (strict convergence) or when the
+    squared centre shift summed over centres is at most ``tol`` times the mean over
+    features of the variance of its real points; the others go on, up to ``max_iter``.
+    An empty cluster keeps its previous centre (scikit-learn relocates it instead).
+
+    Parameters
+    ----------
+    X : Tensor of shape (B, N, d) or (1, N, d)
+    centers : Tensor of shape (B, K, d)
+        Initial centres.
+    max_iter : int
+        Maximum number of iterations; 0 only assigns points to ``centers``.
+    tol : float, default=1e-4
+        Relative tolerance on the centre shift.
+    mask : bool Tensor of shape (B, N) or (1, N), optional
+        True for real points.
+
+    Returns
+    -------
+    centers : Tensor of shape (B, K, d)
+    labels : long Tensor of shape (B, N)
+        Closest returned centre of each point; -1 for padded points.
+    inertia : Tensor of shape (B,)
+        Sum of squared distances of real points to their centre.
+    n_iter : long Tensor of shape (B,)
+    """
+    n_batch = _check_batch(X, centers, mask=mask)
+    if centers.dim() != 3 or centers.shape[-1] != X.shape[-1]:
+        raise ValueError(f"centers must have shape (B, K, {X.shape[-1]}), got {centers.shape}")
+    n_clusters = centers.shape[1]
+    X, mask = _compact(X), _compact(mask)
+    weights = _point_weights(X, mask)[..., None]  # (B|1, N, 1)
+    X = _zero_padding(X, mask)
+
+    # Centre the data, as scikit-learn does, so the expanded distances lose less to
+    # rounding; the variance of the real points scales the tolerance.
+    n_real = weights.sum(1, keepdim=True)  # (B|1, 1, 1)
+    offset = X.sum(1, keepdim=True) / n_real  # (B|1, 1, d)
+    X = (X - offset) * weights  # (B|1, N, d), padding stays at 0
+    variance = X.square().sum(1, keepdim=True) / n_real  # (B|1, 1, d)
+    threshold = (tol * variance.mean(-1)).reshape(-1)  # (B|1,)
+
+    # Centres stay in X's coordinates, so kept ones come back bit for bit.
+    centers = centers.expand(n_batch, -1, -1)
+    labels_old = X.new_full((n_batch, X.shape[1]), -1, dtype=torch.long)
+    padded = torch.zeros_like(labels_old, dtype=torch.bool) if mask is None else ~mask
+    n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
+    converged = torch.zeros(n_batch, dtype=torch.bool, device=X.device)
+    for iteration in range(1, max_iter + 1):
+        active = ~converged  # (B,) datasets still iterating
+        labels = _assign(X, centers - offset)  # (B, N)
+        one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(X.dtype) * weights
+        counts = one_hot.sum(1)[..., None]  # (B, K, 1)
+        # A matmul rather than scatter_add: deterministic on CUDA too.
+        sums = one_hot.mT @ X  # (B, K, d)
+        new_centers = torch.where(counts > 0, sums / counts.clamp_min(1.0) + offset, centers)
+        shift = (new_centers - centers).square().sum((1, 2))  # (B,)
+        strict = ((labels == labels_old) | padded).all(-1)  # (B,)
+
+        centers = torch.where(active[:, None, None], new_centers, centers)
+        labels_old = torch.where(active[:, None], labels, labels_old)
+        n_iter = n_iter.masked_fill(active, iteration)
+        converged = converged | (active & (strict | (shift <= threshold)))
+        if bool(converged.all()):
+            break
+
+    # Final assignment, so that labels and inertia belong to the returned centres.
+    centered = centers - offset
+    labels = _assign(X, centered)  # (B, N)
+    nearest = centered.gather(1, labels[..., None].expand(-1, -1, X.shape[-1]))  # (B, N, d)
+    inertia = ((X - nearest).square().sum(-1, keepdim=True) * weights).sum((1, 2))  # (B,)
+    return centers, labels.masked_fill(padded, -1), inertia, n_iter

@@ -1,0 +1,223 @@
+"""The mixture transformer: reads a set of points, writes a Gaussian mixture and labels.
+
+Read top to bottom: attention, MLP, block, the per-K readout head, then the model.
+
+The points are read as a SET: there are no positional embeddings and no causal mask, so
+pooled outputs (weights, means, scales) are invariant and per-point outputs (point_logits)
+are equivariant under permuting the rows. Padded rows (``mask`` False) are never used as
+keys, so they influence nothing.
+
+References: Chen, Wu & Fang 2025 (TGMM: shared backbone, an embedding of K, per-K
+attentive-pooling readouts); Lee et al. 2019 (Set Transformer: pooling by multi-head
+attention with K learned seeds); He et al. 2025 (per-point cluster labels).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+# Smallest standard deviation the model can output, in standardized units (the data has
+# std 1). It keeps the Gaussian likelihood bounded: a zero-width component on one point
+# would have infinite density.
+MIN_SCALE = 1e-3
+
+
+class MixtureOutput(NamedTuple):
+    """What one forward pass returns; component k and cluster label k are the same slot."""
+
+    log_weights: Tensor  # (B, K) log mixing weights, for training losses
+    weights: Tensor  # (B, K) mixing weights, summing to 1
+    means: Tensor  # (B, K, d_max)
+    scales: Tensor  # (B, K, 1) spherical or (B, K, d_max) diag: positive standard deviations
+    point_logits: Tensor  # (B, N, K) cluster logits; rows where mask is False are meaningless
+
+
+class Attention(nn.Module):
+    """Multi-head attention of queries over keys/values, masking padded keys."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.q = nn.Linear(config.d_model, config.d_model)
+        self.kv = nn.Linear(config.d_model, 2 * config.d_model)
+        self.proj = nn.Linear(config.d_model, config.d_model)
+
+    def forward(self, x_q: Tensor, x_kv: Tensor, key_mask: Tensor | None) -> Tensor:
+        B, L, D = x_q.shape
+        N = x_kv.shape[1]
+        H = self.n_head
+        q = self.q(x_q).view(B, L, H, D // H).transpose(1, 2)  # (B, H, L, hd)
+        k, v = self.kv(x_kv).split(D, dim=-1)  # (B, N, D) each
+        k = k.view(B, N, H, D // H).transpose(1, 2)  # (B, H, N, hd)
+        v = v.view(B, N, H, D // H).transpose(1, 2)  # (B, H, N, hd)
+        # Bool attn_mask: True = this key takes part. Broadcast over heads and queries.
+        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, N)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, H, L, hd)
+        y = y.transpose(1, 2).reshape(B, L, D)  # (B, L, D)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model)
+        self.proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: self-attention over the set, then an MLP."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.attn = Attention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.mlp = MLP(config)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None) -> Tensor:
+        h = self.ln_1(x)
+        x = x + self.attn(h, h, key_mask)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class ReadoutHead(nn.Module):
+    """Readout for one K: Set Transformer's PMA with K learned seeds, then per-slot params.
+
+    Each seed cross-attends over the point tokens and becomes one slot = one component.
+    The same slots score every point for the per-point cluster logits, so label k and
+    component k agree by construction.
+    """
+
+    def __init__(self, config: ModelConfig, n_components: int) -> None:
+        super().__init__()
+        d = config.d_model
+        scale_dim = 1 if config.scale_type == "spherical" else config.d_max
+        # Distinct random seeds break the symmetry between slots; unit scale matches the
+        # LayerNorm'd tokens they attend over.
+        self.seeds = nn.Parameter(torch.randn(n_components, d))
+        self.attn = Attention(config)
+        self.ln = nn.LayerNorm(d)
+        # A small MLP per slot: width d, not mlp_ratio * d, as there is one head per K.
+        self.fc = nn.Linear(d, d)
+        self.out = nn.Linear(d, 1 + config.d_max + scale_dim)  # weight logit, mean, raw scale
+        self.point_proj = nn.Linear(d, d, bias=False)
+        self.slot_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, tokens: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        B, N, D = tokens.shape
+        slots = self.seeds.expand(B, -1, -1)  # (B, K, D)
+        slots = slots + self.attn(slots, tokens, key_mask)  # masked pooling over points
+        slots = self.ln(slots)  # (B, K, D)
+        raw = self.out(F.gelu(self.fc(slots)))  # (B, K, 1 + d_max + scale_dim)
+        points = self.point_proj(tokens)  # (B, N, D)
+        keys = self.slot_proj(slots)  # (B, K, D)
+        point_logits = points @ keys.transpose(1, 2) / math.sqrt(D)  # (B, N, K)
+        return raw, point_logits
+
+
+def _parse(raw: Tensor, point_logits: Tensor, d_max: int) -> MixtureOutput:
+    """Every output constraint, in one place."""
+    logits, means, raw_scales = raw.split([1, d_max, raw.shape[-1] - 1 - d_max], dim=-1)
+    log_weights = logits.squeeze(-1).log_softmax(dim=-1)  # (B, K)
+    # softplus + floor, not exp: the 1 / scale**2 in a Gaussian NLL is then bounded by
+    # 1 / MIN_SCALE**2 without a clamp (which would zero the gradient outside its range),
+    # and the scale grows only linearly with the raw output, so one wild output cannot
+    # overflow float32. softplus(0) ~ 0.69: an untrained model starts at a moderate width.
+    scales = F.softplus(raw_scales) + MIN_SCALE  # (B, K, 1 | d_max)
+    return MixtureOutput(log_weights, log_weights.exp(), means, scales, point_logits)
+
+
+class MixtureTransformer(nn.Module):
+    """Shared set-transformer backbone with one readout head per number of components K."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.readin = nn.Linear(config.d_max, config.d_model)
+        self.k_embedding = nn.Embedding(config.k_max - config.k_min + 1, config.d_model)
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.heads = nn.ModuleDict(
+            {str(k): ReadoutHead(config, k) for k in self.supported_n_components}
+        )
+        self.apply(self._init_weights)
+        # nanoGPT: scale the projections that write into the residual stream by the depth,
+        # so the stream's variance does not grow with n_layer.
+        for block in self.blocks:
+            for proj in (block.attn.proj, block.mlp.proj):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    @property
+    def supported_n_components(self) -> range:
+        """The K this model has a readout head for."""
+        return range(self.config.k_min, self.config.k_max + 1)
+
+    def has_head(self, n_components: int) -> bool:
+        # Integral only: `2.0 in range(2, 5)` is True, but there is no head "2.0".
+        is_int = isinstance(n_components, numbers.Integral) and not isinstance(n_components, bool)
+        return is_int and n_components in self.supported_n_components
+
+    def forward(self, x: Tensor, n_components: int, mask: Tensor | None = None) -> MixtureOutput:
+        """Mixture estimate for each dataset in the batch.
+
+        Parameters
+        ----------
+        x : Tensor of shape (B, N, d_max)
+            Standardized points, zero-padded to d_max coordinates.
+        n_components : int
+            K, the number of components to estimate.
+        mask : bool Tensor of shape (B, N), optional
+            True for real points, False for padding rows (datasets of different sizes).
+        """
+        self._check_inputs(x, n_components, mask)
+        if mask is not None:
+            # Padding rows are never keys, but 0 * NaN is NaN inside attention: zero them.
+            x = x.masked_fill(~mask[..., None], 0.0)
+            # A dataset with no real points would give all -inf attention rows, hence NaN.
+            # Let it attend over its padding instead: finite, meaningless outputs.
+            mask = mask | ~mask.any(dim=-1, keepdim=True)  # (B, N)
+        k_embedding = self.k_embedding.weight[n_components - self.config.k_min]  # (D,)
+        h = self.readin(x) + k_embedding  # (B, N, D): every token knows K
+        for block in self.blocks:
+            h = block(h, mask)
+        h = self.ln_f(h)  # (B, N, D)
+        raw, point_logits = self.heads[str(int(n_components))](h, mask)
+        return _parse(raw, point_logits, self.config.d_max)
+
+    def _check_inputs(self, x: Tensor, n_components: int, mask: Tensor | None) -> None:
+        if not self.has_head(n_components):
+            k = self.supported_n_components
+            raise ValueError(
+                f"This model has readout heads for n_components in [{k.start}, {k.stop - 1}], "
+                f"got n_components={n_components}."
+            )
+        if x.dim() != 3 or x.shape[-1] != self.config.d_max:
+            raise ValueError(
+                f"x must have shape (B, N, d_max={self.config.d_max}), got {tuple(x.shape)}."
+            )
+        if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
+            raise ValueError(
+                f"mask must be a bool tensor of shape {tuple(x.shape[:2])}, "
+                f"got {mask.dtype} of shape {tuple(mask.shape)}."
+            )
