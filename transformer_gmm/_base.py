@@ -4,10 +4,12 @@ route from raw data to the backbone's estimate (or to the EM fallback). No torch
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from numbers import Integral, Real
 
 import numpy as np
+import sklearn
 from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import validate_data
@@ -18,6 +20,21 @@ from ._preprocessing import Standardization, fit_standardization
 
 class FallbackWarning(UserWarning):
     """The transformer could not serve the request; EM from k-means++ ran instead."""
+
+
+# Frames in these folders are skipped so a warning points at the user's own line
+# (Python 3.12's `skip_file_prefixes`, by hand, for 3.10 and 3.11).
+_INTERNAL_FOLDERS = tuple(
+    os.path.dirname(module.__file__) + os.sep for module in (sys.modules[__package__], sklearn)
+)
+
+
+def warn_user(message: str, category: type[Warning]) -> None:
+    """``warnings.warn`` with the stack level of the first caller outside this package."""
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_FOLDERS):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, category, stacklevel=level)
 
 
 DEFAULT_CHECKPOINT = "default"
@@ -66,24 +83,22 @@ class _TransformerMixtureBase(BaseEstimator):
             # likelihood estimate is the sample mean and covariance.
             return None
         if self.checkpoint == DEFAULT_CHECKPOINT and not _backend.has_bundled(DEFAULT_CHECKPOINT):
-            warnings.warn(
+            warn_user(
                 "No default checkpoint is bundled with this version of transformer_gmm, so "
                 "the estimator falls back to EM with k-means++ initialisation. Pass "
                 "checkpoint=<folder or Hub id> to use a trained transformer, or "
                 "checkpoint=None to choose this fallback explicitly and silence this warning.",
                 FallbackWarning,
-                stacklevel=4,
             )
             return None
         backbone = _backend.load_backbone(self.checkpoint)
         if n_components not in backbone.supported_n_components:
             k = backbone.supported_n_components
-            warnings.warn(
+            warn_user(
                 f"Checkpoint {str(self.checkpoint)!r} has readout heads for "
                 f"{k.start} to {k.stop - 1} components, not {n_components}; falling back to EM "
                 f"with k-means++ initialisation.",
                 FallbackWarning,
-                stacklevel=4,
             )
             return None
         return backbone

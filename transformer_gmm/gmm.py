@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -14,7 +13,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _backend
-from ._base import _TransformerMixtureBase, draw_seed
+from ._base import _TransformerMixtureBase, draw_seed, warn_user
 
 # Free parameters of the covariances, by type (for bic and aic).
 _N_COVARIANCE_PARAMETERS = {
@@ -239,11 +238,10 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         self.init_method_ = "transformer" if transformer_init and fit.best_run == 0 else "k-means++"
         self.device_ = device
         if not self.converged_ and self.max_iter > 0:
-            warnings.warn(
+            warn_user(
                 "EM did not converge for the kept initialisation. Increase max_iter or tol, "
                 "or check the data for degenerate (duplicated or collapsed) samples.",
                 ConvergenceWarning,
-                stacklevel=2,
             )
         return self._estimate_weighted_log_prob(X).argmax(axis=1)
 

@@ -1,0 +1,215 @@
+"""Gaussian densities and conversions between covariances and precisions, batched.
+
+Shapes are scikit-learn's with a leading batch dimension: covariances (and
+``precisions_cholesky``, with scikit-learn's meaning) are full (B, K, d, d), tied
+(B, d, d), diag (B, K, d), spherical (B, K). The formulas follow
+``sklearn/mixture/_gaussian_mixture.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
+
+# Shape of one dataset's covariances (or precisions_cholesky) for K components in d dims.
+_PARAM_SHAPES = {
+    "full": lambda k, d: (k, d, d),
+    "tied": lambda k, d: (d, d),
+    "diag": lambda k, d: (k, d),
+    "spherical": lambda k, d: (k,),
+}
+
+
+def _lookup(table: dict[str, Callable], covariance_type: str) -> Callable:
+    if covariance_type not in table:
+        raise ValueError(
+            f"covariance_type must be one of {COVARIANCE_TYPES}, got {covariance_type!r}"
+        )
+    return table[covariance_type]
+
+
+# Shape of one dataset's precisions_cholesky (and covariances), given K and d.
+# --- precisions ------------------------------------------------------------------------
+
+_ERROR_MESSAGE = (
+    "Fitting the mixture model failed because some components have ill-defined empirical "
+    "covariance (for instance caused by singleton or collapsed samples). Try to decrease "
+    "the number of components, increase reg_covar, or scale the input data."
+)
+
+
+def _error_message(dtype: torch.dtype) -> str:
+    if dtype == torch.float32:
+        return _ERROR_MESSAGE + (
+            " The numerical accuracy can also be improved by passing float64 data instead"
+            " of float32."
+        )
+    return _ERROR_MESSAGE
+
+
+def _precision_cholesky_matrix(covariances: Tensor) -> tuple[Tensor, Tensor]:
+    lower, info = torch.linalg.cholesky_ex(covariances)  # (..., d, d)
+    eye = torch.eye(covariances.shape[-1], dtype=covariances.dtype, device=covariances.device)
+    precisions_chol = torch.linalg.solve_triangular(lower, eye, upper=False).mT
+    return precisions_chol, (info != 0)[..., None, None]
+
+
+def _precision_cholesky_vector(covariances: Tensor) -> tuple[Tensor, Tensor]:
+    return 1.0 / covariances.sqrt(), covariances <= 0
+
+
+_PRECISION_CHOLESKY = {
+    "full": _precision_cholesky_matrix,
+    "tied": _precision_cholesky_matrix,
+    "diag": _precision_cholesky_vector,
+    "spherical": _precision_cholesky_vector,
+}
+
+
+def _precision_cholesky(covariances: Tensor, covariance_type: str) -> tuple[Tensor, Tensor]:
+    """precisions_cholesky and a (B,) flag of the datasets whose covariances failed."""
+    precisions_chol, failed = _lookup(_PRECISION_CHOLESKY, covariance_type)(covariances)
+    failed = failed | ~torch.isfinite(precisions_chol)  # same shape as covariances
+    n_dims = len(_PARAM_SHAPES[covariance_type](1, 1))  # dims of one dataset
+    return precisions_chol, failed.flatten(failed.dim() - n_dims).any(-1)
+
+
+def compute_precision_cholesky(covariances: Tensor, covariance_type: str) -> Tensor:
+    """Cholesky factor of the precisions, as scikit-learn's ``_compute_precision_cholesky``.
+
+    For full/tied, ``inv(cholesky(cov)).T`` (upper triangular, ``precision = P @ P.T``);
+    for diag/spherical, ``1 / sqrt(cov)``. Any leading batch shape is accepted.
+
+    Raises
+    ------
+    ValueError
+        With scikit-learn's message, if a covariance is not positive definite.
+    """
+    precisions_chol, failed = _precision_cholesky(covariances, covariance_type)
+    if bool(failed.any()):
+        raise ValueError(_error_message(covariances.dtype))
+    return precisions_chol
+
+
+def _from_precisions_matrix(precisions: Tensor) -> Tensor:
+    # The upper factor U with U U^T = precision is the flip of the lower Cholesky factor
+    # of the flipped matrix (scikit-learn's _compute_precision_cholesky_from_precisions).
+    lower, info = torch.linalg.cholesky_ex(precisions.flip(-2, -1))
+    if bool((info != 0).any()):
+        raise ValueError("precisions must be symmetric positive definite")
+    return lower.flip(-2, -1)
+
+
+_FROM_PRECISIONS = {
+    "full": _from_precisions_matrix,
+    "tied": _from_precisions_matrix,
+    "diag": torch.sqrt,
+    "spherical": torch.sqrt,
+}
+
+
+def precisions_cholesky_from_precisions(precisions: Tensor, covariance_type: str) -> Tensor:
+    """precisions_cholesky from precision matrices (for ``precisions_init``), as scikit-learn.
+
+    Any leading batch shape is accepted. Raises ValueError if a precision matrix is not
+    positive definite.
+    """
+    return _lookup(_FROM_PRECISIONS, covariance_type)(precisions)
+
+
+def _covariances_matrix(precisions_chol: Tensor) -> Tensor:
+    # precision = P P^T, so covariance = P^-T P^-1; P is upper triangular.
+    eye = torch.eye(
+        precisions_chol.shape[-1], dtype=precisions_chol.dtype, device=precisions_chol.device
+    )
+    inverse = torch.linalg.solve_triangular(precisions_chol, eye, upper=True)
+    return inverse.mT @ inverse
+
+
+_COVARIANCES_FROM_PRECISIONS_CHOLESKY = {
+    "full": _covariances_matrix,
+    "tied": _covariances_matrix,
+    "diag": lambda p: p.square().reciprocal(),
+    "spherical": lambda p: p.square().reciprocal(),
+}
+
+
+def covariances_from_precisions_cholesky(
+    precisions_cholesky: Tensor, covariance_type: str
+) -> Tensor:
+    """Covariances from scikit-learn-style precisions_cholesky; any leading batch shape."""
+    return _lookup(_COVARIANCES_FROM_PRECISIONS_CHOLESKY, covariance_type)(precisions_cholesky)
+
+
+# --- log-probabilities -----------------------------------------------------------------
+# Each returns the squared Mahalanobis distances (B, N, K) for X (B|1, N, d), means
+# (B, K, d) and precisions_cholesky of the type, following scikit-learn's formulas.
+
+
+def _mahalanobis_full(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
+    columns = []
+    for k in range(means.shape[1]):  # per component, as scikit-learn: memory O(B N d)
+        prec_chol = precisions_chol[:, k]  # (B, d, d)
+        y = X @ prec_chol - means[:, k, None, :] @ prec_chol  # (B, N, d)
+        columns.append(y.square().sum(-1))
+    return torch.stack(columns, dim=-1)
+
+
+def _mahalanobis_tied(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
+    X_prec = X @ precisions_chol  # (B, N, d)
+    means_prec = means @ precisions_chol  # (B, K, d)
+    columns = [(X_prec - means_prec[:, k, None, :]).square().sum(-1) for k in range(means.shape[1])]
+    return torch.stack(columns, dim=-1)
+
+
+def _mahalanobis_diag(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
+    precisions = precisions_chol.square()  # (B, K, d)
+    return (
+        (means.square() * precisions).sum(-1)[:, None, :]
+        - 2.0 * X @ (means * precisions).mT
+        + X.square() @ precisions.mT
+    )
+
+
+def _mahalanobis_spherical(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
+    precisions = precisions_chol.square()[:, None, :]  # (B, 1, K)
+    return (
+        means.square().sum(-1)[:, None, :] * precisions
+        - 2.0 * (X @ means.mT) * precisions
+        + X.square().sum(-1, keepdim=True) * precisions
+    )
+
+
+_MAHALANOBIS = {
+    "full": _mahalanobis_full,
+    "tied": _mahalanobis_tied,
+    "diag": _mahalanobis_diag,
+    "spherical": _mahalanobis_spherical,
+}
+
+# log det of precisions_chol per component, (B, K) or (B, 1) for tied; it equals half the
+# log det of the precision, i.e. minus half that of the covariance.
+_LOG_DET_CHOLESKY = {
+    "full": lambda p, d: torch.diagonal(p, dim1=-2, dim2=-1).log().sum(-1),
+    "tied": lambda p, d: torch.diagonal(p, dim1=-2, dim2=-1).log().sum(-1, keepdim=True),
+    "diag": lambda p, d: p.log().sum(-1),
+    "spherical": lambda p, d: d * p.log(),
+}
+
+
+def estimate_log_gaussian_prob(
+    X: Tensor, means: Tensor, precisions_cholesky: Tensor, covariance_type: str
+) -> Tensor:
+    """log N(x_n | mu_k, Sigma_k): (B, N, K), as scikit-learn's ``_estimate_log_gaussian_prob``.
+
+    ``X`` is (B|1, N, d); ``means`` (B, K, d); ``precisions_cholesky`` of the type's shape.
+    """
+    n_features = X.shape[-1]
+    distances = _lookup(_MAHALANOBIS, covariance_type)(X, means, precisions_cholesky)
+    log_det = _LOG_DET_CHOLESKY[covariance_type](precisions_cholesky, n_features)
+    return -0.5 * (n_features * math.log(2 * math.pi) + distances) + log_det[:, None, :]
