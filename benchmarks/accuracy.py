@@ -1,0 +1,188 @@
+"""Accuracy on the TGMM protocol: our estimators against scikit-learn and the paper's EM.
+
+Tasks (Chen, Wu & Fang 2025): d in {2, 8, 32, 128}, K in {2, 3, 4, 5}, N = 128, means
+uniform in [-5, 5]^d with pairwise cosine similarity below 0.8, weights U[0.2, 0.8]
+normalised, unit isotropic noise; the same tasks and seeds for every method.
+Metrics: the permutation-invariant mean error (lower is better) and the adjusted Rand
+index of the labels against the true components (higher is better).
+
+    python benchmarks/accuracy.py            # 200 tasks per cell
+    python benchmarks/accuracy.py --quick    # 10 tasks per cell, d in {2, 8}: under a minute
+
+Prints a table and writes benchmarks/results/accuracy.csv and accuracy.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+from sklearn.cluster import KMeans
+from sklearn.metrics import adjusted_rand_score
+from sklearn.mixture import GaussianMixture
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import (  # noqa: E402
+    RESULTS,
+    bayes_labels,
+    mean_error,
+    oracle_means,
+    paper_em,
+    sample_tgmm_task,
+    summarise,
+    timed,
+    write_csv,
+)
+
+from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM  # noqa: E402
+
+
+def methods(checkpoint):
+    """Each method maps (task, K, seed) to (means or None, labels)."""
+
+    def transformer_gmm(max_iter):
+        def fit(task, k, seed):
+            gmm = TransformerGMM(k, covariance_type="spherical", checkpoint=checkpoint,
+                                 max_iter=max_iter, random_state=seed)
+            return gmm.fit(task.X).means_, gmm.predict(task.X), gmm.init_method_
+        return fit
+
+    def gaussian_mixture(n_init):
+        def fit(task, k, seed):
+            gmm = GaussianMixture(k, covariance_type="spherical", n_init=n_init, random_state=seed)
+            return gmm.fit(task.X).means_, gmm.predict(task.X), None
+        return fit
+
+    def clusterer(task, k, seed):
+        km = TransformerClusterer(k, checkpoint=checkpoint, random_state=seed).fit(task.X)
+        return None, km.labels_, km.init_method_
+
+    def kmeans(task, k, seed):
+        return None, KMeans(k, n_init=10, random_state=seed).fit(task.X).labels_, None
+
+    def em_paper(task, k, seed):
+        means, labels = paper_em(task.X, k, np.random.default_rng(seed))
+        return means, labels, None
+
+    def oracle(task, k, seed):
+        return oracle_means(task), bayes_labels(task), None
+
+    return {
+        "transformer alone": transformer_gmm(0),
+        "TransformerGMM": transformer_gmm(100),
+        "GMM n_init=1": gaussian_mixture(1),
+        "GMM n_init=10": gaussian_mixture(10),
+        "paper EM": em_paper,
+        "TransformerClusterer": clusterer,
+        "KMeans n_init=10": kmeans,
+        "oracle": oracle,
+    }
+
+
+def run(dims, components, n_tasks, checkpoint, seed=0):
+    rows = []
+    fits = methods(checkpoint)
+    for d in dims:
+        for k in components:
+            rng = np.random.default_rng([seed, d, k])
+            tasks = [sample_tgmm_task(rng, k, d) for _ in range(n_tasks)]
+            for name, fit in fits.items():
+                errors, aris, times, inits = [], [], [], []
+                for i, task in enumerate(tasks):
+                    (means, labels, init), ms = timed(lambda: fit(task, k, i))  # noqa: B023
+                    if means is not None:
+                        errors.append(mean_error(means, task.means))
+                    aris.append(adjusted_rand_score(task.labels, labels))
+                    times.append(ms)
+                    inits.append(init)
+                error, error_se = summarise(errors) if errors else (np.nan, np.nan)
+                ari, ari_se = summarise(aris)
+                rows.append(dict(
+                    d=d, K=k, method=name, n_tasks=n_tasks,
+                    error=error, error_se=error_se, ari=ari, ari_se=ari_se,
+                    ms_per_fit=float(np.median(times)),
+                    transformer_init=(np.mean([i == "transformer" for i in inits])
+                                      if inits[0] is not None else np.nan),
+                ))
+    return rows
+
+
+def print_table(rows):
+    names = list(dict.fromkeys(r["method"] for r in rows))
+    error_names = [n for n in names if not np.isnan(_get(rows, n, "error"))]
+    print("Mean error (lower is better), mean over tasks; +- is one standard error")
+    print(f"{'d':>4} {'K':>2} " + " ".join(f"{n[:18]:>18}" for n in error_names))
+    for d, k in dict.fromkeys((r["d"], r["K"]) for r in rows):
+        cells = [_cell(rows, d, k, n, "error") for n in error_names]
+        print(f"{d:>4} {k:>2} " + " ".join(f"{c:>18}" for c in cells))
+    print("\nAdjusted Rand index (higher is better)")
+    print(f"{'d':>4} {'K':>2} " + " ".join(f"{n[:18]:>18}" for n in names))
+    for d, k in dict.fromkeys((r["d"], r["K"]) for r in rows):
+        cells = [_cell(rows, d, k, n, "ari") for n in names]
+        print(f"{d:>4} {k:>2} " + " ".join(f"{c:>18}" for c in cells))
+    used = [r["transformer_init"] for r in rows if r["method"] == "TransformerGMM"]
+    print(f"\nTransformerGMM kept the transformer's initialisation in {np.mean(used):.0%} of fits")
+
+
+def _get(rows, name, key):
+    return next(r[key] for r in rows if r["method"] == name)
+
+
+def _cell(rows, d, k, name, key):
+    row = next(r for r in rows if r["d"] == d and r["K"] == k and r["method"] == name)
+    return f"{row[key]:.4f}+-{row[key + '_se']:.4f}"
+
+
+def plot(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    components = sorted({r["K"] for r in rows})
+    fig, axes = plt.subplots(1, len(components), figsize=(4 * len(components), 3.5),
+                             squeeze=False)
+    for ax, k in zip(axes[0], components, strict=True):
+        for name in dict.fromkeys(r["method"] for r in rows):
+            cell = [r for r in rows if r["K"] == k and r["method"] == name]
+            if np.isnan(cell[0]["error"]):
+                continue
+            ax.errorbar([r["d"] for r in cell], [r["error"] for r in cell],
+                        yerr=[r["error_se"] for r in cell], label=name, marker="o", capsize=2)
+        dims = sorted({r["d"] for r in rows})
+        ax.set(xscale="log", yscale="log", xlabel="d", title=f"K = {k}")
+        ax.set_xticks(dims, [str(d) for d in dims])
+        ax.minorticks_off()
+    axes[0][0].set_ylabel("mean error")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10 tasks per cell, d in {2, 8}")
+    parser.add_argument("--tasks", type=int, default=None, help="tasks per cell (default 200)")
+    parser.add_argument("--checkpoint", default="default", help="the transformer to evaluate")
+    parser.add_argument("--out", default="accuracy", help="file stem of the CSV and PNG")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for CSV and PNG")
+    args = parser.parse_args(argv)
+    dims = [2, 8] if args.quick else [2, 8, 32, 128]
+    n_tasks = args.tasks or (10 if args.quick else 200)
+    with warnings.catch_warnings():
+        # Reported once below instead: the fallback warns on every fit.
+        warnings.simplefilter("ignore", FallbackWarning)
+        rows = run(dims, [2, 3, 4, 5], n_tasks, args.checkpoint)
+    print_table(rows)
+    csv_path = write_csv(rows, args.results / f"{args.out}.csv")
+    png_path = args.results / f"{args.out}.png"
+    plot(rows, png_path)
+    print(f"\nwrote {csv_path} and {png_path}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""The benchmark scripts run (in quick mode) and report sane figures."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tgmm_tasks_follow_the_protocol():
+    common = _load("common")
+    rng = np.random.default_rng(0)
+    for d, k in [(2, 5), (8, 3), (128, 4)]:
+        task = common.sample_tgmm_task(rng, k, d)
+        assert task.X.shape == (128, d) and task.means.shape == (k, d)
+        assert np.all(np.abs(task.means) <= 5)
+        unit = task.means / np.linalg.norm(task.means, axis=1, keepdims=True)
+        assert (unit @ unit.T)[np.triu_indices(k, 1)].max() < 0.8
+        assert task.weights.sum() == pytest.approx(1.0)
+
+
+def test_mean_error_is_permutation_invariant():
+    common = _load("common")
+    true = np.array([[0.0, 0.0], [4.0, 0.0], [0.0, 4.0]])
+    estimate = true[[2, 0, 1]] + 0.1
+    assert common.mean_error(estimate, true) == pytest.approx(0.01)
+
+
+def test_accuracy_quick_runs(tmp_path):
+    rows = _load("accuracy").main(["--quick", "--tasks", "3", "--results", str(tmp_path)])
+    assert (tmp_path / "accuracy.png").stat().st_size > 0
+    with (tmp_path / "accuracy.csv").open() as file:
+        assert len(list(csv.DictReader(file))) == len(rows) == 2 * 4 * 8
+    for row in rows:
+        assert -1 <= row["ari"] <= 1
+        assert math.isnan(row["error"]) or row["error"] >= 0
+    oracle = [r for r in rows if r["method"] == "oracle"]
+    assert min(r["ari"] for r in oracle) > 0.5
