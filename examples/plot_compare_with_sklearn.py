@@ -26,7 +26,9 @@ warnings.simplefilter("ignore", FallbackWarning)  # shown once in the quickstart
 rng = np.random.default_rng(0)
 covariances = [[[2.0, 1.2], [1.2, 1.5]], [[1.0, -0.6], [-0.6, 0.8]], [[0.5, 0.0], [0.0, 2.5]]]
 centers = [[-3.0, 0.0], [2.0, 2.5], [3.0, -2.5]]
-X = np.vstack([rng.multivariate_normal(c, s, 200) for c, s in zip(centers, covariances, strict=False)])
+X = np.vstack(
+    [rng.multivariate_normal(c, s, 200) for c, s in zip(centers, covariances, strict=True)]
+)
 
 estimators = {
     "TransformerGMM": TransformerGMM(3, random_state=0),
@@ -36,11 +38,11 @@ estimators = {
 }
 
 fig, axes = plt.subplots(1, 4, figsize=(16, 4.8), sharex=True, sharey=True)
-for ax, (name, estimator) in zip(axes, estimators.items(), strict=False):
+for ax, (name, estimator) in zip(axes, estimators.items(), strict=True):
     labels = estimator.fit_predict(X)
     ax.scatter(X[:, 0], X[:, 1], c=labels, s=6, cmap="viridis")
     if hasattr(estimator, "covariances_"):
-        for mean, covariance in zip(estimator.means_, estimator.covariances_, strict=False):
+        for mean, covariance in zip(estimator.means_, estimator.covariances_, strict=True):
             eigenvalues, eigenvectors = np.linalg.eigh(covariance)
             angle = np.degrees(np.arctan2(eigenvectors[1, 1], eigenvectors[0, 1]))
             width, height = 4 * np.sqrt(eigenvalues[::-1])
