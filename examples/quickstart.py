@@ -1,6 +1,9 @@
-"""Fit TransformerGMM and sklearn's GaussianMixture on the same synthetic mixture.
+"""
+Quickstart: TransformerGMM beside GaussianMixture
+=================================================
 
-Prints, for each, the error of the means (matched to the true ones), the mean
+Fit ``TransformerGMM`` and scikit-learn's ``GaussianMixture`` on the same synthetic
+mixture. Prints, for each, the error of the means (matched to the true ones), the mean
 log-likelihood per sample, and the fit time.
 
     python examples/quickstart.py
