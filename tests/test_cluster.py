@@ -29,7 +29,7 @@ def test_max_iter_zero_uses_the_heads_labels(three_blobs):
     km = TransformerClusterer(3, checkpoint=TINY_CHECKPOINT, max_iter=0).fit(X)
     backbone = _backend.load_backbone(TINY_CHECKPOINT)
     standardization = fit_standardization(X, backbone.d_max)
-    estimate = _backend.transformer_estimate(backbone, standardization.transform(X), 3, "cpu")
+    estimate = _backend.transformer_estimates(backbone, [standardization.transform(X)], 3, "cpu")[0]
     head_labels = estimate.point_probs.argmax(axis=1)
     lifted_means = standardization.inverse_transform_means(estimate.means)
     for k in range(3):

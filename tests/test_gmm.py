@@ -53,7 +53,7 @@ def test_max_iter_zero_returns_the_transformers_estimate(three_blobs):
     gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0).fit(X)
     backbone = _backend.load_backbone(TINY_CHECKPOINT)
     standardization = fit_standardization(X, backbone.d_max)
-    estimate = _backend.transformer_estimate(backbone, standardization.transform(X), 3, "cpu")
+    estimate = _backend.transformer_estimates(backbone, [standardization.transform(X)], 3, "cpu")[0]
     np.testing.assert_allclose(
         gmm.means_, standardization.inverse_transform_means(estimate.means), rtol=1e-6
     )

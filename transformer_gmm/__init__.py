@@ -5,6 +5,7 @@
 """
 
 from ._base import FallbackWarning
+from .batch import fit_many
 from .checkpoints import CheckpointError
 from .cluster import TransformerClusterer
 from .gmm import TransformerGMM
@@ -17,4 +18,5 @@ __all__ = [
     "TransformerClusterer",
     "TransformerGMM",
     "__version__",
+    "fit_many",
 ]

@@ -107,20 +107,41 @@ class TransformerEstimate:
     point_probs: np.ndarray  # (n, K), the per-point head's cluster probabilities
 
 
-def transformer_estimate(
-    backbone: Backbone, Z: np.ndarray, n_components: int, device: str
-) -> TransformerEstimate:
-    """One forward pass over the standardized points ``Z`` of shape (n, d_max)."""
-    model = _model_on(backbone.model, device)
-    x = torch.tensor(Z, dtype=torch.float32, device=device)[None]  # (1, n, d_max)
-    with torch.inference_mode():
-        out = model(x, n_components)
-    return TransformerEstimate(
-        weights=_numpy(out.weights[0]),
-        means=_numpy(out.means[0]),
-        scales=_numpy(out.scales[0]),
-        point_probs=_numpy(out.point_logits[0].softmax(dim=-1)),
+def _pad(arrays: list[np.ndarray], device: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Stack arrays of shape (n_i, ...) into (B, max n_i, ...), zero-padded, and the mask
+    (B, max n_i) of real rows; the mask is None when no row is padding."""
+    lengths = [len(a) for a in arrays]
+    padded = np.zeros((len(arrays), max(lengths), *arrays[0].shape[1:]))
+    for i, array in enumerate(arrays):
+        padded[i, : len(array)] = array
+    tensor = torch.tensor(padded, dtype=dtype, device=device)
+    if len(set(lengths)) == 1:
+        return tensor, None
+    mask = (
+        torch.arange(max(lengths), device=device)[None]
+        < torch.tensor(lengths, device=device)[:, None]
     )
+    return tensor, mask
+
+
+def transformer_estimates(
+    backbone: Backbone, Zs: list[np.ndarray], n_components: int, device: str
+) -> list[TransformerEstimate]:
+    """One forward pass over B standardized datasets, each of shape (n_i, d_max)."""
+    model = _model_on(backbone.model, device)
+    x, mask = _pad(Zs, device, torch.float32)  # (B, N, d_max), (B, N) or None
+    with torch.inference_mode():
+        out = model(x, n_components, mask)
+    point_probs = _numpy(out.point_logits.softmax(dim=-1))  # (B, N, K)
+    return [
+        TransformerEstimate(
+            weights=_numpy(out.weights[i]),
+            means=_numpy(out.means[i]),
+            scales=_numpy(out.scales[i]),
+            point_probs=point_probs[i, : len(Z)],
+        )
+        for i, Z in enumerate(Zs)
+    ]
 
 
 def model_space_responsibilities(estimate: TransformerEstimate, Z: np.ndarray) -> np.ndarray:
@@ -140,8 +161,17 @@ def model_space_responsibilities(estimate: TransformerEstimate, Z: np.ndarray) -
 
 
 @dataclass(frozen=True)
+class MixtureInit:
+    """A starting point from the transformer, in the user's space."""
+
+    resp: np.ndarray  # (n, K) responsibilities: one M-step on them gives the covariances
+    weights: np.ndarray  # (K,)
+    means: np.ndarray  # (K, d)
+
+
+@dataclass(frozen=True)
 class MixtureFit:
-    """The best of the EM runs, as numpy arrays in the user's space."""
+    """The best of one dataset's EM runs, as numpy arrays in the user's space."""
 
     weights: np.ndarray
     means: np.ndarray
@@ -153,8 +183,8 @@ class MixtureFit:
     best_run: int  # index of the kept run: 0 is the first initialisation given
 
 
-def fit_mixture(
-    X: np.ndarray,
+def fit_mixtures(
+    Xs: list[np.ndarray],
     *,
     n_components: int,
     covariance_type: str,
@@ -164,64 +194,96 @@ def fit_mixture(
     device: str,
     seed: int,
     n_kmeans_inits: int,
-    init_resp: np.ndarray | None = None,
-    init_weights: np.ndarray | None = None,
-    init_means: np.ndarray | None = None,
-) -> MixtureFit:
-    """Run EM from every initialisation at once (one batch) and keep the best lower bound.
+    transformer_inits: list[MixtureInit] | None = None,
+) -> list[MixtureFit]:
+    """EM on B datasets (padded into one batch) from every initialisation at once; keep
+    each dataset's best lower bound.
 
-    The first run, when ``init_resp`` is given, starts from those responsibilities with
-    the weights and means given (one M-step supplies the covariances). ``n_kmeans_inits``
-    more runs start from k-means++ and Lloyd, as scikit-learn's default initialisation.
+    Each dataset's runs are, in order: the transformer's initialisation when
+    ``transformer_inits`` is given (weights and means as given, covariances from one
+    M-step on its responsibilities), then ``n_kmeans_inits`` starts from k-means++ and
+    Lloyd (scikit-learn's default initialisation).
     """
-    x = _tensor(X, device)[None]  # (1, n, d)
-    inits = []
-    if init_resp is not None:
-        resp = _tensor(init_resp, device)[None]  # (1, n, K)
+    dtype = _dtype(device)
+    x, mask = _pad(Xs, device, dtype)  # (B, N, d), (B, N) or None
+    n_datasets = len(Xs)
+    runs = []  # each (B, R_i, ...) parameters
+    if transformer_inits is not None:
+        resp, _ = _pad([init.resp for init in transformer_inits], device, dtype)  # (B, N, K)
         params = em.estimate_gaussian_parameters(
             x,
             resp,
             covariance_type=covariance_type,
             reg_covar=reg_covar,
-            means=_tensor(init_means, device)[None],
+            means=_tensor(np.stack([init.means for init in transformer_inits]), device),
+            mask=mask,
         )
-        params.weights = _tensor(init_weights, device)[None]
-        inits.append(params)
+        params.weights = _tensor(np.stack([init.weights for init in transformer_inits]), device)
+        runs.append(_unflatten(params, n_datasets))
     if n_kmeans_inits > 0:
-        generator = _generator(seed, device)
-        inits.append(
-            em.initialize_kmeans(
-                x.expand(n_kmeans_inits, -1, -1),
-                n_components,
-                covariance_type=covariance_type,
-                reg_covar=reg_covar,
-                generator=generator,
+        params = em.initialize_kmeans(
+            _repeat(x, n_kmeans_inits),
+            n_components,
+            covariance_type=covariance_type,
+            reg_covar=reg_covar,
+            generator=_generator(seed, device),
+            mask=None if mask is None else _repeat(mask, n_kmeans_inits),
+        )
+        runs.append(_unflatten(params, n_datasets))
+    params = _flatten(_concatenate(runs, dim=1))  # (B * R, ...), dataset-major
+    n_runs = params.weights.shape[0] // n_datasets
+    result = em.fit_em(
+        _repeat(x, n_runs),
+        params,
+        covariance_type=covariance_type,
+        reg_covar=reg_covar,
+        max_iter=max_iter,
+        tol=tol,
+        mask=None if mask is None else _repeat(mask, n_runs),
+    )
+    lower_bounds = result.lower_bound.view(n_datasets, n_runs)
+    fits = []
+    for i, best in enumerate(lower_bounds.argmax(dim=1).tolist()):
+        run = i * n_runs + best
+        fits.append(
+            MixtureFit(
+                weights=_numpy(result.params.weights[run]),
+                means=_numpy(result.params.means[run]),
+                covariances=_numpy(result.params.covariances[run]),
+                precisions_cholesky=_numpy(result.params.precisions_cholesky[run]),
+                lower_bound=float(result.lower_bound[run]),
+                n_iter=int(result.n_iter[run]),
+                converged=bool(result.converged[run]),
+                best_run=best,
             )
         )
-    params = _concatenate(inits)
-    result = em.fit_em(
-        x, params, covariance_type=covariance_type, reg_covar=reg_covar, max_iter=max_iter, tol=tol
-    )
-    best = int(torch.argmax(result.lower_bound))
-    return MixtureFit(
-        weights=_numpy(result.params.weights[best]),
-        means=_numpy(result.params.means[best]),
-        covariances=_numpy(result.params.covariances[best]),
-        precisions_cholesky=_numpy(result.params.precisions_cholesky[best]),
-        lower_bound=float(result.lower_bound[best]),
-        n_iter=int(result.n_iter[best]),
-        converged=bool(result.converged[best]),
-        best_run=best,
-    )
+    return fits
 
 
-def _concatenate(inits: list[em.MixtureParams]) -> em.MixtureParams:
-    return em.MixtureParams(
-        *(torch.cat([getattr(p, name) for p in inits]) for name in _PARAM_FIELDS)
-    )
+def _repeat(tensor: torch.Tensor, n_runs: int) -> torch.Tensor:
+    """Each dataset's rows n_runs times, dataset-major; one dataset is broadcast, not copied."""
+    if tensor.shape[0] == 1:
+        return tensor.expand(n_runs, *tensor.shape[1:])
+    return tensor.repeat_interleave(n_runs, dim=0)
 
 
 _PARAM_FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
+
+
+def _unflatten(params: em.MixtureParams, n_datasets: int) -> em.MixtureParams:
+    return em.MixtureParams(
+        *(getattr(params, f).unflatten(0, (n_datasets, -1)) for f in _PARAM_FIELDS)
+    )
+
+
+def _flatten(params: em.MixtureParams) -> em.MixtureParams:
+    return em.MixtureParams(*(getattr(params, f).flatten(0, 1) for f in _PARAM_FIELDS))
+
+
+def _concatenate(runs: list[em.MixtureParams], dim: int) -> em.MixtureParams:
+    return em.MixtureParams(
+        *(torch.cat([getattr(p, f) for p in runs], dim=dim) for f in _PARAM_FIELDS)
+    )
 
 
 def estimate_weighted_log_prob(

@@ -14,7 +14,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import validate_data
 
-from . import _backend
+from . import _backend, checkpoints
 from ._preprocessing import Standardization, fit_standardization
 
 
@@ -103,29 +103,117 @@ class _TransformerMixtureBase(BaseEstimator):
             return None
         return backbone
 
-    def _transformer_estimate(
-        self, X: np.ndarray, backbone: _backend.Backbone, device: str, random_state
-    ) -> tuple[Standardization, np.ndarray, _backend.TransformerEstimate]:
-        """Standardize, subsample to the model's context, run one forward pass.
+    def _transformer_estimates(
+        self, Xs: list[np.ndarray], backbone: _backend.Backbone, device: str, random_state
+    ) -> list[tuple[Standardization, np.ndarray, _backend.TransformerEstimate]]:
+        """Standardize each dataset, subsample it to the model's context, and read them all
+        in one forward pass.
 
-        Returns the standardization, the indices of the rows the backbone read, and its
-        estimate (in model space).
+        Returns, per dataset, the standardization, the indices of the rows the backbone
+        read, and its estimate (in model space).
         """
-        standardization = fit_standardization(X, backbone.d_max)
-        n_samples = X.shape[0]
-        if n_samples > backbone.context_size:
-            rows = np.sort(random_state.choice(n_samples, backbone.context_size, replace=False))
-        else:
-            rows = np.arange(n_samples)
-        Z = standardization.transform(X[rows])
-        estimate = _backend.transformer_estimate(backbone, Z, self._n_components(), device)
-        return standardization, rows, estimate
+        standardizations, rows, Zs = [], [], []
+        for X in Xs:
+            standardization = fit_standardization(X, backbone.d_max)
+            n_samples = X.shape[0]
+            if n_samples > backbone.context_size:
+                read = np.sort(random_state.choice(n_samples, backbone.context_size, replace=False))
+            else:
+                read = np.arange(n_samples)
+            standardizations.append(standardization)
+            rows.append(read)
+            Zs.append(standardization.transform(X[read]))
+        estimates = _backend.transformer_estimates(backbone, Zs, self._n_components(), device)
+        return list(zip(standardizations, rows, estimates, strict=True))
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = False
         tags.input_tags.sparse = False
         return tags
+
+    # --- pretrained checkpoints ----------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, checkpoint: str | os.PathLike, **params):
+        """An unfitted estimator that uses ``checkpoint``, downloaded and loaded now.
+
+        Equivalent to ``cls(checkpoint=checkpoint, **params)``, except that the checkpoint
+        (a bundled name, a local folder, or a Hub id ``"org/name[@revision]"``) is fetched
+        and loaded at once, so a wrong name fails here rather than in ``fit``, and ``fit``
+        finds the model already in this process's cache.
+
+        Parameters
+        ----------
+        checkpoint : str or path
+            The checkpoint, as the ``checkpoint`` parameter accepts it.
+        **params
+            Other constructor parameters, e.g. ``n_components=3``.
+
+        Returns
+        -------
+        estimator
+            An unfitted estimator with ``checkpoint`` set.
+        """
+        estimator = cls(checkpoint=checkpoint, **params)
+        if checkpoint is not None and not (
+            checkpoint == DEFAULT_CHECKPOINT and not _backend.has_bundled(DEFAULT_CHECKPOINT)
+        ):
+            _backend.load_backbone(checkpoint)  # raises CheckpointError for a bad checkpoint
+        return estimator
+
+    def save_pretrained(self, folder: str | os.PathLike, *, model_card: str | None = None):
+        """Save this estimator's checkpoint to ``folder``, ready to load or upload.
+
+        The folder holds ``config.json``, ``model.safetensors`` and the model card, and
+        loads back through ``checkpoint=folder``. Only the transformer is saved, not the
+        fitted mixture (pickle or joblib the estimator for that).
+
+        Returns
+        -------
+        folder : pathlib.Path
+        """
+        return checkpoints.export_checkpoint(
+            self._checkpoint_to_publish(), folder, model_card=model_card
+        )
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        token: str | None = None,
+        private: bool | None = None,
+        commit_message: str | None = None,
+        model_card: str | None = None,
+    ):
+        """Upload this estimator's checkpoint to the Hugging Face Hub as ``repo_id``.
+
+        Creates the repository if needed; needs a token with write access (``token=``,
+        ``HF_TOKEN``, or ``hf auth login``). Others then use it with
+        ``checkpoint="<repo_id>"``. Returns ``huggingface_hub``'s commit info.
+        """
+        from . import hub
+
+        return hub.push_to_hub(
+            self._checkpoint_to_publish(),
+            repo_id,
+            token=token,
+            private=private,
+            commit_message=commit_message,
+            model_card=model_card,
+        )
+
+    def _checkpoint_to_publish(self) -> str | os.PathLike:
+        if self.checkpoint is None or (
+            self.checkpoint == DEFAULT_CHECKPOINT and not _backend.has_bundled(DEFAULT_CHECKPOINT)
+        ):
+            why = "it uses EM only" if self.checkpoint is None else "no default is bundled"
+            raise checkpoints.CheckpointError(
+                f"This estimator has no transformer checkpoint to save (checkpoint="
+                f"{self.checkpoint!r}: {why}). Set checkpoint= to a bundled name, a checkpoint "
+                "folder or a Hub id first."
+            )
+        return self.checkpoint
 
 
 def draw_seed(random_state: np.random.RandomState) -> int:

@@ -155,8 +155,8 @@ class TransformerClusterer(
         backbone = self._load_backbone()
         init_centers = None
         if backbone is not None:
-            standardization, rows, estimate = self._transformer_estimate(
-                X, backbone, device, random_state
+            ((standardization, rows, estimate),) = self._transformer_estimates(
+                [X], backbone, device, random_state
             )
             # A cluster the head leaves empty starts at the parameter head's mean instead.
             init_centers = _centers_from_labels(

@@ -203,30 +203,54 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         random_state = check_random_state(self.random_state)
         device = _backend.resolve_device(self.device)
         backbone = self._load_backbone()
-        transformer_init = {}
+        transformer_inits = None
         if backbone is not None:
-            standardization, _, estimate = self._transformer_estimate(
-                X, backbone, device, random_state
+            transformer_inits = self._transformer_inits([X], backbone, device, random_state)
+        (fit,) = _backend.fit_mixtures(
+            [X],
+            **self._em_options(device),
+            seed=draw_seed(random_state),
+            n_kmeans_inits=self.n_init - 1 if backbone is not None else self.n_init,
+            transformer_inits=transformer_inits,
+        )
+        self._store_fit(fit, device, used_transformer=backbone is not None)
+        if not self.converged_ and self.max_iter > 0:
+            warn_user(
+                "EM did not converge for the kept initialisation. Increase max_iter or tol, "
+                "or check the data for degenerate (duplicated or collapsed) samples.",
+                ConvergenceWarning,
             )
-            transformer_init = dict(
-                init_resp=_backend.model_space_responsibilities(
-                    estimate, standardization.transform(X)
-                ),
-                init_weights=estimate.weights / estimate.weights.sum(),
-                init_means=standardization.inverse_transform_means(estimate.means),
+        return self._estimate_weighted_log_prob(X).argmax(axis=1)
+
+    def _transformer_inits(
+        self, Xs: list[np.ndarray], backbone, device: str, random_state
+    ) -> list[_backend.MixtureInit]:
+        """The transformer's weights and means in the user's space, and its
+        responsibilities (under its own mixture, in model space) for every row."""
+        inits = []
+        estimates = self._transformer_estimates(Xs, backbone, device, random_state)
+        for X, (standardization, _, estimate) in zip(Xs, estimates, strict=True):
+            resp = _backend.model_space_responsibilities(estimate, standardization.transform(X))
+            inits.append(
+                _backend.MixtureInit(
+                    resp=resp,
+                    weights=estimate.weights / estimate.weights.sum(),
+                    means=standardization.inverse_transform_means(estimate.means),
+                )
             )
-        fit = _backend.fit_mixture(
-            X,
+        return inits
+
+    def _em_options(self, device: str) -> dict:
+        return dict(
             n_components=self.n_components,
             covariance_type=self.covariance_type,
             reg_covar=self.reg_covar,
             max_iter=self.max_iter,
             tol=self.tol,
             device=device,
-            seed=draw_seed(random_state),
-            n_kmeans_inits=self.n_init - 1 if transformer_init else self.n_init,
-            **transformer_init,
         )
+
+    def _store_fit(self, fit: _backend.MixtureFit, device: str, used_transformer: bool) -> None:
         self.weights_ = fit.weights
         self.means_ = fit.means
         self.covariances_ = fit.covariances
@@ -235,15 +259,8 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         self.converged_ = fit.converged
         self.n_iter_ = fit.n_iter
         self.lower_bound_ = fit.lower_bound
-        self.init_method_ = "transformer" if transformer_init and fit.best_run == 0 else "k-means++"
+        self.init_method_ = "transformer" if used_transformer and fit.best_run == 0 else "k-means++"
         self.device_ = device
-        if not self.converged_ and self.max_iter > 0:
-            warn_user(
-                "EM did not converge for the kept initialisation. Increase max_iter or tol, "
-                "or check the data for degenerate (duplicated or collapsed) samples.",
-                ConvergenceWarning,
-            )
-        return self._estimate_weighted_log_prob(X).argmax(axis=1)
 
     # --- scoring -----------------------------------------------------------------------
 
