@@ -32,6 +32,7 @@ from common import (  # noqa: E402
     oracle_means,
     paper_em,
     sample_tgmm_task,
+    single_threaded,
     summarise,
     timed,
     write_csv,
@@ -172,8 +173,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     dims = [2, 8] if args.quick else [2, 8, 32, 128]
     n_tasks = args.tasks or (10 if args.quick else 200)
-    with warnings.catch_warnings():
-        # Reported once below instead: the fallback warns on every fit.
+    with warnings.catch_warnings(), single_threaded():
+        # The fallback's warning is reported once below instead of on every fit.
         warnings.simplefilter("ignore", FallbackWarning)
         rows = run(dims, [2, 3, 4, 5], n_tasks, args.checkpoint)
     print_table(rows)

@@ -1,0 +1,97 @@
+"""tgmm.py and clustering.py run in quick mode, and the helpers they share hold."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import multivariate_normal
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def _csv(path: Path) -> list[dict]:
+    with path.open() as file:
+        return list(csv.DictReader(file))
+
+
+def test_tgmm_quick_runs(tmp_path):
+    rows = _load("tgmm").main(["--quick", "--experiment", "k_gt_d", "--tasks", "2",
+                               "--results", str(tmp_path)])
+    assert (tmp_path / "tgmm_k_gt_d.png").stat().st_size > 0
+    assert len(_csv(tmp_path / "tgmm_k_gt_d.csv")) == len(rows) == 4 * 7
+    for row in rows:
+        applies = row["method"] != "spectral"  # K > d everywhere here
+        assert math.isnan(row["error"]) != applies
+        if applies:
+            assert 0 <= row["accuracy"] <= 1 and row["error"] >= 0
+    oracle = [r for r in rows if r["method"] == "oracle"]
+    assert all(r["heldout_gap"] == 0 for r in oracle)
+
+
+def test_clustering_quick_runs(tmp_path):
+    rows = _load("clustering").main(["--quick", "--experiment", "imbalance", "--tasks", "2",
+                                     "--results", str(tmp_path)])
+    assert (tmp_path / "clustering.png").stat().st_size > 0
+    assert len(_csv(tmp_path / "clustering.csv")) == len(rows) == 3 * 7
+    for row in rows:
+        assert -1 <= row["ari"] <= 1 and 0 <= row["nmi"] <= 1
+    assert min(r["ari"] for r in rows if r["method"] == "oracle (Bayes)") > 0.5
+
+
+def test_spectral_column_applies_when_d_at_least_k():
+    tgmm = _load("tgmm")
+    rows = tgmm.run("dims", [dict(d=8, K=3, N=128, shift=0.0)], 2, None)
+    spectral = next(r for r in rows if r["method"] == "spectral")
+    assert spectral["n_tasks"] == 2 and spectral["error"] < 1
+
+
+def test_clustering_accuracy_ignores_label_names():
+    common = _load("common")
+    truth = np.array([0, 0, 1, 1, 2, 2])
+    assert common.clustering_accuracy(truth, np.array([2, 2, 0, 0, 1, 1])) == 1.0
+    assert common.clustering_accuracy(truth, np.array([2, 2, 0, 0, 1, 0])) == pytest.approx(5 / 6)
+
+
+def test_weight_error_uses_the_means_matching():
+    common = _load("common")
+    means = np.array([[0.0, 0.0], [5.0, 0.0]])
+    error = common.weight_error(np.array([0.7, 0.3]), means[::-1], np.array([0.3, 0.7]), means)
+    assert error == pytest.approx(0.0)
+
+
+def test_weighted_log_prob_matches_scipy():
+    common = _load("common")
+    rng = np.random.default_rng(0)
+    X, means = rng.standard_normal((5, 3)), rng.standard_normal((2, 3))
+    variances = rng.uniform(0.5, 2, (2, 3))
+    weights = np.array([0.4, 0.6])
+    expected = np.stack([np.log(w) + multivariate_normal(m, np.diag(v)).logpdf(X)
+                         for w, m, v in zip(weights, means, variances, strict=True)], axis=1)
+    np.testing.assert_allclose(common.weighted_log_prob(X, weights, means, variances), expected)
+    spherical = common.weighted_log_prob(X, weights, means, np.array([0.5, 2.0]))
+    np.testing.assert_allclose(
+        spherical, common.weighted_log_prob(X, weights, means, np.array([[0.5] * 3, [2.0] * 3])))
+
+
+def test_anisotropic_tasks_and_held_out_samples_follow_the_truth():
+    common = _load("common")
+    rng = np.random.default_rng(0)
+    task = common.sample_anisotropic_task(rng, 3, 4, n_samples=50)
+    assert task.scales.shape == (3, 4) and np.all((task.scales >= 0.5) & (task.scales <= 2))
+    heldout = common.sample_like(task, rng, 20_000)
+    expected_mean = task.weights @ task.means
+    np.testing.assert_allclose(heldout.mean(axis=0), expected_mean, atol=0.1)
