@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 from conftest import TINY_CHECKPOINT, make_blobs
+from scipy.stats import multivariate_normal
 from sklearn.mixture import GaussianMixture
 
 from transformer_gmm import CheckpointError, FallbackWarning, TransformerGMM, _backend
@@ -184,3 +185,24 @@ def test_n_init_keeps_the_best_lower_bound(three_blobs):
         single.fit(three_blobs)
         several.fit(three_blobs)
     assert several.lower_bound_ >= single.lower_bound_
+
+
+def test_model_space_responsibilities_score_only_real_coordinates():
+    # Two real coordinates, two of padding where the model's means hold junk.
+    estimate = _backend.TransformerEstimate(
+        weights=np.array([0.3, 0.7]),
+        means=np.array([[0.0, 0.0, 9.0, 9.0], [1.0, 0.5, -9.0, 9.0]]),
+        scales=np.array([[0.5], [2.0]]),
+        point_probs=np.empty((0, 2)),
+    )
+    Z = np.zeros((6, 4))
+    Z[:, :2] = np.random.default_rng(0).normal(size=(6, 2))
+    resp = _backend.model_space_responsibilities(estimate, Z, n_kept=2)
+    densities = np.stack(
+        [
+            w * multivariate_normal(m[:2], s**2 * np.eye(2)).pdf(Z[:, :2])
+            for w, m, s in zip(estimate.weights, estimate.means, estimate.scales[:, 0], strict=True)
+        ],
+        axis=1,
+    )
+    np.testing.assert_allclose(resp, densities / densities.sum(axis=1, keepdims=True), rtol=1e-10)

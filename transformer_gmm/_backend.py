@@ -144,15 +144,24 @@ def transformer_estimates(
     ]
 
 
-def model_space_responsibilities(estimate: TransformerEstimate, Z: np.ndarray) -> np.ndarray:
-    """Posterior of each point under the transformer's own mixture, in model space."""
-    z = torch.tensor(Z, dtype=torch.float64)[None]  # (1, n, d_max)
-    variances = torch.tensor(estimate.scales, dtype=torch.float64) ** 2  # (K, 1 | d_max)
-    variances = variances.expand(-1, Z.shape[1])  # (K, d_max)
-    precisions_cholesky = variances.rsqrt()[None]
-    weights = torch.tensor(estimate.weights, dtype=torch.float64)[None]
-    means = torch.tensor(estimate.means, dtype=torch.float64)[None]
-    params = em.MixtureParams(weights, means, variances[None], precisions_cholesky)
+def model_space_responsibilities(
+    estimate: TransformerEstimate, Z: np.ndarray, n_kept: int
+) -> np.ndarray:
+    """Posterior of each point under the transformer's own mixture, in model space.
+
+    Only the first ``n_kept`` coordinates hold data (the rest are zero padding); scoring
+    the padding too would add a -log(scale) per padded coordinate to each component and
+    so favour the narrowest ones.
+    """
+    z = torch.tensor(Z[:, :n_kept], dtype=torch.float64)[None]  # (1, n, m)
+    scales = torch.tensor(estimate.scales, dtype=torch.float64)  # (K, 1 | d_max)
+    variances = scales.expand(-1, Z.shape[1])[:, :n_kept] ** 2  # (K, m)
+    params = em.MixtureParams(
+        weights=torch.tensor(estimate.weights, dtype=torch.float64)[None],
+        means=torch.tensor(estimate.means[:, :n_kept], dtype=torch.float64)[None],
+        covariances=variances[None],
+        precisions_cholesky=variances.rsqrt()[None],
+    )
     _, log_resp = em.e_step(z, params, "diag")
     return _numpy(log_resp[0].exp())
 

@@ -7,7 +7,8 @@
 
 ``checkpoint=`` accepts a bundled name, a local folder or a Hugging Face Hub id
 (``"org/name"`` or ``"org/name@revision"``); :func:`load_model` resolves and loads it once
-per process.
+per process. What is specific to the Hub (download, cache, offline use, publishing) lives in
+:mod:`transformer_gmm.hub`.
 """
 
 from __future__ import annotations
@@ -52,7 +53,22 @@ class CheckpointError(ValueError):
 def save_checkpoint(
     model: MixtureTransformer, folder: str | os.PathLike, *, model_card: str | None = None
 ) -> Path:
-    """Write ``model`` to ``folder`` (created if needed) as config, weights and model card."""
+    """Write ``model`` to ``folder`` (created if needed) as config, weights and model card.
+
+    The folder loads back through ``checkpoint=<folder>`` and is ready to upload to the
+    Hugging Face Hub as it is. ``model_card`` defaults to :func:`default_model_card`.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> model = MixtureTransformer(config_from_preset("tiny"))
+    >>> folder = save_checkpoint(model, tempfile.mkdtemp() + "/my-model")
+    >>> sorted(path.name for path in folder.iterdir())
+    ['README.md', 'config.json', 'model.safetensors']
+    >>> load_checkpoint(folder).config == model.config
+    True
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = {"model_type": MODEL_TYPE, "format_version": FORMAT_VERSION}
@@ -65,7 +81,7 @@ def save_checkpoint(
     # under the real name, and a reader sees the old file or the new one.
     _replace(folder / WEIGHTS_FILE, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
     _replace(folder / CONFIG_FILE, lambda p: Path(p).write_text(json.dumps(config, indent=2)))
-    card = model_card if model_card is not None else _default_card(model.config)
+    card = model_card if model_card is not None else default_model_card(model.config)
     _replace(folder / CARD_FILE, lambda p: Path(p).write_text(card, encoding="utf-8"))
     return folder
 
@@ -76,13 +92,19 @@ def _replace(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def _default_card(config: ModelConfig) -> str:
+def default_model_card(config: ModelConfig, *, note: str = "") -> str:
+    """A model card (``README.md``) that describes ``config``; ``note`` follows the title.
+
+    It opens with the Hub's metadata block, so the Hub lists the checkpoint under the
+    ``transformer_gmm`` library.
+    """
     rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in config.to_dict().items())
     k = f"{config.k_min}..{config.k_max}"
     return (
         "---\nlibrary_name: transformer_gmm\ntags: [gaussian-mixture, clustering]\n---\n\n"
         "# transformer_gmm checkpoint\n\n"
-        f"A `MixtureTransformer` with readout heads for {k} components, reading up to "
+        + (note.strip() + "\n\n" if note.strip() else "")
+        + f"A `MixtureTransformer` with readout heads for {k} components, reading up to "
         f"{config.context_size} points of dimension up to {config.d_max}.\n\n"
         "| field | value |\n| --- | --- |\n" + rows + "\n\n"
         "```python\nfrom transformer_gmm import TransformerGMM\n\n"
@@ -112,6 +134,15 @@ def load_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
     state = {name: tensor.to(torch.float32) for name, tensor in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
+
+
+def read_config(folder: str | os.PathLike) -> ModelConfig:
+    """The validated config of the checkpoint in ``folder``, without reading its weights.
+
+    Raises :class:`CheckpointError` naming the field of a config written by a newer or a
+    foreign model.
+    """
+    return _read_config(Path(folder) / CONFIG_FILE)
 
 
 def _read_config(path: Path) -> ModelConfig:
@@ -221,9 +252,11 @@ def resolve_checkpoint(checkpoint: str | os.PathLike) -> Path:
             f"Checkpoint {str(checkpoint)!r} is a file; pass the folder that holds "
             f"{CONFIG_FILE} and {WEIGHTS_FILE}."
         )
-    match = _HUB_ID.match(checkpoint) if isinstance(checkpoint, str) else None
-    if match:
-        return _download(match["repo_id"], match["revision"])
+    hub_id = parse_hub_id(checkpoint)
+    if hub_id is not None:
+        from . import hub  # imported here: hub imports this module
+
+        return hub.resolve(*hub_id)
     names = ", ".join(repr(name) for name in bundled) or "none in this version"
     raise CheckpointError(
         f"Checkpoint {str(checkpoint)!r} was not found. checkpoint= accepts a bundled name "
@@ -232,37 +265,58 @@ def resolve_checkpoint(checkpoint: str | os.PathLike) -> Path:
     )
 
 
-def _download(repo_id: str, revision: str | None) -> Path:
-    # Imported here: huggingface_hub is slow to import and only this branch needs it.
-    import huggingface_hub
+def parse_hub_id(checkpoint: str | os.PathLike) -> tuple[str, str | None] | None:
+    """``(repo_id, revision)`` when ``checkpoint`` reads as a Hub id, else None.
 
-    try:
-        folder = huggingface_hub.snapshot_download(
-            repo_id, revision=revision, allow_patterns=[CONFIG_FILE, WEIGHTS_FILE, CARD_FILE]
-        )
-    except Exception as error:  # network, auth, missing repo, offline mode: all alike here
-        at = f"@{revision}" if revision else ""
-        raise CheckpointError(
-            f"Could not download checkpoint {repo_id + at!r} from the Hugging Face Hub "
-            f"({type(error).__name__}: {error}). On a machine with internet access run "
-            f"`hf download {repo_id}{' --revision ' + revision if revision else ''} "
-            f"--local-dir <folder>`, copy the folder here, and pass checkpoint='<folder>'."
-        ) from error
-    return Path(folder)
+    Examples
+    --------
+    >>> parse_hub_id("org/name@v1")
+    ('org/name', 'v1')
+    >>> parse_hub_id("org/name")
+    ('org/name', None)
+    >>> parse_hub_id("./folder") is None
+    True
+    """
+    match = _HUB_ID.match(checkpoint) if isinstance(checkpoint, str) else None
+    return (match["repo_id"], match["revision"]) if match else None
+
+
+def export_checkpoint(
+    source: str | os.PathLike, folder: str | os.PathLike, *, model_card: str | None = None
+) -> Path:
+    """Copy checkpoint ``source`` (bundled, local folder or Hub id) into ``folder``.
+
+    The source is loaded strictly and written again with :func:`save_checkpoint`, so the
+    folder holds exactly a config, float32 weights and a model card (the source's, unless
+    ``model_card`` is given): ready to upload, and loadable through ``checkpoint=``.
+    """
+    source_folder = resolve_checkpoint(source)
+    if Path(folder).resolve() == source_folder.resolve():
+        raise CheckpointError(f"Cannot export checkpoint {str(source)!r} onto itself ({folder}).")
+    model = load_checkpoint(source_folder)
+    if model_card is None and (source_folder / CARD_FILE).is_file():
+        model_card = (source_folder / CARD_FILE).read_text(encoding="utf-8")
+    return save_checkpoint(model, folder, model_card=model_card)
 
 
 # --- the per-process cache -------------------------------------------------------------
 
-_CACHE: dict[Path, tuple[tuple, MixtureTransformer]] = {}
+_CACHE: dict[tuple[str, ...], tuple[tuple, MixtureTransformer]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def _stamp(folder: Path) -> tuple:
-    """(mtime, size) of the files a model is built from; None for a missing one."""
+def _model_files(folder: Path) -> tuple[str, ...]:
+    """The real paths of the files a model is built from. In the Hub cache they are links
+    to content-addressed blobs, so two names for one revision share one model."""
+    return tuple(os.path.realpath(folder / name) for name in (CONFIG_FILE, WEIGHTS_FILE))
+
+
+def _stamp(files: tuple[str, ...]) -> tuple:
+    """(mtime, size) of each file; None for a missing one."""
     stamps = []
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
+    for path in files:
         try:
-            stat = (folder / name).stat()
+            stat = os.stat(path)
             stamps.append((stat.st_mtime_ns, stat.st_size))
         except OSError:
             stamps.append(None)
@@ -272,17 +326,27 @@ def _stamp(folder: Path) -> tuple:
 def load_model(checkpoint: str | os.PathLike) -> MixtureTransformer:
     """Resolve and load ``checkpoint``, once per process.
 
-    Models are cached by folder and by the (mtime, size) of its config and weights, so a
-    rewritten checkpoint is loaded again. The returned model is SHARED by every caller and
-    frozen (``requires_grad`` off, eval mode): use it for inference only and never modify
-    it; call :func:`load_checkpoint` for a private copy to train or change.
+    Models are cached by the resolved config and weight files and by their (mtime, size),
+    so a rewritten checkpoint is loaded again; a Hub id is looked up on the Hub once per
+    process (see :func:`transformer_gmm.hub.resolve`). The returned model is SHARED by
+    every caller and frozen (``requires_grad`` off, eval mode): use it for inference only
+    and never modify it; call :func:`load_checkpoint` for a private copy to train or change.
     """
-    folder = resolve_checkpoint(checkpoint).resolve()
-    stamp = _stamp(folder)
+    folder = resolve_checkpoint(checkpoint)
+    files = _model_files(folder)
+    stamp = _stamp(files)
     with _CACHE_LOCK:  # one load per checkpoint even when threads ask at once
-        cached = _CACHE.get(folder)
+        cached = _CACHE.get(files)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        model = load_checkpoint(folder).requires_grad_(False)
-        _CACHE[folder] = (stamp, model)  # replaces a stale model of the same folder
+        try:
+            model = load_checkpoint(folder).requires_grad_(False)
+        except CheckpointError as error:
+            hub_id = None if Path(checkpoint).expanduser().is_dir() else parse_hub_id(checkpoint)
+            if hub_id is None:
+                raise
+            from . import hub
+
+            raise CheckpointError(f"{error} {hub.redownload_hint(*hub_id)}") from error
+        _CACHE[files] = (stamp, model)  # replaces a stale model of the same files
         return model

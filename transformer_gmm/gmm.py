@@ -230,7 +230,9 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         inits = []
         estimates = self._transformer_estimates(Xs, backbone, device, random_state)
         for X, (standardization, _, estimate) in zip(Xs, estimates, strict=True):
-            resp = _backend.model_space_responsibilities(estimate, standardization.transform(X))
+            resp = _backend.model_space_responsibilities(
+                estimate, standardization.transform(X), n_kept=standardization.basis.shape[1]
+            )
             inits.append(
                 _backend.MixtureInit(
                     resp=resp,

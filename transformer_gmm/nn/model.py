@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import NamedTuple
+import os
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 # Smallest standard deviation the model can output, in standardized units (the data has
 # std 1). It keeps the Gaussian likelihood bounded: a zero-width component on one point
@@ -221,3 +225,29 @@ class MixtureTransformer(nn.Module):
                 f"mask must be a bool tensor of shape {tuple(x.shape[:2])}, "
                 f"got {mask.dtype} of shape {tuple(mask.shape)}."
             )
+
+    # --- saving, loading, publishing: thin wrappers over transformer_gmm.checkpoints ------
+    # (imported inside each method: checkpoints imports this module)
+
+    def save_pretrained(self, folder: str | os.PathLike, *, model_card: str | None = None) -> Path:
+        """Write config, weights and model card to ``folder``; see ``save_checkpoint``."""
+        from ..checkpoints import save_checkpoint
+
+        return save_checkpoint(self, folder, model_card=model_card)
+
+    @classmethod
+    def from_pretrained(cls, checkpoint: str | os.PathLike) -> MixtureTransformer:
+        """A private copy of ``checkpoint`` (bundled name, folder or Hub id), in eval mode.
+
+        Unlike the shared model the estimators use, this copy is yours to train
+        (call ``.train()``) or change.
+        """
+        from ..checkpoints import load_checkpoint, resolve_checkpoint
+
+        return load_checkpoint(resolve_checkpoint(checkpoint))
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """Upload to the Hugging Face Hub; see ``transformer_gmm.hub.push_to_hub``."""
+        from ..hub import push_to_hub
+
+        return push_to_hub(self, repo_id, **kwargs)

@@ -1,0 +1,291 @@
+"""Training: the task sampler, the symmetric losses, and the loop (tiny preset, CPU)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from transformer_gmm import TransformerGMM
+from transformer_gmm._preprocessing import fit_standardization
+from transformer_gmm.checkpoints import load_checkpoint
+from transformer_gmm.nn import MixtureOutput, MixtureTransformer
+from transformer_gmm.training import (
+    PRIORS,
+    Prior,
+    collate,
+    hungarian_loss,
+    match_components,
+    matched_mean_error,
+    mixture_nll,
+    point_cross_entropy,
+    sample_batch,
+    sample_task,
+    training_loss,
+)
+from transformer_gmm.training import train as T
+
+pytest.importorskip("tqdm")
+
+# --- the sampler ---------------------------------------------------------------------
+
+
+def test_priors_cover_tgmm_and_beyond():
+    tgmm = PRIORS["tgmm-2d"]
+    assert (tgmm.k_range, tgmm.n_range, tgmm.half_width) == ((2, 5), (64, 128), (5.0, 5.0))
+    assert tgmm.scale_range == (1.0, 1.0) and tgmm.diag_prob == tgmm.heavy_prob == 0.0
+    broad = PRIORS["broad"]
+    assert broad.k_range[0] <= 2 and broad.k_range[1] >= 10
+    assert broad.d_range[0] == 1 and broad.d_range[1] >= 128 and broad.n_range[1] >= 256
+    assert broad.half_width[0] < broad.half_width[1] and broad.diag_prob > 0 < broad.heavy_prob
+
+
+def test_sample_batch_shapes_ranges_and_seeding():
+    prior = PRIORS["tiny"]
+    batch = sample_batch(np.random.default_rng(0), prior, 3, 16, d_max=4, context_size=40)
+    B, N = batch.mask.shape
+    assert batch.x.shape == (B, N, 4) and batch.x.dtype == torch.float32 and B == 16
+    assert batch.means.shape == (16, 3, 4) and batch.scales.shape == (16, 3, 4)
+    n = batch.mask.sum(-1)
+    assert n.min() >= prior.n_range[0] and n.max() <= 40 == N  # n clipped to the context
+    assert torch.all(batch.x[~batch.mask] == 0) and batch.labels.max() == 2
+    assert torch.allclose(batch.weights.sum(-1), torch.ones(16))
+    assert batch.weights.min() >= prior.weight_floor / 3 - 1e-6
+    for b, task in enumerate(batch.tasks):  # every component has a point
+        assert np.array_equal(np.unique(task.labels), np.arange(3))
+        assert torch.equal(batch.labels[b, : len(task.X)], torch.from_numpy(task.labels))
+    again = sample_batch(np.random.default_rng(0), prior, 3, 16, d_max=4, context_size=40)
+    other = sample_batch(np.random.default_rng(1), prior, 3, 16, d_max=4, context_size=40)
+    assert torch.equal(batch.x, again.x) and torch.equal(batch.means, again.means)
+    assert not torch.equal(batch.x[:, : other.x.shape[1]], other.x[:, : batch.x.shape[1]])
+
+
+@pytest.mark.parametrize("d", [1, 3, 4, 9, 40])  # d < d_max, d = d_max, d > d_max
+def test_inputs_and_targets_are_fits_standardization(d):
+    d_max, K = 4, 3
+    rng = np.random.default_rng(d)
+    tasks = [sample_task(rng, PRIORS["tiny"], K, d, 50, d_max) for _ in range(3)]
+    batch = collate(tasks, d_max)
+    for b, task in enumerate(tasks):
+        st = fit_standardization(task.X, d_max)
+        assert np.array_equal(batch.x[b].numpy(), st.transform(task.X))  # exactly fit's map
+        kept = min(d, d_max)
+        mu = (task.means - st.center) @ st.basis / st.scale  # (K, kept)
+        np.testing.assert_allclose(batch.means[b, :, :kept].numpy(), mu, rtol=1e-5, atol=1e-5)
+        assert torch.all(batch.means[b, :, kept:] == 0)
+        assert batch.dim_mask[b].sum() == kept
+        # The estimator's inverse gives back the means' part in the kept subspace (all of
+        # them when d <= d_max).
+        back = st.inverse_transform_means(batch.means[b].numpy().astype(np.float64))
+        projected = st.center + (task.means - st.center) @ st.basis @ st.basis.T
+        np.testing.assert_allclose(back, projected, rtol=1e-4, atol=1e-4)
+
+
+def test_spherical_noise_scale_in_model_units():
+    prior = Prior(d_range=(12, 12), scale_range=(0.5, 2.0))
+    task = sample_task(np.random.default_rng(0), prior, 3, 12, 100, d_max=4)
+    batch = collate([task], 4)
+    expected = task.stds[:, :1] / task.standardization.scale  # (K, 1): a rotation keeps it
+    np.testing.assert_allclose(batch.scales[0].numpy(), np.repeat(expected, 4, 1), rtol=1e-5)
+
+
+# --- the losses ----------------------------------------------------------------------
+
+
+def _batch_and_output(K=4, seed=0):
+    prior = Prior(d_range=(2, 6), n_range=(60, 80))
+    batch = sample_batch(np.random.default_rng(seed), prior, K, 6, d_max=4, context_size=80)
+    g = torch.Generator().manual_seed(seed)
+    log_weights = torch.randn(6, K, generator=g).log_softmax(-1)
+    out = MixtureOutput(
+        log_weights,
+        log_weights.exp(),
+        torch.randn(6, K, 4, generator=g),
+        torch.rand(6, K, 1, generator=g) + 0.5,
+        torch.randn(6, batch.x.shape[1], K, generator=g),
+    )
+    return batch, out
+
+
+def _permute_truth(batch, perm):
+    inverse = torch.argsort(perm)  # true component perm[j] becomes component j
+    return dataclasses.replace(
+        batch,
+        means=batch.means[:, perm],
+        weights=batch.weights[:, perm],
+        scales=batch.scales[:, perm],
+        labels=inverse[batch.labels],
+    )
+
+
+@pytest.mark.parametrize(
+    "loss", [hungarian_loss, mixture_nll, lambda o, b: point_cross_entropy(o.point_logits, b)]
+)
+def test_losses_ignore_the_numbering_of_true_components(loss):
+    batch, out = _batch_and_output()
+    permuted = _permute_truth(batch, torch.tensor([2, 0, 3, 1]))
+    assert torch.allclose(loss(out, batch), loss(out, permuted), rtol=1e-6, atol=1e-6)
+
+
+def _truth_as_output(batch):
+    scales = batch.scales[..., :1]  # the prior below has spherical noise
+    logits = 20.0 * torch.nn.functional.one_hot(batch.labels, batch.n_components).float()
+    log_w = batch.weights.log()
+    return MixtureOutput(log_w, batch.weights, batch.means, scales, logits)
+
+
+def test_losses_are_minimised_by_the_truth():
+    prior = Prior(d_range=(2, 6), n_range=(400, 400), scale_range=(0.5, 2.0))
+    batch = sample_batch(np.random.default_rng(3), prior, 3, 8, d_max=4, context_size=400)
+    truth = _truth_as_output(batch)
+    assert hungarian_loss(truth, batch) < 1e-6 and point_cross_entropy(truth[4], batch) < 1e-6
+    # Slot order of the output does not matter either.
+    shuffled = MixtureOutput(
+        *(
+            t[:, [1, 2, 0]] if t.dim() < 3 or i < 4 else t[..., [1, 2, 0]]
+            for i, t in enumerate(truth)
+        )
+    )
+    assert hungarian_loss(shuffled, batch) < 1e-6 and point_cross_entropy(shuffled[4], batch) < 1e-6
+    for factor in (0.7, 1.4):
+        worse = truth._replace(scales=truth.scales * factor)
+        assert mixture_nll(worse, batch) > mixture_nll(truth, batch)
+        assert hungarian_loss(worse, batch) > hungarian_loss(truth, batch)
+    moved = truth._replace(means=truth.means + 0.3 * batch.dim_mask[:, None, :])
+    assert mixture_nll(moved, batch) > mixture_nll(truth, batch)
+    assert hungarian_loss(moved, batch) > 0.1
+
+
+def test_matching_is_the_least_cost_permutation():
+    cost = torch.rand(20, 5, 5, generator=torch.Generator().manual_seed(0))
+    match = match_components(cost)
+    got = cost.gather(2, match[..., None]).sum((1, 2))
+    brute = (
+        torch.stack([cost[:, range(5), list(p)].sum(-1) for p in itertools.permutations(range(5))])
+        .min(0)
+        .values
+    )
+    assert torch.allclose(got, brute)
+    assert match_components(torch.rand(64, 10, 10)).shape == (64, 10)  # 10! is out of reach
+    truth = np.array([[0.0, 0.0], [3.0, 4.0]])
+    assert matched_mean_error(truth[::-1] + [0.0, 1.0], truth) == pytest.approx(np.sqrt(2))
+
+
+# --- the loop ------------------------------------------------------------------------
+
+
+def _tiny(tmp_path, name, **changes) -> T.TrainConfig:
+    fields = {**T.PRESETS["tiny"], "preset": "tiny", "out_dir": str(tmp_path / name)}
+    return T.TrainConfig(**{**fields, **changes})
+
+
+def _held_out_loss(model, cfg) -> float:
+    mc = model.config
+    total = 0.0
+    for K in model.supported_n_components:
+        b = sample_batch(np.random.default_rng([7, K]), PRIORS[cfg.prior], K, 32, mc.d_max, 64)
+        with torch.no_grad():
+            total += training_loss(model(b.x, K, b.mask), b, "hungarian", 1.0)[0].item()
+    return total
+
+
+def test_training_lowers_the_loss_and_writes_a_usable_checkpoint(tmp_path):
+    cfg = _tiny(tmp_path, "run")
+    torch.manual_seed(cfg.seed)
+    before = _held_out_loss(MixtureTransformer(T.model_config(cfg)), cfg)
+    out_dir = T.train(cfg)
+    model = load_checkpoint(out_dir / "checkpoint")
+    assert _held_out_loss(model, cfg) < before - 0.3
+    card = (out_dir / "checkpoint" / "README.md").read_text()
+    assert "| tiny | 30 | 240 |" in card and "| K | model | oracle |" in card
+    # Thirty steps teach the model little: this checks the plumbing, not the estimate.
+    X = np.random.default_rng(0).normal(size=(120, 6))  # d = 6 > d_max = 4: the projection
+    gmm = TransformerGMM(3, checkpoint=str(out_dir / "checkpoint"), random_state=0).fit(X)
+    assert gmm.init_method_ == "transformer" and np.isfinite(gmm.means_).all()
+    assert gmm.means_.shape == (3, 6)
+
+
+def test_resuming_gives_the_same_weights_as_training_straight_through(tmp_path):
+    straight = T.train(_tiny(tmp_path, "straight", max_steps=12, eval_every=100))
+    T.train(_tiny(tmp_path, "resumed", max_steps=12, eval_every=100, stop_at=5))
+    state = torch.load(tmp_path / "resumed" / "state.pt", weights_only=True)
+    assert state["step"] == 5
+    with open(tmp_path / "resumed" / "log.jsonl", "a") as log:  # as if it crashed at step 6
+        log.write(json.dumps({"step": 6, "loss": 0.0}) + "\n")
+    resumed = T.train(_tiny(tmp_path, "resumed", max_steps=12, eval_every=100, resume=True))
+    steps = [json.loads(line)["step"] for line in (resumed / "log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 13))
+    a = torch.load(straight / "state.pt", weights_only=True)
+    b = torch.load(resumed / "state.pt", weights_only=True)
+    assert a["step"] == b["step"] == 12
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    exp_avg = [s["exp_avg"] for s in a["optimizer"]["state"].values()]
+    assert all(
+        torch.equal(x, s["exp_avg"])
+        for x, s in zip(exp_avg, b["optimizer"]["state"].values(), strict=True)
+    )
+
+
+def test_batches_depend_on_seed_step_and_rank_only():
+    cfg = T.TrainConfig(**T.PRESETS["tiny"])
+    mc = T.model_config(cfg)
+    a, b = T.get_batch(cfg, mc, 3, 0), T.get_batch(cfg, mc, 3, 0)
+    other_rank = T.get_batch(cfg, mc, 3, 1)
+    assert torch.equal(a.x, b.x) and a.n_components == other_rank.n_components
+    assert a.x.shape != other_rank.x.shape or not torch.equal(a.x, other_rank.x)
+
+
+def test_command_line_overrides_the_preset():
+    cfg = T.parse_args(
+        [
+            "--preset",
+            "tiny",
+            "--max-steps",
+            "7",
+            "--parameter-loss",
+            "nll",
+            "--compile",
+            "--stop-at",
+            "3",
+        ]
+    )
+    assert (cfg.max_steps, cfg.parameter_loss, cfg.compile, cfg.stop_at) == (7, "nll", True, 3)
+    assert cfg.batch_size == T.PRESETS["tiny"]["batch_size"] and cfg.preset == "tiny"
+
+
+def test_data_parallel_on_cpu_with_two_processes(tmp_path):
+    """torchrun, gloo backend: both ranks step together and rank 0 writes the checkpoint."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "transformer_gmm.training",
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "4",
+        "--eval-every",
+        "4",
+        "--threads",
+        "1",
+        "--out-dir",
+        str(tmp_path / "ddp"),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = torch.load(tmp_path / "ddp" / "state.pt", weights_only=True)
+    assert state["step"] == 4
+    load_checkpoint(tmp_path / "ddp" / "checkpoint")

@@ -1,0 +1,348 @@
+"""Checkpoints on the Hugging Face Hub: download, cache, offline use, integrity, publishing.
+
+Everything goes through ``huggingface_hub``, so its settings apply unchanged: ``HF_HOME``
+and ``HF_HUB_CACHE`` choose the cache, ``HF_ENDPOINT`` the server (a mirror or a private
+Hub), ``HF_TOKEN`` or ``hf auth login`` the token, and ``HF_HUB_OFFLINE=1`` forbids every
+request. ``huggingface_hub`` reads these variables when it is imported; ``HF_HUB_OFFLINE``
+is also honoured when it is set later, as a notebook might.
+
+A Hub checkpoint is resolved once per process: the first :func:`resolve` downloads (or
+finds in the cache) and verifies the files, later calls reuse that folder with no request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .checkpoints import (
+    CARD_FILE,
+    CONFIG_FILE,
+    MODEL_TYPE,
+    WEIGHTS_FILE,
+    CheckpointError,
+    export_checkpoint,
+    save_checkpoint,
+)
+
+if TYPE_CHECKING:
+    from .nn import MixtureTransformer
+
+CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")  # the Hub's ETag of an LFS file: its sha256
+_GIT_SHA1 = re.compile(r"^[0-9a-f]{40}$")  # the ETag of a file kept in git: its blob sha1
+
+
+def spec(repo_id: str, revision: str | None = None) -> str:
+    """``"org/name"`` or ``"org/name@revision"``, the form ``checkpoint=`` accepts."""
+    return repo_id + (f"@{revision}" if revision else "")
+
+
+def is_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` forbids requests (read now, not only at import)."""
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE", "")
+    return bool(constants.HF_HUB_OFFLINE) or flag.upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def cache_dir() -> Path:
+    """The Hugging Face cache this process uses (``HF_HUB_CACHE``, else ``HF_HOME``/hub)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+# --- downloading -------------------------------------------------------------------------
+
+
+def download(
+    repo_id: str,
+    revision: str | None = None,
+    *,
+    local_dir: str | os.PathLike | None = None,
+    force_download: bool = False,
+    token: str | bool | None = None,
+    files: tuple[str, ...] = CHECKPOINT_FILES,
+) -> Path:
+    """Download a checkpoint's ``files`` from the Hub and return their folder.
+
+    Into the Hugging Face cache by default (a file already there is not downloaded
+    again, and a commit hash that is cached needs no request at all), or into
+    ``local_dir``. The downloaded files are checked against the hashes the Hub advertised.
+    Offline (``HF_HUB_OFFLINE=1``) only the cache is read. Every failure is a
+    :class:`~transformer_gmm.CheckpointError` that says what to do.
+    """
+    # Imported here: huggingface_hub is slow to import and only Hub checkpoints need it.
+    import huggingface_hub
+
+    from . import __version__
+
+    offline = is_offline()
+    try:
+        folder = huggingface_hub.snapshot_download(
+            repo_id,
+            revision=revision,
+            allow_patterns=list(files),
+            local_dir=local_dir,
+            force_download=force_download,
+            token=token,
+            local_files_only=offline,
+            library_name="transformer_gmm",
+            library_version=__version__,
+        )
+    except Exception as error:  # network, auth, missing repo, offline mode: explained below
+        raise CheckpointError(_download_error(repo_id, revision, error, offline)) from error
+    folder = Path(folder)
+    missing = [name for name in files if name != CARD_FILE and not (folder / name).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"Hub checkpoint {spec(repo_id, revision)!r} has no {' or '.join(missing)} (in "
+            f"{folder}): the repository is not a transformer_gmm checkpoint, or only part of "
+            f"it is cached. {_how_to_get(repo_id, revision)}"
+        )
+    for name in files:
+        verify_file(folder / name, redownload=_redownload(repo_id, revision))
+    return folder
+
+
+def _download_error(repo_id: str, revision: str | None, error: Exception, offline: bool) -> str:
+    from huggingface_hub.utils import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    name = repr(spec(repo_id, revision))
+    cause = f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+    if isinstance(error, GatedRepoError):
+        return (
+            f"Hub checkpoint {name} is gated {cause}. Accept its conditions on its Hub page, "
+            "then log in with `hf auth login` or set HF_TOKEN."
+        )
+    if isinstance(error, RepositoryNotFoundError):
+        return (
+            f"Hub checkpoint {name} was not found {cause}: check the name, or, if the "
+            "repository is private, log in with `hf auth login` or set HF_TOKEN."
+        )
+    if isinstance(error, RevisionNotFoundError):
+        return (
+            f"Hub checkpoint {repo_id!r} has no revision {revision!r} {cause}. Pass a branch, "
+            "a tag or a full 40-character commit hash after '@'."
+        )
+    if offline or isinstance(error, LocalEntryNotFoundError):
+        # Offline, huggingface_hub's own message (about local_files_only) would mislead.
+        why = "HF_HUB_OFFLINE is set" if offline else f"the Hub could not be reached {cause}"
+        return (
+            f"Hub checkpoint {name} is not in the Hugging Face cache ({cache_dir()}) and {why}. "
+            f"{_how_to_get(repo_id, revision)}"
+        )
+    return (
+        f"Could not download Hub checkpoint {name} {cause}. Check the connection and try "
+        f"again. Without internet access: {_how_to_get(repo_id, revision)}"
+    )
+
+
+def _how_to_get(repo_id: str, revision: str | None) -> str:
+    name = spec(repo_id, revision)
+    return (
+        f"On a machine with internet access run `transformer-gmm download {name}` and copy "
+        f"its cache folder ({cache_dir() / ('models--' + repo_id.replace('/', '--'))}) into "
+        f"the cache here, or run `transformer-gmm download {name} --to <folder>` (or `hf "
+        f"download {repo_id}{' --revision ' + revision if revision else ''} --local-dir "
+        "<folder>`), copy the folder here and pass checkpoint='<folder>'."
+    )
+
+
+def _redownload(repo_id: str, revision: str | None) -> str:
+    return f"Run `transformer-gmm download {spec(repo_id, revision)} --force` to fetch it again."
+
+
+# --- integrity ---------------------------------------------------------------------------
+
+
+def verify_file(path: Path, *, redownload: str = "") -> None:
+    """Check a downloaded file against the hash the Hub advertised for it, when known.
+
+    The Hub's ETag of a file is its sha256 (files in LFS, such as the weights) or its git
+    blob sha1 (small files in git). ``huggingface_hub`` names each cached blob by that
+    ETag and writes it into the metadata of a ``local_dir`` download, so a truncated or
+    altered file is caught here, before any tensor is read. Files with no known hash
+    (copied by hand, or a cache without symlinks) are left to the strict loader.
+    """
+    etag = _expected_etag(path)
+    if etag is None or not path.is_file():
+        return
+    if _SHA256.match(etag):
+        actual = _file_hash(path, hashlib.sha256())
+    elif _GIT_SHA1.match(etag):
+        actual = _file_hash(path, hashlib.sha1(f"blob {path.stat().st_size}\0".encode()))
+    else:
+        return
+    if actual != etag:
+        raise CheckpointError(
+            f"{path} is corrupted: its hash is {actual}, but the Hub advertised {etag} (a "
+            f"truncated download, or a changed file). {redownload}".rstrip()
+        )
+
+
+def _expected_etag(path: Path) -> str | None:
+    if path.is_symlink():  # the cache: snapshots/<commit>/<file> -> ../../blobs/<etag>
+        return Path(os.path.realpath(path)).name
+    # A local_dir download: line 1 of .cache/huggingface/download/<file>.metadata is the
+    # commit hash, line 2 the ETag (huggingface_hub/_local_folder.py documents the layout).
+    metadata = path.parent / ".cache" / "huggingface" / "download" / f"{path.name}.metadata"
+    try:
+        lines = metadata.read_text().splitlines()
+    except OSError:
+        return None
+    return lines[1].strip() if len(lines) > 1 else None
+
+
+def _file_hash(path: Path, hasher) -> str:
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+# --- resolving once per process ----------------------------------------------------------
+
+_RESOLVED: dict[tuple, Path] = {}
+_RESOLVED_LOCK = threading.Lock()
+
+
+def resolve(repo_id: str, revision: str | None = None) -> Path:
+    """The local folder of Hub checkpoint ``repo_id`` at ``revision``, once per process.
+
+    The first call downloads (or finds in the cache) and verifies the files; later calls
+    return the same folder with no request, so a branch such as ``main`` is looked up
+    once per process, not at every ``fit``.
+    """
+    from huggingface_hub import constants
+
+    # The endpoint and the cache are part of the key: another server or cache is another
+    # checkpoint, even under the same name.
+    key = (constants.ENDPOINT, constants.HF_HUB_CACHE, repo_id, revision)
+    with _RESOLVED_LOCK:  # one download per checkpoint even when threads ask at once
+        folder = _RESOLVED.get(key)
+        if folder is None or not (folder / WEIGHTS_FILE).is_file():
+            folder = download(repo_id, revision)
+            _RESOLVED[key] = folder
+        return folder
+
+
+def redownload_hint(repo_id: str, revision: str | None) -> str:
+    """What to tell a user whose Hub checkpoint failed to load from the cache."""
+    return f"The files came from the Hugging Face Hub cache. {_redownload(repo_id, revision)}"
+
+
+# --- the cache ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CachedCheckpoint:
+    """One revision of a transformer_gmm checkpoint in the Hugging Face cache."""
+
+    repo_id: str
+    commit_hash: str
+    refs: tuple[str, ...]  # branches and tags that point at this revision, e.g. ("main",)
+    folder: Path
+    size: int  # bytes on disk
+
+    @property
+    def name(self) -> str:
+        """What to pass as ``checkpoint=`` for this revision."""
+        if "main" in self.refs:
+            return self.repo_id
+        return spec(self.repo_id, self.refs[0] if self.refs else self.commit_hash)
+
+
+def cached_checkpoints(cache: str | os.PathLike | None = None) -> list[CachedCheckpoint]:
+    """The transformer_gmm checkpoints in the Hugging Face cache, sorted by name.
+
+    Read from disk only; other models in the cache are skipped.
+    """
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.utils import CacheNotFound
+
+    try:
+        info = scan_cache_dir(cache if cache is not None else cache_dir())
+    except CacheNotFound:
+        return []
+    found = []
+    for repo in info.repos:
+        if repo.repo_type != "model":
+            continue
+        for revision in repo.revisions:
+            if _is_ours(revision.snapshot_path / CONFIG_FILE):
+                found.append(
+                    CachedCheckpoint(
+                        repo_id=repo.repo_id,
+                        commit_hash=revision.commit_hash,
+                        refs=tuple(sorted(revision.refs)),
+                        folder=revision.snapshot_path,
+                        size=revision.size_on_disk,
+                    )
+                )
+    return sorted(found, key=lambda c: (c.repo_id, c.name))
+
+
+def _is_ours(config_path: Path) -> bool:
+    import json
+
+    try:
+        return json.loads(config_path.read_text()).get("model_type") == MODEL_TYPE
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+# --- publishing --------------------------------------------------------------------------
+
+
+def push_to_hub(
+    source: MixtureTransformer | str | os.PathLike,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str | None = None,
+    model_card: str | None = None,
+):
+    """Upload a model, or a checkpoint (bundled name, folder or Hub id), to ``repo_id``.
+
+    The repository is created if needed. The checkpoint is written to a temporary folder
+    first (config, weights and model card, exactly as :func:`save_checkpoint` writes
+    them), so what is uploaded loads back through ``checkpoint="<repo_id>"``. Needs a
+    token with write access: ``token=``, ``HF_TOKEN``, or ``hf auth login``.
+
+    Returns the ``huggingface_hub`` commit info (its ``commit_url`` links to the commit).
+    """
+    import huggingface_hub
+
+    token = token or huggingface_hub.get_token()
+    if not token:
+        raise CheckpointError(
+            f"Pushing to {repo_id!r} needs a Hugging Face token with write access: run "
+            "`hf auth login`, set HF_TOKEN, or pass token=."
+        )
+    api = huggingface_hub.HfApi(token=token)
+    with tempfile.TemporaryDirectory(prefix="transformer_gmm_push_") as tmp:
+        if isinstance(source, (str, os.PathLike)):
+            folder = export_checkpoint(source, Path(tmp) / "checkpoint", model_card=model_card)
+        else:
+            folder = save_checkpoint(source, Path(tmp) / "checkpoint", model_card=model_card)
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        return api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            allow_patterns=list(CHECKPOINT_FILES),
+            commit_message=commit_message or "Upload transformer_gmm checkpoint",
+        )

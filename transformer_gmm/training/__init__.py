@@ -1,0 +1,31 @@
+"""Training the mixture transformer: synthetic tasks, symmetric losses, a script-shaped loop.
+
+Run ``python -m transformer_gmm.training --help`` (needs tqdm: ``pip install
+transformer-gmm[train]``). Importing this package does not import tqdm.
+"""
+
+from .losses import (
+    hungarian_loss,
+    match_components,
+    matched_mean_error,
+    mixture_nll,
+    point_cross_entropy,
+    training_loss,
+)
+from .tasks import PRIORS, Prior, Task, TaskBatch, collate, sample_batch, sample_task
+
+__all__ = [
+    "PRIORS",
+    "Prior",
+    "Task",
+    "TaskBatch",
+    "collate",
+    "hungarian_loss",
+    "match_components",
+    "matched_mean_error",
+    "mixture_nll",
+    "point_cross_entropy",
+    "sample_batch",
+    "sample_task",
+    "training_loss",
+]

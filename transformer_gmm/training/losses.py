@@ -1,0 +1,169 @@
+"""Training losses that do not depend on how the true components are numbered.
+
+A mixture's components have no order: the model may put the true component j in any
+output slot. Two answers, both here:
+
+- match, then regress (DETR; Hungarian matching): find the slot-to-component assignment of
+  least cost and take the loss under it. ``linear_sum_assignment`` solves it in O(K^3)
+  per task; trying all K! permutations would need 3.6M of them at K = 10.
+- a loss that needs no matching (Set Transformer): the negative log-likelihood of the
+  points under the predicted mixture, which is a symmetric function of the components.
+
+For the per-point head: permutation-invariant cross-entropy (He et al. 2025), the least
+cross-entropy over relabellings, which one Hungarian matching finds exactly because the
+cross-entropy is a sum of per-label terms.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+from ..nn.model import MixtureOutput
+from .tasks import TaskBatch
+
+# --- matching ------------------------------------------------------------------------
+
+
+def match_components(cost: Tensor) -> Tensor:
+    """The least-cost assignment per task.
+
+    Parameters
+    ----------
+    cost : Tensor of shape (B, K, K)
+        ``cost[b, i, j]``: the cost of giving output slot i the true component j.
+
+    Returns
+    -------
+    Tensor of shape (B, K), int64
+        For each slot i, the true component j assigned to it.
+    """
+    # On CPU, detached: the assignment is a discrete choice, no gradient flows through it.
+    cost_np = cost.detach().to("cpu", torch.float64).numpy()
+    columns = np.stack([linear_sum_assignment(c)[1] for c in cost_np])  # (B, K)
+    return torch.from_numpy(columns).to(cost.device)
+
+
+def _gather(x: Tensor, index: Tensor) -> Tensor:
+    """x of shape (B, K, ...) reordered along K by index (B, K)."""
+    index = index.view(*index.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+    return x.gather(1, index)
+
+
+def matched_mean_error(estimate: np.ndarray, truth: np.ndarray) -> float:
+    """sqrt of the summed squared distance between matched means (TGMM's metric, FACTS.md).
+
+    Parameters
+    ----------
+    estimate, truth : ndarray of shape (K, d)
+    """
+    cost = ((estimate[:, None, :] - truth[None, :, :]) ** 2).sum(-1)  # (K, K)
+    rows, cols = linear_sum_assignment(cost)
+    return float(np.sqrt(cost[rows, cols].sum()))
+
+
+# --- parameter losses ------------------------------------------------------------------
+
+
+def hungarian_loss(out: MixtureOutput, batch: TaskBatch) -> Tensor:
+    """Squared error of means + KL of weights + squared log-scale error, under the matching
+    of least mean error. All in model space, averaged over tasks and components."""
+    sq = ((out.means[:, :, None, :] - batch.means[:, None, :, :]) ** 2).sum(-1)  # (B, K, K)
+    match = match_components(sq)  # (B, K)
+    means = _gather(batch.means, match)  # (B, K, d_max)
+    weights = _gather(batch.weights, match)  # (B, K)
+    scales = _gather(batch.scales, match)  # (B, K, d_max)
+    mean_loss = ((out.means - means) ** 2).sum(-1).mean()
+    # KL(true || predicted): zero at the truth, unlike the cross-entropy alone.
+    weight_loss = (weights * (weights.log() - out.log_weights)).sum(-1).mean()
+    # A spherical scale (B, K, 1) broadcasts against every data coordinate.
+    log_ratio = (out.scales.log() - scales.log()) * batch.dim_mask[:, None, :]  # (B, K, d_max)
+    scale_loss = (log_ratio**2).sum(-1).div(batch.dim_mask.sum(-1, keepdim=True)).mean()
+    return mean_loss + weight_loss + scale_loss
+
+
+def _component_log_prob(out: MixtureOutput, batch: TaskBatch) -> Tensor:
+    """log w_k + log N(x_n | mu_k, diag scale_k^2) over the data coordinates: (B, N, K)."""
+    var = out.scales[:, None, :, :] ** 2  # (B, 1, K, 1 | d_max)
+    diff2 = (batch.x[:, :, None, :] - out.means[:, None, :, :]) ** 2  # (B, N, K, d_max)
+    per_coordinate = diff2 / var + var.log() + math.log(2 * math.pi)  # (B, N, K, d_max)
+    # Padded coordinates hold no data: a component narrow there would gain unbounded
+    # likelihood for nothing, so they are left out.
+    dims = batch.dim_mask[:, None, None, :]  # (B, 1, 1, d_max)
+    return -0.5 * (per_coordinate * dims).sum(-1) + out.log_weights[:, None, :]
+
+
+def mixture_nll(out: MixtureOutput, batch: TaskBatch) -> Tensor:
+    """Negative log-likelihood of the points under the predicted mixture, per point and per
+    data coordinate (so tasks of every d weigh alike), averaged over tasks.
+
+    Symmetric in the components, so no matching. The padded coordinates of the means,
+    which the likelihood does not see, are pulled to zero (their true value).
+    """
+    log_p = _component_log_prob(out, batch).logsumexp(-1)  # (B, N)
+    n_points = batch.mask.sum(-1)  # (B,)
+    n_dims = batch.dim_mask.sum(-1)  # (B,)
+    nll = -(log_p * batch.mask).sum(-1) / (n_points * n_dims)  # (B,)
+    padded = (out.means * ~batch.dim_mask[:, None, :]) ** 2  # (B, K, d_max)
+    return nll.mean() + padded.sum(-1).mean()
+
+
+def oracle_nll(batch: TaskBatch) -> Tensor:
+    """:func:`mixture_nll` under the true parameters (scales: root mean variance over the
+    data coordinates, i.e. the spherical model closest to the truth). A floor to compare
+    the model's NLL with, not a bound: the truth is not the sample's maximum likelihood."""
+    spherical = (batch.scales**2 * batch.dim_mask[:, None, :]).sum(-1, keepdim=True)
+    spherical = (spherical / batch.dim_mask.sum(-1)[:, None, None]).sqrt()  # (B, K, 1)
+    log_weights = batch.weights.log()
+    truth = MixtureOutput(log_weights, batch.weights, batch.means, spherical, None)
+    return mixture_nll(truth, batch)
+
+
+# --- per-point loss ----------------------------------------------------------------------
+
+
+def point_cross_entropy(point_logits: Tensor, batch: TaskBatch) -> Tensor:
+    """Permutation-invariant cross-entropy of the per-point labels (He et al. 2025).
+
+    Parameters
+    ----------
+    point_logits : Tensor of shape (B, N, K)
+    batch : TaskBatch
+        Supplies the labels (B, N) and the mask (B, N).
+
+    Returns
+    -------
+    Tensor
+        min over relabellings of the mean cross-entropy per real point, averaged over tasks.
+    """
+    K = point_logits.shape[-1]
+    log_p = point_logits.log_softmax(-1)  # (B, N, K)
+    onehot = F.one_hot(batch.labels, K).to(log_p.dtype) * batch.mask[..., None]  # (B, N, K)
+    cost = -torch.einsum("bni,bnj->bij", log_p, onehot)  # (B, K, K): slot i reads label j
+    match = match_components(cost)  # (B, K)
+    matched = cost.gather(2, match[..., None]).squeeze(-1).sum(-1)  # (B,)
+    return (matched / batch.mask.sum(-1)).mean()
+
+
+# --- the training objective --------------------------------------------------------------
+
+PARAMETER_LOSSES = {"hungarian": hungarian_loss, "nll": mixture_nll}
+
+
+def training_loss(
+    out: MixtureOutput, batch: TaskBatch, parameter_loss: str, point_weight: float
+) -> tuple[Tensor, dict[str, float]]:
+    """The parameter loss plus ``point_weight`` times the per-point loss, in float32.
+
+    Returns the loss to minimise and its parts, as floats, for logging.
+    """
+    out = MixtureOutput(*(t.float() for t in out))  # bf16 autocast outputs: losses in fp32
+    params = PARAMETER_LOSSES[parameter_loss](out, batch)
+    points = point_cross_entropy(out.point_logits, batch)
+    loss = params + point_weight * points
+    return loss, {"params": params.item(), "points": points.item()}

@@ -1,0 +1,214 @@
+"""Synthetic Gaussian-mixture tasks, brought to the model's input space exactly as ``fit`` does.
+
+A task is one dataset: K means, K weights, a noise model, n points and their labels. Every
+task goes through :func:`~transformer_gmm._preprocessing.fit_standardization` (centre,
+project onto the top ``d_max`` principal components when d > d_max, one global scale,
+zero-pad), so the model trains on the distribution it meets at inference. The targets are
+mapped by the same standardization: they are what the model should output for this input.
+
+Why the projection keeps the job small: the K means, centred on their weighted average,
+span at most K - 1 directions, and the between-cluster spread adds to the top principal
+components first. With d_max >= K - 1 the means survive the projection (up to noise), and
+every dimension beyond them only adds noise the model must learn to ignore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .._preprocessing import Standardization, fit_standardization
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A distribution over mixture tasks; all ranges are inclusive."""
+
+    k_range: tuple[int, int] = (2, 10)  # K, uniform (clipped to the model's heads)
+    d_range: tuple[int, int] = (1, 128)  # d, log-uniform: as many tasks in 1..11 as in 11..128
+    n_range: tuple[int, int] = (64, 256)  # n, uniform (clipped to the model's context)
+    half_width: tuple[float, float] = (5.0, 5.0)  # means ~ U[-h, h]^d, h log-uniform: the SNR
+    dirichlet_prob: float = 0.5  # weights ~ floored Dirichlet; else TGMM's U[0.2, 0.8], normalised
+    dirichlet_alpha: float = 1.0
+    weight_floor: float = 0.2  # w = floor / K + (1 - floor) * Dirichlet: no weight below floor / K
+    scale_range: tuple[float, float] = (1.0, 1.0)  # noise std per component, log-uniform
+    diag_prob: float = 0.0  # tasks whose noise std also varies per coordinate
+    heavy_prob: float = 0.0  # tasks with Student-t noise (3 to 10 dof), rescaled to the same std
+
+
+PRIORS: dict[str, Prior] = {
+    # TGMM (Chen, Wu & Fang 2025) at d = 2, the overlapping regime FACTS.md measures.
+    "tgmm-2d": Prior(k_range=(2, 5), d_range=(2, 2), n_range=(64, 128)),
+    # Far beyond it: K to 10, d to 128, up to the context, overlapping to separated,
+    # unequal and diagonal scales, some heavy tails.
+    "broad": Prior(
+        k_range=(2, 10),
+        d_range=(1, 128),
+        n_range=(64, 256),
+        half_width=(1.5, 8.0),
+        scale_range=(0.5, 2.0),
+        diag_prob=0.25,
+        heavy_prob=0.1,
+    ),
+    # For tests: small n, and d on both sides of the tiny model's d_max = 4.
+    "tiny": Prior(k_range=(2, 4), d_range=(1, 8), n_range=(16, 64), diag_prob=0.5, heavy_prob=0.2),
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One dataset in the user's (original) space, and the map ``fit`` would apply to it."""
+
+    X: np.ndarray  # (n, d) points
+    labels: np.ndarray  # (n,) the component each point came from
+    means: np.ndarray  # (K, d)
+    weights: np.ndarray  # (K,)
+    stds: np.ndarray  # (K, d) noise standard deviation per component and coordinate
+    standardization: Standardization
+
+    def oracle_means(self) -> np.ndarray:
+        """Means of the true clusters, (K, d): what an estimator that knew the labels gets."""
+        K = self.means.shape[0]
+        counts = np.bincount(self.labels, minlength=K)[:, None]  # (K, 1), >= 1 by construction
+        sums = np.zeros_like(self.means)
+        np.add.at(sums, self.labels, self.X)
+        return sums / counts
+
+
+@dataclass
+class TaskBatch:
+    """B tasks with the same K, padded to the longest, as model inputs and model-space targets."""
+
+    x: Tensor  # (B, N, d_max) float32, fit_standardization(X, d_max).transform(X), zero rows pad
+    mask: Tensor  # (B, N) bool, True for real points
+    labels: Tensor  # (B, N) int64 true component, 0 on padding
+    means: Tensor  # (B, K, d_max) true means in model space, zero-padded
+    weights: Tensor  # (B, K) true mixing weights
+    scales: Tensor  # (B, K, d_max) noise std per coordinate in model space, 1 on padding
+    dim_mask: Tensor  # (B, d_max) bool, True for the coordinates that carry data
+    tasks: list[Task]  # the same tasks in the original space, for evaluation
+
+    @property
+    def n_components(self) -> int:
+        return self.means.shape[1]
+
+    def to(self, device: str | torch.device) -> TaskBatch:
+        names = ("x", "mask", "labels", "means", "weights", "scales", "dim_mask")
+        moved = {name: getattr(self, name).to(device, non_blocking=True) for name in names}
+        return TaskBatch(**moved, tasks=self.tasks)
+
+
+# --- sampling ------------------------------------------------------------------------
+
+
+def _log_uniform(rng: np.random.Generator, low: float, high: float, size=None) -> np.ndarray:
+    return np.exp(rng.uniform(np.log(low), np.log(high), size))
+
+
+def _draw_weights(rng: np.random.Generator, prior: Prior, K: int) -> np.ndarray:
+    if rng.random() < prior.dirichlet_prob:
+        w = rng.dirichlet(np.full(K, prior.dirichlet_alpha))
+        w = prior.weight_floor / K + (1.0 - prior.weight_floor) * w
+    else:
+        w = rng.uniform(0.2, 0.8, K)
+    return w / w.sum()
+
+
+def sample_task(rng: np.random.Generator, prior: Prior, K: int, d: int, n: int, d_max: int) -> Task:
+    """Draw one task of K components, d features and n points from ``prior``.
+
+    Every component gets at least one point (so the oracle and the per-point loss are
+    defined); the other n - K labels are drawn from the weights.
+    """
+    h = _log_uniform(rng, *prior.half_width)
+    means = rng.uniform(-h, h, (K, d))  # (K, d)
+    weights = _draw_weights(rng, prior, K)  # (K,)
+    stds = np.repeat(_log_uniform(rng, *prior.scale_range, (K, 1)), d, axis=1)  # (K, d)
+    if rng.random() < prior.diag_prob:
+        stds = stds * _log_uniform(rng, 0.5, 2.0, (K, d))
+    labels = np.concatenate([np.arange(K), rng.choice(K, n - K, p=weights)])
+    labels = labels[rng.permutation(n)]  # (n,)
+    if rng.random() < prior.heavy_prob:
+        dof = rng.uniform(3.0, 10.0)
+        noise = rng.standard_t(dof, (n, d)) * np.sqrt((dof - 2.0) / dof)  # unit variance
+    else:
+        noise = rng.standard_normal((n, d))
+    X = means[labels] + stds[labels] * noise  # (n, d)
+    return Task(X, labels, means, weights, stds, fit_standardization(X, d_max))
+
+
+def _draw_d(rng: np.random.Generator, d_range: tuple[int, int]) -> int:
+    low, high = d_range
+    return int(np.clip(np.floor(_log_uniform(rng, low, high + 1)), low, high))
+
+
+def sample_batch(
+    rng: np.random.Generator,
+    prior: Prior,
+    n_components: int,
+    batch_size: int,
+    d_max: int,
+    context_size: int,
+) -> TaskBatch:
+    """Draw ``batch_size`` tasks with ``n_components`` components; each draws its own d and n.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        The only source of randomness: the same generator state gives the same batch.
+    prior : Prior
+        The task distribution.
+    n_components : int
+        K, shared by the batch (the model reads one K per forward pass).
+    batch_size : int
+        B, the number of tasks.
+    d_max, context_size : int
+        The model's input width and the most points it reads; n is clipped to the latter.
+
+    Returns
+    -------
+    TaskBatch
+        CPU tensors; the model-space targets are the true parameters mapped by each task's
+        own standardization.
+    """
+    n_low, n_high = min(prior.n_range[0], context_size), min(prior.n_range[1], context_size)
+    tasks = [
+        sample_task(
+            rng,
+            prior,
+            n_components,
+            _draw_d(rng, prior.d_range),
+            max(int(rng.integers(n_low, n_high + 1)), n_components),
+            d_max,
+        )
+        for _ in range(batch_size)
+    ]
+    return collate(tasks, d_max)
+
+
+def collate(tasks: list[Task], d_max: int) -> TaskBatch:
+    """Stack tasks of one K into padded model-space tensors."""
+    B, K, N = len(tasks), tasks[0].means.shape[0], max(len(t.X) for t in tasks)
+    x = np.zeros((B, N, d_max), np.float32)
+    mask = np.zeros((B, N), bool)
+    labels = np.zeros((B, N), np.int64)
+    means = np.zeros((B, K, d_max), np.float32)
+    scales = np.ones((B, K, d_max), np.float32)
+    dim_mask = np.zeros((B, d_max), bool)
+    for b, task in enumerate(tasks):
+        st, n, kept = task.standardization, len(task.X), task.standardization.basis.shape[1]
+        x[b, :n] = st.transform(task.X)
+        mask[b, :n] = True
+        labels[b, :n] = task.labels
+        means[b] = st.transform(task.means)  # (mu - center) @ basis / scale, zero-padded
+        # Covariance basis.T diag(std^2) basis / scale^2; its diagonal, per coordinate.
+        scales[b, :, :kept] = np.sqrt(task.stds**2 @ st.basis**2) / st.scale
+        dim_mask[b, :kept] = True
+    weights = np.stack([t.weights for t in tasks]).astype(np.float32)  # (B, K)
+    as_tensor = torch.from_numpy
+    return TaskBatch(
+        *map(as_tensor, (x, mask, labels, means, weights, scales, dim_mask)), tasks=tasks
+    )
