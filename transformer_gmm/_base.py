@@ -19,7 +19,28 @@ from ._preprocessing import Standardization, fit_standardization
 
 
 class FallbackWarning(UserWarning):
-    """The transformer could not serve the request; EM from k-means++ ran instead."""
+    """The transformer could not serve the request; EM from k-means++ ran instead.
+
+    Examples
+    --------
+    A checkpoint with readout heads for 2 to 4 components cannot estimate 5, so the
+    estimator falls back to EM and says so:
+
+    >>> import tempfile, warnings
+    >>> import numpy as np
+    >>> from transformer_gmm import FallbackWarning, TransformerGMM
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> X = np.random.default_rng(0).normal(size=(40, 2))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     folder = MixtureTransformer(config_from_preset("tiny")).save_pretrained(tmp)
+    ...     with warnings.catch_warnings(record=True) as caught:
+    ...         warnings.simplefilter("always")
+    ...         gmm = TransformerGMM(n_components=5, checkpoint=folder, random_state=0).fit(X)
+    >>> any(issubclass(w.category, FallbackWarning) for w in caught)
+    True
+    >>> gmm.init_method_
+    'k-means++'
+    """
 
 
 # Frames in these folders are skipped so a warning points at the user's own line
@@ -154,6 +175,17 @@ class _TransformerMixtureBase(BaseEstimator):
         -------
         estimator
             An unfitted estimator with ``checkpoint`` set.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from transformer_gmm import TransformerGMM
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     folder = MixtureTransformer(config_from_preset("tiny")).save_pretrained(tmp + "/m")
+        ...     gmm = TransformerGMM.from_pretrained(folder, n_components=2, random_state=0)
+        ...     print(gmm.n_components, gmm.checkpoint == folder)
+        2 True
         """
         estimator = cls(checkpoint=checkpoint, **params)
         if checkpoint is not None and not (
@@ -169,9 +201,28 @@ class _TransformerMixtureBase(BaseEstimator):
         loads back through ``checkpoint=folder``. Only the transformer is saved, not the
         fitted mixture (pickle or joblib the estimator for that).
 
+        Parameters
+        ----------
+        folder : str or path
+            Where to write the checkpoint (created if needed).
+        model_card : str, optional
+            The ``README.md`` text; by default the source checkpoint's card.
+
         Returns
         -------
         folder : pathlib.Path
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> from transformer_gmm import TransformerClusterer
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     source = MixtureTransformer(config_from_preset("tiny")).save_pretrained(tmp + "/a")
+        ...     km = TransformerClusterer(n_clusters=3, checkpoint=source)
+        ...     copy = km.save_pretrained(tmp + "/b")
+        ...     print(sorted(path.name for path in copy.iterdir()))
+        ['README.md', 'config.json', 'model.safetensors']
         """
         return checkpoints.export_checkpoint(
             self._checkpoint_to_publish(), folder, model_card=model_card
@@ -191,6 +242,39 @@ class _TransformerMixtureBase(BaseEstimator):
         Creates the repository if needed; needs a token with write access (``token=``,
         ``HF_TOKEN``, or ``hf auth login``). Others then use it with
         ``checkpoint="<repo_id>"``. Returns ``huggingface_hub``'s commit info.
+
+        Parameters
+        ----------
+        repo_id : str
+            The Hub repository, ``"org/name"``.
+        token : str, optional
+            A token with write access; by default the one ``huggingface_hub`` finds.
+        private : bool, optional
+            Whether to create the repository as private.
+        commit_message : str, optional
+            The commit message.
+        model_card : str, optional
+            The ``README.md`` text; by default the source checkpoint's card.
+
+        Returns
+        -------
+        commit_info : huggingface_hub.CommitInfo
+
+        Examples
+        --------
+        An estimator without a transformer has nothing to upload, which is checked first (no
+        network is used):
+
+        >>> from transformer_gmm import CheckpointError, TransformerGMM
+        >>> try:
+        ...     TransformerGMM(checkpoint=None).push_to_hub("me/my-gmm")
+        ... except CheckpointError as error:
+        ...     print(type(error).__name__)
+        CheckpointError
+
+        With a checkpoint and a write token (skipped here: it needs the network):
+
+        >>> TransformerGMM(checkpoint="./my-model").push_to_hub("me/my-gmm")  # doctest: +SKIP
         """
         from . import hub
 

@@ -44,7 +44,20 @@ _HUB_ID = re.compile(
 
 
 class CheckpointError(ValueError):
-    """A checkpoint could not be found, downloaded or loaded."""
+    """A checkpoint could not be found, downloaded or loaded.
+
+    Examples
+    --------
+    >>> from transformer_gmm import CheckpointError
+    >>> from transformer_gmm.checkpoints import resolve_checkpoint
+    >>> try:
+    ...     resolve_checkpoint("./no-such-folder")
+    ... except CheckpointError as error:
+    ...     print(str(error)[:44])
+    Checkpoint './no-such-folder' was not found.
+    >>> issubclass(CheckpointError, ValueError)
+    True
+    """
 
 
 # --- saving ----------------------------------------------------------------------------
@@ -58,15 +71,29 @@ def save_checkpoint(
     The folder loads back through ``checkpoint=<folder>`` and is ready to upload to the
     Hugging Face Hub as it is. ``model_card`` defaults to :func:`default_model_card`.
 
+    Parameters
+    ----------
+    model : MixtureTransformer
+        The model to save.
+    folder : str or path
+        Where to write the three files.
+    model_card : str, optional
+        The ``README.md`` text.
+
+    Returns
+    -------
+    folder : pathlib.Path
+
     Examples
     --------
     >>> import tempfile
     >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
     >>> model = MixtureTransformer(config_from_preset("tiny"))
-    >>> folder = save_checkpoint(model, tempfile.mkdtemp() + "/my-model")
-    >>> sorted(path.name for path in folder.iterdir())
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     folder = save_checkpoint(model, tmp + "/my-model")
+    ...     print(sorted(path.name for path in folder.iterdir()))
+    ...     print(load_checkpoint(folder).config == model.config)
     ['README.md', 'config.json', 'model.safetensors']
-    >>> load_checkpoint(folder).config == model.config
     True
     """
     folder = Path(folder)
@@ -97,6 +124,27 @@ def default_model_card(config: ModelConfig, *, note: str = "") -> str:
 
     It opens with the Hub's metadata block, so the Hub lists the checkpoint under the
     ``transformer_gmm`` library.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The config the card describes.
+    note : str, default=""
+        A paragraph placed after the title.
+
+    Returns
+    -------
+    card : str
+        Markdown text.
+
+    Examples
+    --------
+    >>> from transformer_gmm.nn import config_from_preset
+    >>> card = default_model_card(config_from_preset("tiny"), note="Trained for tests.")
+    >>> card.splitlines()[1]
+    'library_name: transformer_gmm'
+    >>> "Trained for tests." in card
+    True
     """
     rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in config.to_dict().items())
     k = f"{config.k_min}..{config.k_max}"
@@ -120,6 +168,27 @@ def load_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
 
     Strict: the config is validated before any tensor is built, and the weights must match
     its shapes exactly. Every failure is a :class:`CheckpointError`.
+
+    Parameters
+    ----------
+    folder : str or path
+        A checkpoint folder (not a bundled name or Hub id: see :func:`load_model`).
+
+    Returns
+    -------
+    model : MixtureTransformer
+        A new model, private to the caller.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.checkpoints import save_checkpoint
+    >>> model = MixtureTransformer(config_from_preset("tiny"))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     loaded = load_checkpoint(save_checkpoint(model, tmp))
+    >>> loaded.config == model.config, loaded.training
+    (True, False)
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -141,6 +210,26 @@ def read_config(folder: str | os.PathLike) -> ModelConfig:
 
     Raises :class:`CheckpointError` naming the field of a config written by a newer or a
     foreign model.
+
+    Parameters
+    ----------
+    folder : str or path
+        A checkpoint folder.
+
+    Returns
+    -------
+    config : ModelConfig
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.checkpoints import save_checkpoint
+    >>> model = MixtureTransformer(config_from_preset("tiny"))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     config = read_config(save_checkpoint(model, tmp))
+    >>> config.k_min, config.k_max, config.d_max
+    (2, 4, 4)
     """
     return _read_config(Path(folder) / CONFIG_FILE)
 
@@ -226,7 +315,19 @@ def _bundled_root() -> Traversable:
 
 
 def bundled_checkpoints() -> dict[str, Path]:
-    """The checkpoints shipped with the package, by name: every folder with a config.json."""
+    """The checkpoints shipped with the package, by name: every folder with a config.json.
+
+    Returns
+    -------
+    checkpoints : dict of str to pathlib.Path
+        Folder of each bundled checkpoint, sorted by name; empty when none is bundled.
+
+    Examples
+    --------
+    >>> checkpoints = bundled_checkpoints()
+    >>> isinstance(checkpoints, dict)
+    True
+    """
     found = {}
     for entry in _bundled_root().iterdir():
         if entry.is_dir() and entry.joinpath(CONFIG_FILE).is_file():
@@ -240,6 +341,29 @@ def resolve_checkpoint(checkpoint: str | os.PathLike) -> Path:
 
     Tried in order: a bundled name, an existing local folder, a Hugging Face Hub id
     ``"org/name"`` or ``"org/name@revision"``.
+
+    Parameters
+    ----------
+    checkpoint : str or path
+        A bundled name, a local folder, or a Hub id.
+
+    Returns
+    -------
+    folder : pathlib.Path
+        The folder that holds the checkpoint's files.
+
+    Raises
+    ------
+    CheckpointError
+        When ``checkpoint`` is a file, or none of the above.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     print(resolve_checkpoint(tmp) == Path(tmp))
+    True
     """
     bundled = bundled_checkpoints()
     if isinstance(checkpoint, str) and checkpoint in bundled:
@@ -289,6 +413,31 @@ def export_checkpoint(
     The source is loaded strictly and written again with :func:`save_checkpoint`, so the
     folder holds exactly a config, float32 weights and a model card (the source's, unless
     ``model_card`` is given): ready to upload, and loadable through ``checkpoint=``.
+
+    Parameters
+    ----------
+    source : str or path
+        The checkpoint to copy, as ``checkpoint=`` accepts it.
+    folder : str or path
+        Where to write the copy (created if needed); not the source folder itself.
+    model_card : str, optional
+        The ``README.md`` text of the copy.
+
+    Returns
+    -------
+    folder : pathlib.Path
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.checkpoints import save_checkpoint
+    >>> model = MixtureTransformer(config_from_preset("tiny"))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     source = save_checkpoint(model, tmp + "/source", model_card="# Mine")
+    ...     copy = export_checkpoint(source, tmp + "/copy")
+    ...     print((copy / "README.md").read_text())
+    # Mine
     """
     source_folder = resolve_checkpoint(source)
     if Path(folder).resolve() == source_folder.resolve():
@@ -331,6 +480,28 @@ def load_model(checkpoint: str | os.PathLike) -> MixtureTransformer:
     process (see :func:`transformer_gmm.hub.resolve`). The returned model is SHARED by
     every caller and frozen (``requires_grad`` off, eval mode): use it for inference only
     and never modify it; call :func:`load_checkpoint` for a private copy to train or change.
+
+    Parameters
+    ----------
+    checkpoint : str or path
+        A bundled name, a local folder, or a Hub id.
+
+    Returns
+    -------
+    model : MixtureTransformer
+        The shared, frozen model.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.checkpoints import save_checkpoint
+    >>> model = MixtureTransformer(config_from_preset("tiny"))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     folder = save_checkpoint(model, tmp)
+    ...     first, second = load_model(folder), load_model(folder)
+    >>> first is second, next(first.parameters()).requires_grad
+    (True, False)
     """
     folder = resolve_checkpoint(checkpoint)
     files = _model_files(folder)

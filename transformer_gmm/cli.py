@@ -27,10 +27,29 @@ DOWNLOAD_HINT = "transformer-gmm download org/name"
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 error, 2 usage).
 
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments after the program name; by default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    status : int
+        0 on success, 1 on an error (printed to stderr), 2 on a usage error.
+
     Examples
     --------
     >>> main(["list", "--help"])  # doctest: +ELLIPSIS
     usage: transformer-gmm list ...
+    0
+
+    Write an untrained model from the "tiny" preset to a folder:
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     main(["export", "--preset", "tiny", "--to", tmp + "/tiny"])  # doctest: +ELLIPSIS
+    Exported an untrained model from preset 'tiny' (seed 0) to .../tiny
+    ...
     0
     """
     parser = _parser()

@@ -148,6 +148,18 @@ class TransformerClusterer(
         -------
         self : TransformerClusterer
             The fitted estimator.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerClusterer
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> km = TransformerClusterer(n_clusters=2, checkpoint=None, random_state=0).fit(X)
+        >>> km.cluster_centers_.shape, km.init_method_
+        ((2, 2), 'k-means++')
+        >>> np.sort(km.cluster_centers_[:, 0]).round().tolist()
+        [-5.0, 5.0]
         """
         X = self._validate_fit_data(X)
         random_state = check_random_state(self.random_state)
@@ -198,6 +210,17 @@ class TransformerClusterer(
         -------
         labels : ndarray of shape (n_samples,)
             Cluster labels.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerClusterer
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> km = TransformerClusterer(n_clusters=2, checkpoint=None, random_state=0)
+        >>> labels = km.fit_predict(X)
+        >>> np.bincount(labels).tolist()
+        [50, 50]
         """
         return self.fit(X).labels_
 
@@ -213,6 +236,17 @@ class TransformerClusterer(
         -------
         labels : ndarray of shape (n_samples,)
             Cluster labels.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerClusterer
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> km = TransformerClusterer(n_clusters=2, checkpoint=None, random_state=0).fit(X)
+        >>> labels = km.predict([[-5.0, -5.0], [-4.0, -6.0], [5.0, 5.0]])
+        >>> bool(labels[0] == labels[1]), bool(labels[0] != labels[2])
+        (True, True)
         """
         return self.transform(X).argmin(axis=1).astype(np.int32)
 
@@ -228,6 +262,19 @@ class TransformerClusterer(
         -------
         distances : ndarray of shape (n_samples, n_clusters)
             Euclidean distances.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerClusterer
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> km = TransformerClusterer(n_clusters=2, checkpoint=None, random_state=0).fit(X)
+        >>> distances = km.transform([[-5.0, -5.0], [5.0, 5.0]])
+        >>> distances.shape
+        (2, 2)
+        >>> bool((distances.argmin(axis=1) == km.predict([[-5.0, -5.0], [5.0, 5.0]])).all())
+        True
         """
         check_is_fitted(self)
         X = self._validate_predict_data(X)
@@ -247,5 +294,15 @@ class TransformerClusterer(
         -------
         score : float
             ``-sum(min_k ||x - c_k||^2)``.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerClusterer
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> km = TransformerClusterer(n_clusters=2, checkpoint=None, random_state=0).fit(X)
+        >>> bool(np.isclose(km.score(X), -km.inertia_))
+        True
         """
         return -float((self.transform(X).min(axis=1) ** 2).sum())

@@ -58,7 +58,30 @@ __all__ = [
 
 @dataclass
 class MixtureParams:
-    """Parameters of B Gaussian mixtures with K components in d dimensions."""
+    """Parameters of B Gaussian mixtures with K components in d dimensions.
+
+    Attributes
+    ----------
+    weights : Tensor of shape (B, K)
+    means : Tensor of shape (B, K, d)
+    covariances : Tensor or None
+        full (B, K, d, d), tied (B, d, d), diag (B, K, d) or spherical (B, K).
+    precisions_cholesky : Tensor
+        Of the same shape as the covariances, with scikit-learn's meaning.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.em import MixtureParams, compute_precision_cholesky
+    >>> covariances = torch.ones(1, 2, dtype=torch.float64)  # spherical, B=1, K=2
+    >>> params = MixtureParams(
+    ...     weights=torch.tensor([[0.5, 0.5]], dtype=torch.float64),
+    ...     means=torch.tensor([[[-1.0], [1.0]]], dtype=torch.float64),
+    ...     covariances=covariances,
+    ...     precisions_cholesky=compute_precision_cholesky(covariances, "spherical"))
+    >>> params.means.shape
+    torch.Size([1, 2, 1])
+    """
 
     weights: Tensor  # (B, K)
     means: Tensor  # (B, K, d)
@@ -68,7 +91,36 @@ class MixtureParams:
 
 @dataclass
 class EMResult:
-    """What :func:`fit_em` returns, per dataset of the batch."""
+    """What :func:`fit_em` returns, per dataset of the batch.
+
+    Attributes
+    ----------
+    params : MixtureParams
+        The fitted parameters.
+    lower_bound : Tensor of shape (B,)
+        Mean log-likelihood per point at the last E-step.
+    n_iter : long Tensor of shape (B,)
+        Iterations run.
+    converged : bool Tensor of shape (B,)
+        Whether each dataset converged.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import em
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
+    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> params = em.estimate_gaussian_parameters(
+    ...     X, resp, covariance_type="diag", reg_covar=1e-6)
+    >>> result = em.fit_em(X, params, covariance_type="diag", reg_covar=1e-6,
+    ...                    max_iter=100, tol=1e-3)
+    >>> result.params.weights.shape, result.converged.tolist()
+    (torch.Size([1, 2]), [True])
+    """
 
     params: MixtureParams
     lower_bound: Tensor  # (B,) mean log-likelihood per point at the last E-step
@@ -176,6 +228,25 @@ def estimate_gaussian_parameters(
         weights ``nk / n_real_points`` (as scikit-learn's initialisation), means,
         covariances and precisions_cholesky. ValueError if a covariance is not positive
         definite.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import em
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
+    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> params = em.estimate_gaussian_parameters(
+    ...     X, resp, covariance_type="diag", reg_covar=1e-6)
+    >>> params.weights.round(decimals=3).tolist()
+    [[0.5, 0.5]]
+    >>> torch.allclose(params.means[0, 0], X[0, :20].mean(0))  # weighted means
+    True
+    >>> params.covariances.shape  # diag: (B, K, d)
+    torch.Size([1, 2, 2])
     """
     n_batch = _check_batch(X, resp, *([] if means is None else [means]), mask=mask)
     if resp.dim() != 3 or resp.shape[1] != X.shape[1]:
@@ -194,7 +265,36 @@ def estimate_gaussian_parameters(
 
 
 def estimate_weighted_log_prob(X: Tensor, params: MixtureParams, covariance_type: str) -> Tensor:
-    """log p(x_n | k) + log w_k: (B, N, K). ``params.covariances`` is not used."""
+    """log p(x_n | k) + log w_k: (B, N, K). ``params.covariances`` is not used.
+
+    Parameters
+    ----------
+    X : Tensor of shape (B, N, d) or (1, N, d)
+    params : MixtureParams
+    covariance_type : {"full", "tied", "diag", "spherical"}
+
+    Returns
+    -------
+    weighted_log_prob : Tensor of shape (B, N, K)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import em
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
+    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> params = em.estimate_gaussian_parameters(
+    ...     X, resp, covariance_type="diag", reg_covar=1e-6)
+    >>> weighted = em.estimate_weighted_log_prob(X, params, "diag")
+    >>> weighted.shape
+    torch.Size([1, 40, 2])
+    >>> weighted[0].argmax(-1).tolist() == [0] * 20 + [1] * 20
+    True
+    """
     _check_params(X, params, covariance_type, None)
     log_prob = estimate_log_gaussian_prob(
         X, params.means, params.precisions_cholesky, covariance_type
@@ -220,12 +320,38 @@ def e_step(
 ) -> tuple[Tensor, Tensor]:
     """The E-step.
 
+    Parameters
+    ----------
+    X : Tensor of shape (B, N, d) or (1, N, d)
+    params : MixtureParams
+    covariance_type : {"full", "tied", "diag", "spherical"}
+    mask : bool Tensor of shape (B, N) or (1, N), optional
+        True for real points.
+
     Returns
     -------
     log_prob_norm : Tensor of shape (B,)
         Mean over real points of ``logsumexp_k`` of the weighted log-probabilities.
     log_resp : Tensor of shape (B, N, K)
         Log-responsibilities; -inf on the rows of padded points.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import em
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
+    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> params = em.estimate_gaussian_parameters(
+    ...     X, resp, covariance_type="diag", reg_covar=1e-6)
+    >>> log_prob_norm, log_resp = em.e_step(X, params, "diag")
+    >>> log_prob_norm.shape, log_resp.shape
+    (torch.Size([1]), torch.Size([1, 40, 2]))
+    >>> torch.allclose(log_resp.exp().sum(-1), torch.ones(1, 40, dtype=torch.float64))
+    True
     """
     _check_params(X, params, covariance_type, mask)
     X, mask = _compact(X), _compact(mask)
@@ -279,6 +405,23 @@ def fit_em(
         With ``max_iter=0``: the given params, ``n_iter`` 0, not converged, and the mean
         log-likelihood of the given params as ``lower_bound``. ValueError if a dataset still
         iterating gets a covariance that is not positive definite.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import em
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> init = em.initialize_kmeans(X, 2, covariance_type="full", reg_covar=1e-6,
+    ...                              generator=torch.Generator().manual_seed(0))
+    >>> result = em.fit_em(X, init, covariance_type="full", reg_covar=1e-6,
+    ...                    max_iter=100, tol=1e-3)
+    >>> result.converged.tolist(), result.params.covariances.shape
+    ([True], torch.Size([1, 2, 2, 2]))
+    >>> sorted(result.params.means[0, :, 0].round().tolist())
+    [-4.0, 4.0]
     """
     n_batch = _check_params(X, params, covariance_type, mask)
     params = MixtureParams(  # parameters of batch 1 serve every dataset
@@ -335,10 +478,39 @@ def initialize_kmeans(
     k-means++ seeds, Lloyd to convergence (tol 1e-4), one-hot responsibilities from the
     labels, one M-step. ``X`` is (B, N, d): pass ``X.expand(B, N, d)`` for B restarts.
 
+    Parameters
+    ----------
+    X : Tensor of shape (B, N, d)
+    n_components : int
+        Number of components K.
+    covariance_type : {"full", "tied", "diag", "spherical"}
+    reg_covar : float
+        Added to the diagonal of the covariances.
+    generator : torch.Generator
+        The only source of randomness (on X's device).
+    mask : bool Tensor of shape (B, N) or (1, N), optional
+        True for real points.
+    n_init_lloyd_iter : int, default=300
+        Maximum Lloyd iterations.
+
     Returns
     -------
     MixtureParams
         Batch B; weights are ``nk / n_real_points``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import em
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> generator = torch.Generator().manual_seed(0)
+    >>> params = em.initialize_kmeans(X.expand(3, -1, -1), 2, covariance_type="spherical",
+    ...                               reg_covar=1e-6, generator=generator)  # 3 restarts
+    >>> params.weights.shape, params.means.shape, params.covariances.shape
+    (torch.Size([3, 2]), torch.Size([3, 2, 2]), torch.Size([3, 2]))
     """
     seeds = kmeans_plusplus(X, n_components, generator=generator, mask=mask)
     _, labels, _, _ = lloyd(X, seeds, max_iter=n_init_lloyd_iter, tol=1e-4, mask=mask)

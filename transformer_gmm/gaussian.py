@@ -85,10 +85,31 @@ def compute_precision_cholesky(covariances: Tensor, covariance_type: str) -> Ten
     For full/tied, ``inv(cholesky(cov)).T`` (upper triangular, ``precision = P @ P.T``);
     for diag/spherical, ``1 / sqrt(cov)``. Any leading batch shape is accepted.
 
+    Parameters
+    ----------
+    covariances : Tensor
+        Covariances of ``covariance_type``'s shape, with any leading batch shape.
+    covariance_type : {"full", "tied", "diag", "spherical"}
+
+    Returns
+    -------
+    precisions_cholesky : Tensor
+        Of the same shape as ``covariances``.
+
     Raises
     ------
     ValueError
         With scikit-learn's message, if a covariance is not positive definite.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.gaussian import compute_precision_cholesky
+    >>> covariances = torch.tensor([[[4.0, 0.0], [0.0, 1.0]]], dtype=torch.float64)  # tied
+    >>> compute_precision_cholesky(covariances, "tied").tolist()
+    [[[0.5, 0.0], [0.0, 1.0]]]
+    >>> compute_precision_cholesky(torch.tensor([[4.0, 0.25]]), "spherical").tolist()
+    [[0.5, 2.0]]
     """
     precisions_chol, failed = _precision_cholesky(covariances, covariance_type)
     if bool(failed.any()):
@@ -118,6 +139,26 @@ def precisions_cholesky_from_precisions(precisions: Tensor, covariance_type: str
 
     Any leading batch shape is accepted. Raises ValueError if a precision matrix is not
     positive definite.
+
+    Parameters
+    ----------
+    precisions : Tensor
+        Precisions of ``covariance_type``'s shape, with any leading batch shape.
+    covariance_type : {"full", "tied", "diag", "spherical"}
+
+    Returns
+    -------
+    precisions_cholesky : Tensor
+        Of the same shape, such that ``precision = P @ P.T`` (full, tied) or ``P**2``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.gaussian import precisions_cholesky_from_precisions
+    >>> precisions = torch.tensor([[[2.0, 0.5], [0.5, 1.0]]], dtype=torch.float64)
+    >>> P = precisions_cholesky_from_precisions(precisions, "tied")
+    >>> torch.allclose(P @ P.mT, precisions)
+    True
     """
     return _lookup(_FROM_PRECISIONS, covariance_type)(precisions)
 
@@ -142,7 +183,29 @@ _COVARIANCES_FROM_PRECISIONS_CHOLESKY = {
 def covariances_from_precisions_cholesky(
     precisions_cholesky: Tensor, covariance_type: str
 ) -> Tensor:
-    """Covariances from scikit-learn-style precisions_cholesky; any leading batch shape."""
+    """Covariances from scikit-learn-style precisions_cholesky; any leading batch shape.
+
+    Parameters
+    ----------
+    precisions_cholesky : Tensor
+        Of ``covariance_type``'s shape, with any leading batch shape.
+    covariance_type : {"full", "tied", "diag", "spherical"}
+
+    Returns
+    -------
+    covariances : Tensor
+        Of the same shape.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.gaussian import (
+    ...     compute_precision_cholesky, covariances_from_precisions_cholesky)
+    >>> covariances = torch.tensor([[[[2.0, 0.5], [0.5, 1.0]]]], dtype=torch.float64)  # full
+    >>> P = compute_precision_cholesky(covariances, "full")
+    >>> torch.allclose(covariances_from_precisions_cholesky(P, "full"), covariances)
+    True
+    """
     return _lookup(_COVARIANCES_FROM_PRECISIONS_CHOLESKY, covariance_type)(precisions_cholesky)
 
 
@@ -208,6 +271,31 @@ def estimate_log_gaussian_prob(
     """log N(x_n | mu_k, Sigma_k): (B, N, K), as scikit-learn's ``_estimate_log_gaussian_prob``.
 
     ``X`` is (B|1, N, d); ``means`` (B, K, d); ``precisions_cholesky`` of the type's shape.
+
+    Parameters
+    ----------
+    X : Tensor of shape (B, N, d) or (1, N, d)
+    means : Tensor of shape (B, K, d)
+    precisions_cholesky : Tensor
+        full (B, K, d, d), tied (B, d, d), diag (B, K, d) or spherical (B, K).
+    covariance_type : {"full", "tied", "diag", "spherical"}
+
+    Returns
+    -------
+    log_prob : Tensor of shape (B, N, K)
+
+    Examples
+    --------
+    The standard normal in one dimension, at 0 and 1:
+
+    >>> import torch
+    >>> from transformer_gmm.gaussian import estimate_log_gaussian_prob
+    >>> X = torch.tensor([[[0.0], [1.0]]], dtype=torch.float64)  # (1, 2, 1)
+    >>> means = torch.zeros(1, 1, 1, dtype=torch.float64)  # (1, 1, 1)
+    >>> precisions_cholesky = torch.ones(1, 1, dtype=torch.float64)  # spherical (1, 1)
+    >>> log_prob = estimate_log_gaussian_prob(X, means, precisions_cholesky, "spherical")
+    >>> log_prob.shape, log_prob.flatten().round(decimals=4).tolist()
+    (torch.Size([1, 2, 1]), [-0.9189, -1.4189])
     """
     n_features = X.shape[-1]
     distances = _lookup(_MAHALANOBIS, covariance_type)(X, means, precisions_cholesky)

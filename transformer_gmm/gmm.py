@@ -177,6 +177,16 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         -------
         self : TransformerGMM
             The fitted estimator.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> gmm.n_iter_ > 0, gmm.converged_, gmm.init_method_
+        (True, True, 'k-means++')
         """
         self.fit_predict(X, y)
         return self
@@ -198,6 +208,16 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         -------
         labels : ndarray of shape (n_samples,)
             Component labels.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> labels = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit_predict(X)
+        >>> np.bincount(labels)
+        array([50, 50])
         """
         X = self._validate_fit_data(X)
         random_state = check_random_state(self.random_state)
@@ -283,6 +303,18 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         -------
         log_prob : ndarray of shape (n_samples,)
             ``log p(x)`` for each sample.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> gmm.score_samples([[-5.0, -5.0], [0.0, 0.0]]).shape
+        (2,)
+        >>> bool(gmm.score_samples([[-5.0, -5.0]])[0] > gmm.score_samples([[0.0, 0.0]])[0])
+        True
         """
         check_is_fitted(self)
         X = self._validate_predict_data(X)
@@ -302,6 +334,16 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         -------
         log_likelihood : float
             Mean of :meth:`score_samples`.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> round(gmm.score(X), 1)
+        -3.4
         """
         return float(self.score_samples(X).mean())
 
@@ -317,6 +359,17 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         -------
         labels : ndarray of shape (n_samples,)
             Component labels.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> labels = gmm.predict([[-5.0, -5.0], [-4.0, -6.0], [5.0, 5.0]])
+        >>> bool(labels[0] == labels[1]), bool(labels[0] != labels[2])
+        (True, True)
         """
         check_is_fitted(self)
         X = self._validate_predict_data(X)
@@ -334,6 +387,19 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         -------
         resp : ndarray of shape (n_samples, n_components)
             Responsibilities; each row sums to 1.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> proba = gmm.predict_proba([[-5.0, -5.0], [5.0, 5.0]])
+        >>> proba.shape, np.allclose(proba.sum(axis=1), 1.0)
+        ((2, 2), True)
+        >>> proba.max(axis=1).round(3)
+        array([1., 1.])
         """
         check_is_fitted(self)
         X = self._validate_predict_data(X)
@@ -354,6 +420,17 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
             Samples, grouped by component.
         y : ndarray of shape (n_samples,)
             The component each sample came from.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> X_new, y_new = gmm.sample(6)
+        >>> X_new.shape, y_new.shape
+        ((6, 2), (6,))
         """
         check_is_fitted(self)
         if not isinstance(n_samples, Integral) or n_samples < 1:
@@ -396,6 +473,17 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         Returns
         -------
         bic : float
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> gmm1 = TransformerGMM(n_components=1, checkpoint=None).fit(X)
+        >>> bool(gmm.bic(X) < gmm1.bic(X))
+        True
         """
         n_samples = np.shape(X)[0]
         return -2 * self.score(X) * n_samples + self._n_parameters() * np.log(n_samples)
@@ -411,5 +499,16 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         Returns
         -------
         aic : float
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> gmm1 = TransformerGMM(n_components=1, checkpoint=None).fit(X)
+        >>> bool(gmm.aic(X) < gmm1.aic(X))
+        True
         """
         return -2 * self.score(X) * np.shape(X)[0] + 2 * self._n_parameters()

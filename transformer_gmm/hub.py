@@ -40,12 +40,27 @@ _GIT_SHA1 = re.compile(r"^[0-9a-f]{40}$")  # the ETag of a file kept in git: its
 
 
 def spec(repo_id: str, revision: str | None = None) -> str:
-    """``"org/name"`` or ``"org/name@revision"``, the form ``checkpoint=`` accepts."""
+    """``"org/name"`` or ``"org/name@revision"``, the form ``checkpoint=`` accepts.
+
+    Examples
+    --------
+    >>> spec("org/name"), spec("org/name", "v1")
+    ('org/name', 'org/name@v1')
+    """
     return repo_id + (f"@{revision}" if revision else "")
 
 
 def is_offline() -> bool:
-    """Whether ``HF_HUB_OFFLINE`` forbids requests (read now, not only at import)."""
+    """Whether ``HF_HUB_OFFLINE`` forbids requests (read now, not only at import).
+
+    Examples
+    --------
+    >>> import os
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1"}):
+    ...     print(is_offline())
+    True
+    """
     from huggingface_hub import constants
 
     flag = os.environ.get("HF_HUB_OFFLINE", "")
@@ -53,7 +68,14 @@ def is_offline() -> bool:
 
 
 def cache_dir() -> Path:
-    """The Hugging Face cache this process uses (``HF_HUB_CACHE``, else ``HF_HOME``/hub)."""
+    """The Hugging Face cache this process uses (``HF_HUB_CACHE``, else ``HF_HOME``/hub).
+
+    Examples
+    --------
+    >>> from pathlib import Path
+    >>> isinstance(cache_dir(), Path)
+    True
+    """
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)
@@ -78,6 +100,45 @@ def download(
     ``local_dir``. The downloaded files are checked against the hashes the Hub advertised.
     Offline (``HF_HUB_OFFLINE=1``) only the cache is read. Every failure is a
     :class:`~transformer_gmm.CheckpointError` that says what to do.
+
+    Parameters
+    ----------
+    repo_id : str
+        The Hub repository, ``"org/name"``.
+    revision : str, optional
+        A branch, tag or commit hash; by default the main branch.
+    local_dir : str or path, optional
+        Download into this folder instead of the cache.
+    force_download : bool, default=False
+        Download again even if the files are cached.
+    token : str or bool, optional
+        The token for private or gated repositories; by default the one
+        ``huggingface_hub`` finds.
+    files : tuple of str
+        The files to fetch; by default the config, the weights and the model card.
+
+    Returns
+    -------
+    folder : pathlib.Path
+        The folder that holds the files.
+
+    Examples
+    --------
+    Offline, a checkpoint that is not cached fails with advice (no request is made):
+
+    >>> import os
+    >>> from unittest import mock
+    >>> from transformer_gmm import CheckpointError
+    >>> with mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1"}):
+    ...     try:
+    ...         download("someone/not-cached")
+    ...     except CheckpointError as error:
+    ...         print(str(error)[:62])
+    Hub checkpoint 'someone/not-cached' is not in the Hugging Face
+
+    Online it returns the folder (not run here: it needs the network):
+
+    >>> folder = download("org/name", "v1", local_dir="./name")  # doctest: +SKIP
     """
     # Imported here: huggingface_hub is slow to import and only Hub checkpoints need it.
     import huggingface_hub
@@ -176,6 +237,38 @@ def verify_file(path: Path, *, redownload: str = "") -> None:
     ETag and writes it into the metadata of a ``local_dir`` download, so a truncated or
     altered file is caught here, before any tensor is read. Files with no known hash
     (copied by hand, or a cache without symlinks) are left to the strict loader.
+
+    Parameters
+    ----------
+    path : pathlib.Path
+        A downloaded file.
+    redownload : str, default=""
+        Advice appended to the error message.
+
+    Raises
+    ------
+    CheckpointError
+        When the file's hash differs from the advertised one.
+
+    Examples
+    --------
+    A ``local_dir`` download whose metadata advertises another sha256:
+
+    >>> import hashlib, tempfile
+    >>> from pathlib import Path
+    >>> from transformer_gmm import CheckpointError
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = Path(tmp) / "config.json"
+    ...     _ = path.write_text("{}")
+    ...     metadata = Path(tmp, ".cache", "huggingface", "download", "config.json.metadata")
+    ...     metadata.parent.mkdir(parents=True)
+    ...     sha = hashlib.sha256(b"something else").hexdigest()
+    ...     _ = metadata.write_text("0" * 40 + "\\n" + sha + "\\n")
+    ...     try:
+    ...         verify_file(path)
+    ...     except CheckpointError as error:
+    ...         print("corrupted" in str(error))
+    True
     """
     etag = _expected_etag(path)
     if etag is None or not path.is_file():
@@ -225,6 +318,31 @@ def resolve(repo_id: str, revision: str | None = None) -> Path:
     The first call downloads (or finds in the cache) and verifies the files; later calls
     return the same folder with no request, so a branch such as ``main`` is looked up
     once per process, not at every ``fit``.
+
+    Parameters
+    ----------
+    repo_id : str
+        The Hub repository, ``"org/name"``.
+    revision : str, optional
+        A branch, tag or commit hash; by default the main branch.
+
+    Returns
+    -------
+    folder : pathlib.Path
+
+    Examples
+    --------
+    Offline, a checkpoint that is not cached fails (no request is made):
+
+    >>> import os
+    >>> from unittest import mock
+    >>> from transformer_gmm import CheckpointError
+    >>> with mock.patch.dict(os.environ, {"HF_HUB_OFFLINE": "1"}):
+    ...     try:
+    ...         resolve("someone/not-cached", "v1")
+    ...     except CheckpointError as error:
+    ...         print(type(error).__name__)
+    CheckpointError
     """
     from huggingface_hub import constants
 
@@ -240,7 +358,16 @@ def resolve(repo_id: str, revision: str | None = None) -> Path:
 
 
 def redownload_hint(repo_id: str, revision: str | None) -> str:
-    """What to tell a user whose Hub checkpoint failed to load from the cache."""
+    """What to tell a user whose Hub checkpoint failed to load from the cache.
+
+    Examples
+    --------
+    >>> hint = redownload_hint("org/name", "v1")
+    >>> hint.startswith("The files came from the Hugging Face Hub cache.")
+    True
+    >>> "transformer-gmm download org/name@v1 --force" in hint
+    True
+    """
     return f"The files came from the Hugging Face Hub cache. {_redownload(repo_id, revision)}"
 
 
@@ -249,7 +376,28 @@ def redownload_hint(repo_id: str, revision: str | None) -> str:
 
 @dataclass(frozen=True)
 class CachedCheckpoint:
-    """One revision of a transformer_gmm checkpoint in the Hugging Face cache."""
+    """One revision of a transformer_gmm checkpoint in the Hugging Face cache.
+
+    Attributes
+    ----------
+    repo_id : str
+        The Hub repository.
+    commit_hash : str
+        The revision's commit.
+    refs : tuple of str
+        Branches and tags that point at this revision, e.g. ``("main",)``.
+    folder : pathlib.Path
+        The snapshot folder in the cache.
+    size : int
+        Bytes on disk.
+
+    Examples
+    --------
+    >>> from pathlib import Path
+    >>> cached = CachedCheckpoint("org/name", "a" * 40, ("v1",), Path("snapshot"), 1024)
+    >>> cached.name
+    'org/name@v1'
+    """
 
     repo_id: str
     commit_hash: str
@@ -259,7 +407,16 @@ class CachedCheckpoint:
 
     @property
     def name(self) -> str:
-        """What to pass as ``checkpoint=`` for this revision."""
+        """What to pass as ``checkpoint=`` for this revision.
+
+        Examples
+        --------
+        >>> from pathlib import Path
+        >>> CachedCheckpoint("org/name", "a" * 40, ("main",), Path("snapshot"), 1024).name
+        'org/name'
+        >>> CachedCheckpoint("org/name", "abc", (), Path("snapshot"), 1024).name
+        'org/name@abc'
+        """
         if "main" in self.refs:
             return self.repo_id
         return spec(self.repo_id, self.refs[0] if self.refs else self.commit_hash)
@@ -269,6 +426,22 @@ def cached_checkpoints(cache: str | os.PathLike | None = None) -> list[CachedChe
     """The transformer_gmm checkpoints in the Hugging Face cache, sorted by name.
 
     Read from disk only; other models in the cache are skipped.
+
+    Parameters
+    ----------
+    cache : str or path, optional
+        The cache folder; by default :func:`cache_dir`.
+
+    Returns
+    -------
+    checkpoints : list of CachedCheckpoint
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as empty_cache:
+    ...     print(cached_checkpoints(empty_cache))
+    []
     """
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.utils import CacheNotFound
@@ -324,6 +497,34 @@ def push_to_hub(
     token with write access: ``token=``, ``HF_TOKEN``, or ``hf auth login``.
 
     Returns the ``huggingface_hub`` commit info (its ``commit_url`` links to the commit).
+
+    Parameters
+    ----------
+    source : MixtureTransformer, str or path
+        A model, or a checkpoint as ``checkpoint=`` accepts it.
+    repo_id : str
+        The Hub repository, ``"org/name"``.
+    token : str, optional
+        A token with write access; by default the one ``huggingface_hub`` finds.
+    private : bool, optional
+        Whether to create the repository as private.
+    commit_message : str, optional
+        The commit message.
+    model_card : str, optional
+        The ``README.md`` text.
+
+    Returns
+    -------
+    commit_info : huggingface_hub.CommitInfo
+
+    Examples
+    --------
+    Uploading needs the network and a write token, so this example is not run:
+
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> model = MixtureTransformer(config_from_preset("tiny"))
+    >>> push_to_hub(model, "me/tiny-gmm", private=True)  # doctest: +SKIP
+    >>> push_to_hub("./my-checkpoint", "me/my-gmm")  # doctest: +SKIP
     """
     import huggingface_hub
 

@@ -110,6 +110,21 @@ def kmeans_plusplus(
         Rows of X (real points only). The first is drawn uniformly; each next one is the
         best of ``2 + int(log K)`` candidates drawn proportionally to the squared distance
         to the closest seed so far.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.kmeans import kmeans_plusplus, lloyd
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> centers = kmeans_plusplus(X.expand(3, -1, -1), 2, generator=g)  # 3 seedings
+    >>> centers.shape
+    torch.Size([3, 2, 2])
+    >>> is_row = (centers[:, :, None, :] == X[:, None, :, :]).all(-1)  # (3, K, N)
+    >>> bool(is_row.any(-1).all())  # every seed is a point of X
+    True
     """
     n_batch = _check_batch(X, mask=mask)
     n_points = X.shape[1]
@@ -178,6 +193,21 @@ def lloyd(
     inertia : Tensor of shape (B,)
         Sum of squared distances of real points to their centre.
     n_iter : long Tensor of shape (B,)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.kmeans import kmeans_plusplus, lloyd
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> seeds = kmeans_plusplus(X, 2, generator=g)
+    >>> centers, labels, inertia, n_iter = lloyd(X, seeds, max_iter=100)
+    >>> sorted(centers[0, :, 0].round().tolist())
+    [-4.0, 4.0]
+    >>> labels.shape, bool(labels[0, 0] != labels[0, -1])
+    (torch.Size([1, 40]), True)
     """
     n_batch = _check_batch(X, centers, mask=mask)
     if centers.dim() != 3 or centers.shape[-1] != X.shape[-1]:

@@ -15,6 +15,37 @@ class ModelConfig:
 
     Every field is stored in a checkpoint's ``config.json``; together they fix every
     weight's shape, so a checkpoint is loaded only under the exact config it was saved with.
+
+    Parameters
+    ----------
+    d_max : int, default=8
+        Input width: points are standardized and zero-padded (or projected) to ``d_max``.
+    k_min, k_max : int, default=2, 10
+        A readout head exists for every number of components in ``[k_min, k_max]``.
+    context_size : int, default=256
+        The most points one forward pass reads; ``fit`` subsamples larger datasets.
+    n_layer : int, default=4
+        Transformer blocks.
+    n_head : int, default=4
+        Attention heads; must divide ``d_model``.
+    d_model : int, default=128
+        Token width.
+    mlp_ratio : int, default=4
+        Hidden width of each block's MLP, as a multiple of ``d_model``.
+    scale_type : {"spherical", "diag"}, default="spherical"
+        One standard deviation per component, or one per coordinate.
+
+    Examples
+    --------
+    >>> from transformer_gmm.nn import ModelConfig
+    >>> config = ModelConfig(d_max=2, k_max=5, n_layer=2, d_model=32)
+    >>> config.k_min, config.k_max, config.n_head
+    (2, 5, 4)
+    >>> try:
+    ...     ModelConfig(d_model=30, n_head=4)
+    ... except ValueError as error:
+    ...     print(error)
+    d_model must be divisible by n_head, got d_model=30, n_head=4.
     """
 
     d_max: int = 8  # input width: points are standardized and zero-padded (or projected) to d_max
@@ -48,7 +79,15 @@ class ModelConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain, JSON-ready dict."""
+        """The fields as a plain, JSON-ready dict.
+
+        Examples
+        --------
+        >>> from transformer_gmm.nn import config_from_preset
+        >>> d = config_from_preset("tiny").to_dict()
+        >>> d["d_model"], d["scale_type"]
+        (16, 'spherical')
+        """
         return dataclasses.asdict(self)
 
     @classmethod
@@ -57,6 +96,18 @@ class ModelConfig:
 
         A config written by a newer or foreign model must not be half-understood, and a
         missing field must not silently take a default that disagrees with the weights.
+
+        Examples
+        --------
+        >>> from transformer_gmm.nn import ModelConfig, config_from_preset
+        >>> config = config_from_preset("tiny")
+        >>> ModelConfig.from_dict(config.to_dict()) == config
+        True
+        >>> try:
+        ...     ModelConfig.from_dict({**config.to_dict(), "dropout": 0.1})
+        ... except ValueError as error:
+        ...     print(str(error)[:40])
+        Unknown ModelConfig field(s) ['dropout']
         """
         if not isinstance(d, dict):
             raise ValueError(f"A ModelConfig is read from a dict, got {type(d).__name__}.")
@@ -89,7 +140,26 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def config_from_preset(name: str, **overrides: Any) -> ModelConfig:
-    """The preset ``name`` ("tiny", "small" or "base") with some fields replaced."""
+    """The preset ``name`` ("tiny", "small" or "base") with some fields replaced.
+
+    Parameters
+    ----------
+    name : {"tiny", "small", "base"}
+        The preset, one of the keys of ``PRESETS``.
+    **overrides
+        ModelConfig fields to replace.
+
+    Returns
+    -------
+    config : ModelConfig
+
+    Examples
+    --------
+    >>> from transformer_gmm.nn import config_from_preset
+    >>> config = config_from_preset("tiny", scale_type="diag")
+    >>> config.d_model, config.n_layer, config.scale_type
+    (16, 1, 'diag')
+    """
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}; the presets are {sorted(PRESETS)}.")
     _check_names(overrides, require_all=False)

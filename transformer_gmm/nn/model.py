@@ -35,7 +35,19 @@ MIN_SCALE = 1e-3
 
 
 class MixtureOutput(NamedTuple):
-    """What one forward pass returns; component k and cluster label k are the same slot."""
+    """What one forward pass returns; component k and cluster label k are the same slot.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> model = MixtureTransformer(config_from_preset("tiny"))
+    >>> out = model(torch.randn(2, 30, 4), n_components=3)
+    >>> out.weights.shape, out.means.shape, out.scales.shape, out.point_logits.shape
+    (torch.Size([2, 3]), torch.Size([2, 3, 4]), torch.Size([2, 3, 1]), torch.Size([2, 30, 3]))
+    >>> torch.allclose(out.weights.sum(-1), torch.ones(2))
+    True
+    """
 
     log_weights: Tensor  # (B, K) log mixing weights, for training losses
     weights: Tensor  # (B, K) mixing weights, summing to 1
@@ -45,7 +57,19 @@ class MixtureOutput(NamedTuple):
 
 
 class Attention(nn.Module):
-    """Multi-head attention of queries over keys/values, masking padded keys."""
+    """Multi-head attention of queries over keys/values, masking padded keys.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.nn import config_from_preset
+    >>> from transformer_gmm.nn.model import Attention
+    >>> config = config_from_preset("tiny")  # d_model=16
+    >>> attention = Attention(config)
+    >>> queries, points = torch.randn(2, 3, 16), torch.randn(2, 10, 16)
+    >>> attention(queries, points, key_mask=torch.ones(2, 10, dtype=torch.bool)).shape
+    torch.Size([2, 3, 16])
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -55,6 +79,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model)
 
     def forward(self, x_q: Tensor, x_kv: Tensor, key_mask: Tensor | None) -> Tensor:
+        """Attend from ``x_q`` (B, L, D) over ``x_kv`` (B, N, D); returns (B, L, D)."""
         B, L, D = x_q.shape
         N = x_kv.shape[1]
         H = self.n_head
@@ -70,17 +95,40 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The feed-forward part of a block: Linear, GELU, Linear, back to ``d_model``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.nn import config_from_preset
+    >>> from transformer_gmm.nn.model import MLP
+    >>> config = config_from_preset("tiny")  # d_model=16
+    >>> MLP(config)(torch.randn(2, 10, 16)).shape
+    torch.Size([2, 10, 16])
+    """
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model)
         self.proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model)
 
     def forward(self, x: Tensor) -> Tensor:
+        """Apply the MLP to the last dimension of ``x`` (..., D); returns (..., D)."""
         return self.proj(F.gelu(self.fc(x)))
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: self-attention over the set, then an MLP."""
+    """Pre-LayerNorm transformer block: self-attention over the set, then an MLP.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.nn import config_from_preset
+    >>> from transformer_gmm.nn.model import Block
+    >>> config = config_from_preset("tiny")  # d_model=16
+    >>> Block(config)(torch.randn(2, 10, 16), key_mask=None).shape
+    torch.Size([2, 10, 16])
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -90,6 +138,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: Tensor, key_mask: Tensor | None) -> Tensor:
+        """Update the tokens ``x`` (B, N, D); ``key_mask`` (B, N) marks the real points."""
         h = self.ln_1(x)
         x = x + self.attn(h, h, key_mask)
         x = x + self.mlp(self.ln_2(x))
@@ -102,6 +151,16 @@ class ReadoutHead(nn.Module):
     Each seed cross-attends over the point tokens and becomes one slot = one component.
     The same slots score every point for the per-point cluster logits, so label k and
     component k agree by construction.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.nn import config_from_preset
+    >>> from transformer_gmm.nn.model import ReadoutHead
+    >>> config = config_from_preset("tiny")  # d_model=16
+    >>> raw, point_logits = ReadoutHead(config, n_components=3)(torch.randn(2, 10, 16), None)
+    >>> raw.shape, point_logits.shape  # 1 + d_max + 1: weight logit, mean, spherical scale
+    (torch.Size([2, 3, 6]), torch.Size([2, 10, 3]))
     """
 
     def __init__(self, config: ModelConfig, n_components: int) -> None:
@@ -120,6 +179,7 @@ class ReadoutHead(nn.Module):
         self.slot_proj = nn.Linear(d, d, bias=False)
 
     def forward(self, tokens: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Raw slot outputs (B, K, 1 + d_max + scale_dim) and point logits (B, N, K)."""
         B, N, D = tokens.shape
         slots = self.seeds.expand(B, -1, -1)  # (B, K, D)
         slots = slots + self.attn(slots, tokens, key_mask)  # masked pooling over points
@@ -144,7 +204,23 @@ def _parse(raw: Tensor, point_logits: Tensor, d_max: int) -> MixtureOutput:
 
 
 class MixtureTransformer(nn.Module):
-    """Shared set-transformer backbone with one readout head per number of components K."""
+    """Shared set-transformer backbone with one readout head per number of components K.
+
+    Parameters
+    ----------
+    config : ModelConfig
+        The model's shape; it fixes every weight's shape.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> model = MixtureTransformer(config_from_preset("tiny"))
+    >>> model.supported_n_components
+    range(2, 5)
+    >>> model(torch.randn(1, 50, 4), n_components=2).means.shape
+    torch.Size([1, 2, 4])
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -174,10 +250,39 @@ class MixtureTransformer(nn.Module):
 
     @property
     def supported_n_components(self) -> range:
-        """The K this model has a readout head for."""
+        """The K this model has a readout head for.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> model = MixtureTransformer(config_from_preset("tiny"))
+        >>> list(model.supported_n_components)
+        [2, 3, 4]
+        """
         return range(self.config.k_min, self.config.k_max + 1)
 
     def has_head(self, n_components: int) -> bool:
+        """Whether the model has a readout head for ``n_components`` (an int).
+
+        Parameters
+        ----------
+        n_components : int
+            The number of components K.
+
+        Returns
+        -------
+        bool
+            True when K is an integer in :attr:`supported_n_components`.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> model = MixtureTransformer(config_from_preset("tiny"))
+        >>> model.has_head(3), model.has_head(5), model.has_head(3.0)
+        (True, False, False)
+        """
         # Integral only: `2.0 in range(2, 5)` is True, but there is no head "2.0".
         is_int = isinstance(n_components, numbers.Integral) and not isinstance(n_components, bool)
         return is_int and n_components in self.supported_n_components
@@ -193,6 +298,24 @@ class MixtureTransformer(nn.Module):
             K, the number of components to estimate.
         mask : bool Tensor of shape (B, N), optional
             True for real points, False for padding rows (datasets of different sizes).
+
+        Returns
+        -------
+        MixtureOutput
+            Weights, means and scales of K components (in the standardized space), and each
+            point's cluster logits.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> model = MixtureTransformer(config_from_preset("tiny"))
+        >>> x = torch.randn(2, 40, 4)
+        >>> mask = torch.ones(2, 40, dtype=torch.bool)
+        >>> mask[1, 25:] = False  # the second dataset has only 25 points
+        >>> out = model(x, n_components=3, mask=mask)
+        >>> out.weights.shape, out.means.shape, out.point_logits.shape
+        (torch.Size([2, 3]), torch.Size([2, 3, 4]), torch.Size([2, 40, 3]))
         """
         self._check_inputs(x, n_components, mask)
         if mask is not None:
@@ -230,7 +353,30 @@ class MixtureTransformer(nn.Module):
     # (imported inside each method: checkpoints imports this module)
 
     def save_pretrained(self, folder: str | os.PathLike, *, model_card: str | None = None) -> Path:
-        """Write config, weights and model card to ``folder``; see ``save_checkpoint``."""
+        """Write config, weights and model card to ``folder``; see ``save_checkpoint``.
+
+        Parameters
+        ----------
+        folder : str or path
+            Where to write the checkpoint (created if needed).
+        model_card : str, optional
+            The ``README.md`` text; by default a card that describes the config.
+
+        Returns
+        -------
+        folder : pathlib.Path
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> model = MixtureTransformer(config_from_preset("tiny"))
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     folder = model.save_pretrained(tmp)
+        ...     print(sorted(path.name for path in folder.iterdir()))
+        ['README.md', 'config.json', 'model.safetensors']
+        """
         from ..checkpoints import save_checkpoint
 
         return save_checkpoint(self, folder, model_card=model_card)
@@ -241,13 +387,56 @@ class MixtureTransformer(nn.Module):
 
         Unlike the shared model the estimators use, this copy is yours to train
         (call ``.train()``) or change.
+
+        Parameters
+        ----------
+        checkpoint : str or path
+            A bundled name, a local checkpoint folder, or a Hub id ``"org/name[@revision]"``.
+
+        Returns
+        -------
+        model : MixtureTransformer
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> model = MixtureTransformer(config_from_preset("tiny"))
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     copy = MixtureTransformer.from_pretrained(model.save_pretrained(tmp))
+        >>> copy.config == model.config, copy.training
+        (True, False)
+        >>> all(torch.equal(a, b) for a, b in zip(copy.parameters(), model.parameters()))
+        True
         """
         from ..checkpoints import load_checkpoint, resolve_checkpoint
 
         return load_checkpoint(resolve_checkpoint(checkpoint))
 
     def push_to_hub(self, repo_id: str, **kwargs):
-        """Upload to the Hugging Face Hub; see ``transformer_gmm.hub.push_to_hub``."""
+        """Upload to the Hugging Face Hub; see ``transformer_gmm.hub.push_to_hub``.
+
+        Parameters
+        ----------
+        repo_id : str
+            The Hub repository, ``"org/name"``.
+        **kwargs
+            ``token``, ``private``, ``commit_message`` and ``model_card``, as
+            :func:`transformer_gmm.hub.push_to_hub` takes them.
+
+        Returns
+        -------
+        commit_info : huggingface_hub.CommitInfo
+
+        Examples
+        --------
+        Uploading needs the network and a write token, so this example is not run:
+
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> model = MixtureTransformer(config_from_preset("tiny"))
+        >>> model.push_to_hub("me/tiny-gmm", private=True)  # doctest: +SKIP
+        """
         from ..hub import push_to_hub
 
         return push_to_hub(self, repo_id, **kwargs)

@@ -42,6 +42,14 @@ def match_components(cost: Tensor) -> Tensor:
     -------
     Tensor of shape (B, K), int64
         For each slot i, the true component j assigned to it.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.training import match_components
+    >>> cost = torch.tensor([[[5.0, 0.0], [0.0, 5.0]]])  # slot 0 fits component 1
+    >>> match_components(cost).tolist()
+    [[1, 0]]
     """
     # On CPU, detached: the assignment is a discrete choice, no gradient flows through it.
     cost_np = cost.detach().to("cpu", torch.float64).numpy()
@@ -61,6 +69,20 @@ def matched_mean_error(estimate: np.ndarray, truth: np.ndarray) -> float:
     Parameters
     ----------
     estimate, truth : ndarray of shape (K, d)
+
+    Returns
+    -------
+    error : float
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm.training import matched_mean_error
+    >>> truth = np.array([[0.0, 0.0], [4.0, 4.0]])
+    >>> matched_mean_error(truth[::-1], truth)  # the order of the components does not matter
+    0.0
+    >>> matched_mean_error(truth + [3.0, 4.0], truth)
+    7.0710678118654755
     """
     cost = ((estimate[:, None, :] - truth[None, :, :]) ** 2).sum(-1)  # (K, K)
     rows, cols = linear_sum_assignment(cost)
@@ -72,7 +94,33 @@ def matched_mean_error(estimate: np.ndarray, truth: np.ndarray) -> float:
 
 def hungarian_loss(out: MixtureOutput, batch: TaskBatch) -> Tensor:
     """Squared error of means + KL of weights + squared log-scale error, under the matching
-    of least mean error. All in model space, averaged over tasks and components."""
+    of least mean error. All in model space, averaged over tasks and components.
+
+    Parameters
+    ----------
+    out : MixtureOutput
+        The model's output on ``batch.x``.
+    batch : TaskBatch
+        The tasks and their model-space targets.
+
+    Returns
+    -------
+    loss : Tensor
+        A scalar.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
+    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
+    >>> from transformer_gmm.training import hungarian_loss
+    >>> loss = hungarian_loss(out, batch)
+    >>> loss.shape, bool(torch.isfinite(loss))
+    (torch.Size([]), True)
+    """
     sq = ((out.means[:, :, None, :] - batch.means[:, None, :, :]) ** 2).sum(-1)  # (B, K, K)
     match = match_components(sq)  # (B, K)
     means = _gather(batch.means, match)  # (B, K, d_max)
@@ -104,6 +152,31 @@ def mixture_nll(out: MixtureOutput, batch: TaskBatch) -> Tensor:
 
     Symmetric in the components, so no matching. The padded coordinates of the means,
     which the likelihood does not see, are pulled to zero (their true value).
+
+    Parameters
+    ----------
+    out : MixtureOutput
+        The model's output on ``batch.x``.
+    batch : TaskBatch
+        The tasks and their model-space targets.
+
+    Returns
+    -------
+    loss : Tensor
+        A scalar.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
+    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
+    >>> from transformer_gmm.training import mixture_nll
+    >>> loss = mixture_nll(out, batch)
+    >>> loss.shape, bool(torch.isfinite(loss))
+    (torch.Size([]), True)
     """
     log_p = _component_log_prob(out, batch).logsumexp(-1)  # (B, N)
     n_points = batch.mask.sum(-1)  # (B,)
@@ -116,7 +189,29 @@ def mixture_nll(out: MixtureOutput, batch: TaskBatch) -> Tensor:
 def oracle_nll(batch: TaskBatch) -> Tensor:
     """:func:`mixture_nll` under the true parameters (scales: root mean variance over the
     data coordinates, i.e. the spherical model closest to the truth). A floor to compare
-    the model's NLL with, not a bound: the truth is not the sample's maximum likelihood."""
+    the model's NLL with, not a bound: the truth is not the sample's maximum likelihood.
+
+    Parameters
+    ----------
+    batch : TaskBatch
+
+    Returns
+    -------
+    nll : Tensor
+        A scalar.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
+    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
+    >>> from transformer_gmm.training.losses import mixture_nll, oracle_nll
+    >>> bool(oracle_nll(batch) < mixture_nll(out, batch))  # an untrained model is far worse
+    True
+    """
     spherical = (batch.scales**2 * batch.dim_mask[:, None, :]).sum(-1, keepdim=True)
     spherical = (spherical / batch.dim_mask.sum(-1)[:, None, None]).sqrt()  # (B, K, 1)
     log_weights = batch.weights.log()
@@ -140,6 +235,22 @@ def point_cross_entropy(point_logits: Tensor, batch: TaskBatch) -> Tensor:
     -------
     Tensor
         min over relabellings of the mean cross-entropy per real point, averaged over tasks.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
+    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
+    >>> from transformer_gmm.training import point_cross_entropy
+    >>> point_cross_entropy(out.point_logits, batch).shape
+    torch.Size([])
+    >>> perfect = torch.nn.functional.one_hot(batch.labels, 3).float() * 50.0
+    >>> relabelled = perfect[..., [2, 0, 1]]  # the labels in another order
+    >>> round(point_cross_entropy(relabelled, batch).item(), 6)
+    0.0
     """
     K = point_logits.shape[-1]
     log_p = point_logits.log_softmax(-1)  # (B, N, K)
@@ -161,6 +272,37 @@ def training_loss(
     """The parameter loss plus ``point_weight`` times the per-point loss, in float32.
 
     Returns the loss to minimise and its parts, as floats, for logging.
+
+    Parameters
+    ----------
+    out : MixtureOutput
+        The model's output on ``batch.x``.
+    batch : TaskBatch
+        The tasks and their model-space targets.
+    parameter_loss : {"hungarian", "nll"}
+        :func:`hungarian_loss` or :func:`mixture_nll`.
+    point_weight : float
+        Weight of :func:`point_cross_entropy`.
+
+    Returns
+    -------
+    loss : Tensor
+        A scalar, to minimise.
+    parts : dict
+        ``"params"`` and ``"points"``, the two losses as floats.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
+    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
+    >>> from transformer_gmm.training import training_loss
+    >>> loss, parts = training_loss(out, batch, "hungarian", point_weight=1.0)
+    >>> sorted(parts), loss.requires_grad
+    (['params', 'points'], True)
     """
     out = MixtureOutput(*(t.float() for t in out))  # bf16 autocast outputs: losses in fp32
     params = PARAMETER_LOSSES[parameter_loss](out, batch)

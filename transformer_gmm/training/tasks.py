@@ -25,7 +25,40 @@ from .._preprocessing import Standardization, fit_standardization
 
 @dataclass(frozen=True)
 class Prior:
-    """A distribution over mixture tasks; all ranges are inclusive."""
+    """A distribution over mixture tasks; all ranges are inclusive.
+
+    Parameters
+    ----------
+    k_range : tuple of int, default=(2, 10)
+        K, uniform (clipped to the model's heads).
+    d_range : tuple of int, default=(1, 128)
+        d, log-uniform.
+    n_range : tuple of int, default=(64, 256)
+        n, uniform (clipped to the model's context).
+    half_width : tuple of float, default=(5.0, 5.0)
+        Means are uniform on ``[-h, h]^d``, with ``h`` log-uniform in this range.
+    dirichlet_prob : float, default=0.5
+        Probability of Dirichlet weights (floored); otherwise TGMM's ``U[0.2, 0.8]``,
+        normalised.
+    dirichlet_alpha : float, default=1.0
+        The Dirichlet's concentration.
+    weight_floor : float, default=0.2
+        No Dirichlet weight falls below ``weight_floor / K``.
+    scale_range : tuple of float, default=(1.0, 1.0)
+        Noise standard deviation per component, log-uniform.
+    diag_prob : float, default=0.0
+        Probability that the noise std also varies per coordinate.
+    heavy_prob : float, default=0.0
+        Probability of Student-t noise (3 to 10 degrees of freedom), rescaled to the same std.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training import PRIORS, Prior
+    >>> Prior(k_range=(2, 3), d_range=(2, 2)).n_range
+    (64, 256)
+    >>> sorted(PRIORS)
+    ['broad', 'tgmm-2d', 'tiny']
+    """
 
     k_range: tuple[int, int] = (2, 10)  # K, uniform (clipped to the model's heads)
     d_range: tuple[int, int] = (1, 128)  # d, log-uniform: as many tasks in 1..11 as in 11..128
@@ -60,7 +93,29 @@ PRIORS: dict[str, Prior] = {
 
 @dataclass(frozen=True)
 class Task:
-    """One dataset in the user's (original) space, and the map ``fit`` would apply to it."""
+    """One dataset in the user's (original) space, and the map ``fit`` would apply to it.
+
+    Attributes
+    ----------
+    X : ndarray of shape (n, d)
+        The points.
+    labels : ndarray of shape (n,)
+        The component each point came from.
+    means : ndarray of shape (K, d)
+    weights : ndarray of shape (K,)
+    stds : ndarray of shape (K, d)
+        Noise standard deviation per component and coordinate.
+    standardization : Standardization
+        The map ``fit`` applies to ``X``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm.training import PRIORS, sample_task
+    >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], K=3, d=2, n=30, d_max=4)
+    >>> task.X.shape, task.means.shape, bool(np.bincount(task.labels).min() >= 1)
+    ((30, 2), (3, 2), True)
+    """
 
     X: np.ndarray  # (n, d) points
     labels: np.ndarray  # (n,) the component each point came from
@@ -70,7 +125,17 @@ class Task:
     standardization: Standardization
 
     def oracle_means(self) -> np.ndarray:
-        """Means of the true clusters, (K, d): what an estimator that knew the labels gets."""
+        """Means of the true clusters, (K, d): what an estimator that knew the labels gets.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm.training import PRIORS, sample_task
+        >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], K=3, d=2, n=30, d_max=4)
+        >>> oracle = task.oracle_means()
+        >>> oracle.shape, bool(np.allclose(oracle[0], task.X[task.labels == 0].mean(0)))
+        ((3, 2), True)
+        """
         K = self.means.shape[0]
         counts = np.bincount(self.labels, minlength=K)[:, None]  # (K, 1), >= 1 by construction
         sums = np.zeros_like(self.means)
@@ -80,7 +145,35 @@ class Task:
 
 @dataclass
 class TaskBatch:
-    """B tasks with the same K, padded to the longest, as model inputs and model-space targets."""
+    """B tasks with the same K, padded to the longest, as model inputs and model-space targets.
+
+    Attributes
+    ----------
+    x : Tensor of shape (B, N, d_max)
+        float32 model inputs; padding rows are zero.
+    mask : bool Tensor of shape (B, N)
+        True for real points.
+    labels : int64 Tensor of shape (B, N)
+        True component of each point, 0 on padding.
+    means : Tensor of shape (B, K, d_max)
+        True means in model space, zero-padded.
+    weights : Tensor of shape (B, K)
+        True mixing weights.
+    scales : Tensor of shape (B, K, d_max)
+        Noise std per coordinate in model space, 1 on padding.
+    dim_mask : bool Tensor of shape (B, d_max)
+        True for the coordinates that carry data.
+    tasks : list of Task
+        The same tasks in the original space, for evaluation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 5, 4, 64)
+    >>> batch.x.shape[0], batch.x.shape[2], batch.means.shape, len(batch.tasks)
+    (5, 4, torch.Size([5, 3, 4]), 5)
+    """
 
     x: Tensor  # (B, N, d_max) float32, fit_standardization(X, d_max).transform(X), zero rows pad
     mask: Tensor  # (B, N) bool, True for real points
@@ -93,9 +186,37 @@ class TaskBatch:
 
     @property
     def n_components(self) -> int:
+        """K, the number of components of every task in the batch.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm.training import PRIORS, sample_batch
+        >>> sample_batch(np.random.default_rng(0), PRIORS["tiny"], 4, 2, 4, 64).n_components
+        4
+        """
         return self.means.shape[1]
 
     def to(self, device: str | torch.device) -> TaskBatch:
+        """The batch with its tensors on ``device``; the tasks are shared, not copied.
+
+        Parameters
+        ----------
+        device : str or torch.device
+
+        Returns
+        -------
+        TaskBatch
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm.training import PRIORS, sample_batch
+        >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 2, 2, 4, 64)
+        >>> moved = batch.to("cpu")
+        >>> moved.x.device.type, moved.tasks is batch.tasks
+        ('cpu', True)
+        """
         names = ("x", "mask", "labels", "means", "weights", "scales", "dim_mask")
         moved = {name: getattr(self, name).to(device, non_blocking=True) for name in names}
         return TaskBatch(**moved, tasks=self.tasks)
@@ -122,6 +243,29 @@ def sample_task(rng: np.random.Generator, prior: Prior, K: int, d: int, n: int, 
 
     Every component gets at least one point (so the oracle and the per-point loss are
     defined); the other n - K labels are drawn from the weights.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        The only source of randomness.
+    prior : Prior
+        The task distribution (its ranges of K, d and n are not used here).
+    K, d, n : int
+        Components, features and points; ``n >= K``.
+    d_max : int
+        The model's input width, for the standardization.
+
+    Returns
+    -------
+    Task
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm.training import PRIORS, sample_task
+    >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], K=2, d=6, n=20, d_max=4)
+    >>> task.X.shape, task.standardization.transform(task.X).shape  # projected to d_max
+    ((20, 6), (20, 4))
     """
     h = _log_uniform(rng, *prior.half_width)
     means = rng.uniform(-h, h, (K, d))  # (K, d)
@@ -173,6 +317,18 @@ def sample_batch(
     TaskBatch
         CPU tensors; the model-space targets are the true parameters mapped by each task's
         own standardization.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 5, 4, 64)
+    >>> batch.n_components, batch.x.shape[0], batch.x.dtype
+    (3, 5, torch.float32)
+    >>> again = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 5, 4, 64)
+    >>> torch.equal(batch.x, again.x)
+    True
     """
     n_low, n_high = min(prior.n_range[0], context_size), min(prior.n_range[1], context_size)
     tasks = [
@@ -190,7 +346,30 @@ def sample_batch(
 
 
 def collate(tasks: list[Task], d_max: int) -> TaskBatch:
-    """Stack tasks of one K into padded model-space tensors."""
+    """Stack tasks of one K into padded model-space tensors.
+
+    Parameters
+    ----------
+    tasks : list of Task
+        Tasks with the same number of components K.
+    d_max : int
+        The model's input width.
+
+    Returns
+    -------
+    TaskBatch
+        CPU tensors, padded to the longest task.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm.training import PRIORS, collate, sample_task
+    >>> rng = np.random.default_rng(0)
+    >>> tasks = [sample_task(rng, PRIORS["tiny"], K=2, d=3, n=n, d_max=4) for n in (10, 15)]
+    >>> batch = collate(tasks, d_max=4)
+    >>> batch.x.shape, batch.mask.sum(-1).tolist()
+    (torch.Size([2, 15, 4]), [10, 15])
+    """
     B, K, N = len(tasks), tasks[0].means.shape[0], max(len(t.X) for t in tasks)
     x = np.zeros((B, N, d_max), np.float32)
     mask = np.zeros((B, N), bool)

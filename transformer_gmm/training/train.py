@@ -46,6 +46,62 @@ from .tasks import PRIORS, TaskBatch, sample_batch
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """Every option of a training run; ``PRESETS`` holds named sets of them.
+
+    Each field is also a command-line option (``--field-name``) of
+    ``python -m transformer_gmm.training``.
+
+    Parameters
+    ----------
+    model : str, default="small"
+        A model preset of :data:`transformer_gmm.nn.PRESETS`, with ``d_max``, ``k_max``,
+        ``n_layer``, ``d_model`` and ``n_head`` replaced when they are not None.
+    d_max, k_max, n_layer, d_model, n_head : int or None, default=None
+        Model fields to replace.
+    prior : str, default="broad"
+        A task prior of :data:`transformer_gmm.training.PRIORS`.
+    parameter_loss : {"hungarian", "nll"}, default="hungarian"
+        Match then regress, or the mixture NLL (no matching).
+    point_weight : float, default=1.0
+        Weight of the per-point cross-entropy.
+    batch_size : int, default=64
+        Tasks per step and per process, all with one K.
+    max_steps : int, default=20000
+        Training steps.
+    lr, min_lr : float, default=5e-4, 5e-5
+        Peak learning rate after a linear warmup, and the floor of the cosine decay.
+    warmup_steps : int, default=200
+    weight_decay : float, default=0.01
+    grad_clip : float, default=1.0
+    seed : int, default=0
+        Seeds the model's initialisation and every batch.
+    eval_every : int, default=500
+    eval_tasks : int, default=64
+        Held-out tasks per K (a fixed set, the same for every seed).
+    save_every : int, default=1000
+    stop_at : int or None, default=None
+        Stop (and save) at this step, to be resumed later.
+    resume : bool, default=False
+        Resume from ``<out_dir>/state.pt``.
+    out_dir : str, default=""
+        The output folder; by default ``runs/<preset>``.
+    device : str, default="cpu"
+        ``"cpu"``, ``"cuda"`` (bfloat16 autocast) or ``"cuda:N"``.
+    compile : bool, default=False
+        ``torch.compile`` the model.
+    threads : int, default=0
+        torch CPU threads; 0 for torch's default.
+    preset : str, default=""
+        The preset this config started from, for the model card.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import PRESETS, TrainConfig
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> cfg.model, cfg.prior, cfg.max_steps
+    ('tiny', 'tiny', 30)
+    """
+
     model: str = "small"  # a model preset of transformer_gmm.nn.PRESETS ...
     d_max: int | None = None  # ... with these fields replaced when not None
     k_max: int | None = None
@@ -96,13 +152,35 @@ EVAL_SEED = 20_251_122  # the held-out tasks do not depend on --seed
 
 
 def model_config(cfg: TrainConfig) -> ModelConfig:
+    """The model's config: the preset ``cfg.model`` with the fields ``cfg`` sets replaced.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> mc.d_model, mc.k_max
+    (16, 4)
+    >>> model_config(TrainConfig(model="tiny", k_max=6)).k_max
+    6
+    """
     names = ("d_max", "k_max", "n_layer", "d_model", "n_head")
     overrides = {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
     return config_from_preset(cfg.model, **overrides)
 
 
 def k_range(cfg: TrainConfig, mc: ModelConfig) -> tuple[int, int]:
-    """The K the prior asks for that the model has a head for."""
+    """The K the prior asks for that the model has a head for.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> from transformer_gmm.training.train import k_range
+    >>> k_range(cfg, mc)
+    (2, 4)
+    """
     prior = PRIORS[cfg.prior]
     low, high = max(prior.k_range[0], mc.k_min), min(prior.k_range[1], mc.k_max)
     if low > high:
@@ -116,7 +194,21 @@ def k_range(cfg: TrainConfig, mc: ModelConfig) -> tuple[int, int]:
 
 def get_batch(cfg: TrainConfig, mc: ModelConfig, step: int, rank: int) -> TaskBatch:
     """The batch of ``step`` on ``rank``: a pure function of (seed, step, rank), so a resumed
-    run draws exactly the batches it would have drawn, with no generator state to save."""
+    run draws exactly the batches it would have drawn, with no generator state to save.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> import torch
+    >>> from transformer_gmm.training.train import get_batch
+    >>> batch = get_batch(cfg, mc, step=0, rank=0)
+    >>> batch.x.shape[0] == cfg.batch_size, batch.x.shape[2] == mc.d_max
+    (True, True)
+    >>> torch.equal(batch.x, get_batch(cfg, mc, step=0, rank=0).x)
+    True
+    """
     low, high = k_range(cfg, mc)
     K = int(np.random.default_rng([cfg.seed, step]).integers(low, high + 1))  # same on all ranks
     rng = np.random.default_rng([cfg.seed, step, rank])  # different tasks on each rank
@@ -124,7 +216,17 @@ def get_batch(cfg: TrainConfig, mc: ModelConfig, step: int, rank: int) -> TaskBa
 
 
 def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:
-    """The fixed held-out tasks: ``eval_tasks`` per K."""
+    """The fixed held-out tasks: ``eval_tasks`` per K.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> from transformer_gmm.training.train import eval_set
+    >>> [(b.n_components, len(b.tasks)) for b in eval_set(cfg, mc)]
+    [(2, 4), (3, 4), (4, 4)]
+    """
     low, high = k_range(cfg, mc)
     return [
         sample_batch(
@@ -140,6 +242,17 @@ def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:
 
 
 def autocast(device: str):
+    """The autocast context for ``device``: bfloat16 on CUDA, none (float32) on CPU.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.training.train import autocast
+    >>> with autocast("cpu"):
+    ...     y = torch.ones(2, 2) @ torch.ones(2, 2)
+    >>> y.dtype
+    torch.float32
+    """
     # bf16 on CUDA: fp32 range, so no loss scaling; CPU runs in fp32.
     if device.startswith("cuda"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -149,7 +262,31 @@ def autocast(device: str):
 @torch.no_grad()
 def evaluate(model: MixtureTransformer, batches: list[TaskBatch], device: str) -> list[dict]:
     """Per K: the mean error of the model's means (TGMM's metric, in the original space)
-    beside the oracle's (true-cluster means), and the mixture NLL beside the truth's."""
+    beside the oracle's (true-cluster means), and the mixture NLL beside the truth's.
+
+    Parameters
+    ----------
+    model : MixtureTransformer
+    batches : list of TaskBatch
+        The held-out tasks, as :func:`eval_set` draws them.
+    device : str
+
+    Returns
+    -------
+    rows : list of dict
+        Per K: ``K``, ``model``, ``oracle``, ``nll`` and ``oracle_nll``.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> from transformer_gmm.nn import MixtureTransformer
+    >>> from transformer_gmm.training.train import eval_set, evaluate
+    >>> rows = evaluate(MixtureTransformer(mc), eval_set(cfg, mc), "cpu")
+    >>> [row["K"] for row in rows], sorted(rows[0])
+    ([2, 3, 4], ['K', 'model', 'nll', 'oracle', 'oracle_nll'])
+    """
     model.eval()
     rows = []
     for batch in batches:
@@ -177,6 +314,17 @@ def evaluate(model: MixtureTransformer, batches: list[TaskBatch], device: str) -
 
 
 def format_table(rows: list[dict]) -> str:
+    """The rows of :func:`evaluate` as a Markdown table.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import format_table
+    >>> row = dict(K=2, model=0.5, oracle=0.25, nll=1.5, oracle_nll=1.25)
+    >>> print(format_table([row]))
+    | K | model | oracle | NLL | oracle NLL |
+    |---|---|---|---|---|
+    | 2 | 0.500 | 0.250 | 1.500 | 1.250 |
+    """
     lines = ["| K | model | oracle | NLL | oracle NLL |", "|---|---|---|---|---|"]
     lines += [
         f"| {r['K']} | {r['model']:.3f} | {r['oracle']:.3f} | {r['nll']:.3f} | "
@@ -187,7 +335,17 @@ def format_table(rows: list[dict]) -> str:
 
 
 def get_lr(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup, then cosine decay to min_lr: a function of the step, nothing to save."""
+    """Linear warmup, then cosine decay to min_lr: a function of the step, nothing to save.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> from transformer_gmm.training.train import get_lr
+    >>> [round(get_lr(step, cfg), 6) for step in (0, cfg.warmup_steps, cfg.max_steps)]
+    [0.0006, 0.003, 0.0003]
+    """
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
@@ -199,6 +357,14 @@ def get_lr(step: int, cfg: TrainConfig) -> float:
 
 
 def hardware(device: str, world_size: int) -> str:
+    """What the run ran on, for the model card: the GPU name, or the CPU and its threads.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import hardware
+    >>> hardware("cpu", 1).startswith("1 x CPU")
+    True
+    """
     if device.startswith("cuda"):
         return f"{world_size} x {torch.cuda.get_device_name(device)}"
     cpu = platform.processor() or platform.machine()
@@ -215,6 +381,20 @@ def model_card(
     rows: list[dict] | None,
     eval_step: int,
 ) -> str:
+    """The model card of a training run: its data, its evaluation and both configs.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> from transformer_gmm.training.train import model_card
+    >>> card = model_card(cfg, mc, 30, 1, 60.0, "1 x CPU", None, 0)
+    >>> card.splitlines()[5]
+    '# transformer_gmm checkpoint (preset `custom`)'
+    >>> "Not evaluated yet." in card
+    True
+    """
     low, high = k_range(cfg, mc)
     table = format_table(rows) if rows else "Not evaluated yet."
     return (
@@ -237,6 +417,19 @@ def model_card(
 
 
 def save_state(path: Path, state: dict) -> None:
+    """``torch.save`` ``state`` to ``path`` through a temporary file, then rename it.
+
+    Examples
+    --------
+    >>> import contextlib, io, tempfile
+    >>> from pathlib import Path
+    >>> import torch
+    >>> from transformer_gmm.training.train import save_state
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     save_state(Path(tmp) / "state.pt", {"step": 3})
+    ...     print(torch.load(Path(tmp) / "state.pt", weights_only=True))
+    {'step': 3}
+    """
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)  # a crash mid-save leaves the previous state.pt whole
@@ -247,7 +440,33 @@ def save_state(path: Path, state: dict) -> None:
 
 
 def train(cfg: TrainConfig) -> Path:
-    """Run (or resume) training; return the output folder."""
+    """Run (or resume) training; return the output folder.
+
+    Parameters
+    ----------
+    cfg : TrainConfig
+
+    Returns
+    -------
+    out_dir : pathlib.Path
+        Holds ``state.pt``, ``log.jsonl`` and the checkpoint folder ``checkpoint/``.
+
+    Examples
+    --------
+    Two steps of the "tiny" preset (the evaluation table goes to stdout, hidden here):
+
+    >>> import contextlib, io, tempfile
+    >>> from pathlib import Path
+    >>> from transformer_gmm import TransformerGMM
+    >>> from transformer_gmm.training.train import parse_args, train
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     cfg = parse_args(["--preset", "tiny", "--max-steps", "2", "--out-dir", tmp])
+    ...     with contextlib.redirect_stdout(io.StringIO()):
+    ...         out_dir = train(cfg)
+    ...     print(sorted(path.name for path in out_dir.iterdir()))
+    ...     gmm = TransformerGMM.from_pretrained(out_dir / "checkpoint", n_components=2)
+    ['checkpoint', 'log.jsonl', 'state.pt']
+    """
     from tqdm import tqdm  # the `train` extra; not needed to use the package
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -367,6 +586,24 @@ def train(cfg: TrainConfig) -> Path:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    """The TrainConfig the command line asks for: the preset, then the options given.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments; by default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    TrainConfig
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import parse_args
+    >>> cfg = parse_args(["--preset", "tiny", "--max-steps", "5", "--no-compile"])
+    >>> cfg.preset, cfg.model, cfg.max_steps, cfg.batch_size, cfg.compile
+    ('tiny', 'tiny', 5, 8, False)
+    """
     parser = argparse.ArgumentParser(
         prog="python -m transformer_gmm.training",
         description="Train a MixtureTransformer on synthetic Gaussian-mixture tasks. Options "
@@ -406,4 +643,22 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``python -m transformer_gmm.training``: parse the arguments and train.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments; by default ``sys.argv[1:]``.
+
+    Examples
+    --------
+    >>> import contextlib, io, tempfile
+    >>> from pathlib import Path
+    >>> from transformer_gmm.training.train import main
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     with contextlib.redirect_stdout(io.StringIO()):
+    ...         main(["--preset", "tiny", "--max-steps", "1", "--out-dir", tmp])
+    ...     print((Path(tmp) / "checkpoint" / "config.json").is_file())
+    True
+    """
     train(parse_args(argv))
