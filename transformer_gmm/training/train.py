@@ -1,7 +1,8 @@
 """Train a MixtureTransformer on synthetic mixture tasks (the loop in nanoGPT's manner).
 
-Read top to bottom: the config and its presets, the batch function, the evaluation
-function, the learning-rate function, then the loop. One process on CPU or one GPU::
+Read top to bottom: the batch function, the learning-rate function, saving, then the loop
+(the config and its presets live in ``config.py``, the held-out evaluation and the model
+card in ``evaluation.py``). One process on CPU or one GPU::
 
     python -m transformer_gmm.training --preset tgmm-2d --threads 1
     python -m transformer_gmm.training --preset small --device cuda --compile
@@ -18,16 +19,11 @@ A run writes ``<out_dir>/state.pt`` (resume with ``--resume`` and the same optio
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import json
 import math
 import os
-import platform
 import time
-import typing
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,158 +31,18 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoints import save_checkpoint
-from ..nn import PRESETS as MODEL_PRESETS
-from ..nn import MixtureOutput, MixtureTransformer, ModelConfig, config_from_preset
-from .losses import PARAMETER_LOSSES, matched_mean_error, mixture_nll, oracle_nll, training_loss
+from ..nn import MixtureTransformer, ModelConfig
+from .config import (  # noqa: F401  (re-exported: the loop's public names live here too)
+    EVAL_SEED,
+    PRESETS,
+    TrainConfig,
+    k_range,
+    model_config,
+    parse_args,
+)
+from .evaluation import autocast, eval_set, evaluate, format_table, hardware, model_card
+from .losses import training_loss
 from .tasks import PRIORS, TaskBatch, sample_batch
-
-# -----------------------------------------------------------------------------
-# config
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Every option of a training run; ``PRESETS`` holds named sets of them.
-
-    Each field is also a command-line option (``--field-name``) of
-    ``python -m transformer_gmm.training``.
-
-    Parameters
-    ----------
-    model : str, default="small"
-        A model preset of :data:`transformer_gmm.nn.PRESETS`, with ``d_max``, ``k_max``,
-        ``n_layer``, ``d_model`` and ``n_head`` replaced when they are not None.
-    d_max, k_max, n_layer, d_model, n_head : int or None, default=None
-        Model fields to replace.
-    prior : str, default="broad"
-        A task prior of :data:`transformer_gmm.training.PRIORS`.
-    parameter_loss : {"hungarian", "nll"}, default="hungarian"
-        Match then regress, or the mixture NLL (no matching).
-    point_weight : float, default=1.0
-        Weight of the per-point cross-entropy.
-    batch_size : int, default=64
-        Tasks per step and per process, all with one K.
-    max_steps : int, default=20000
-        Training steps.
-    lr, min_lr : float, default=5e-4, 5e-5
-        Peak learning rate after a linear warmup, and the floor of the cosine decay.
-    warmup_steps : int, default=200
-    weight_decay : float, default=0.01
-    grad_clip : float, default=1.0
-    seed : int, default=0
-        Seeds the model's initialisation and every batch.
-    eval_every : int, default=500
-    eval_tasks : int, default=64
-        Held-out tasks per K (a fixed set, the same for every seed).
-    save_every : int, default=1000
-    stop_at : int or None, default=None
-        Stop (and save) at this step, to be resumed later.
-    resume : bool, default=False
-        Resume from ``<out_dir>/state.pt``.
-    out_dir : str, default=""
-        The output folder; by default ``runs/<preset>``.
-    device : str, default="cpu"
-        ``"cpu"``, ``"cuda"`` (bfloat16 autocast) or ``"cuda:N"``.
-    compile : bool, default=False
-        ``torch.compile`` the model.
-    threads : int, default=0
-        torch CPU threads; 0 for torch's default.
-    preset : str, default=""
-        The preset this config started from, for the model card.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import PRESETS, TrainConfig
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> cfg.model, cfg.prior, cfg.max_steps
-    ('tiny', 'tiny', 30)
-    """
-
-    model: str = "small"  # a model preset of transformer_gmm.nn.PRESETS ...
-    d_max: int | None = None  # ... with these fields replaced when not None
-    k_max: int | None = None
-    n_layer: int | None = None
-    d_model: int | None = None
-    n_head: int | None = None
-    prior: str = "broad"  # a task prior of transformer_gmm.training.tasks.PRIORS
-    parameter_loss: str = "hungarian"  # "hungarian" (match, then regress) or "nll" (no matching)
-    point_weight: float = 1.0  # weight of the per-point cross-entropy
-    batch_size: int = 64  # tasks per step and per process, all with one K
-    max_steps: int = 20_000
-    lr: float = 5e-4  # peak, after a linear warmup; cosine decay to min_lr at max_steps
-    min_lr: float = 5e-5
-    warmup_steps: int = 200
-    weight_decay: float = 0.01
-    grad_clip: float = 1.0
-    seed: int = 0  # model init and every batch: batch s is a function of (seed, s, rank)
-    eval_every: int = 500
-    eval_tasks: int = 64  # held-out tasks per K (a fixed set, the same for every seed)
-    save_every: int = 1000
-    stop_at: int | None = None  # stop (and save) at this step, to be resumed later
-    resume: bool = False
-    out_dir: str = ""  # default: runs/<preset>
-    device: str = "cpu"  # "cpu", "cuda" (bf16 autocast) or "cuda:N"
-    compile: bool = False  # torch.compile the model (CUDA; recompiles per K and batch shape)
-    threads: int = 0  # torch CPU threads, 0 for torch's default
-    preset: str = ""  # the preset this config started from, for the model card
-
-
-# fmt: off
-PRESETS: dict[str, dict[str, typing.Any]] = {
-    # For tests: seconds on a CPU, learns only that the loss can go down.
-    "tiny": dict(model="tiny", prior="tiny", batch_size=8, max_steps=30, lr=3e-3, min_lr=3e-4,
-                 warmup_steps=5, eval_every=10, eval_tasks=4, save_every=10),
-    # TGMM's prior at d = 2 (FACTS.md's first experiment): heads for K = 2..5 only.
-    "tgmm-2d": dict(model="small", k_max=5, prior="tgmm-2d", max_steps=3000, warmup_steps=100,
-                    eval_every=250, eval_tasks=50, save_every=250),
-    # The generalist: K to 10, d to 128. d_max = 9 keeps the K - 1 = 9 directions the means
-    # of 10 components span; with 8, even the true labels' means, computed in the projection,
-    # err by 11.5 instead of 4.2 (K = 10, d = 32): measured, not assumed.
-    "small": dict(model="small", d_max=9, prior="broad", max_steps=100_000),
-    "base": dict(model="base", k_max=10, prior="broad", batch_size=128, max_steps=200_000,
-                 lr=3e-4, warmup_steps=2000, eval_every=2000, save_every=2000),
-}
-# fmt: on
-
-EVAL_SEED = 20_251_122  # the held-out tasks do not depend on --seed
-
-
-def model_config(cfg: TrainConfig) -> ModelConfig:
-    """The model's config: the preset ``cfg.model`` with the fields ``cfg`` sets replaced.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> mc = model_config(cfg)
-    >>> mc.d_model, mc.k_max
-    (16, 4)
-    >>> model_config(TrainConfig(model="tiny", k_max=6)).k_max
-    6
-    """
-    names = ("d_max", "k_max", "n_layer", "d_model", "n_head")
-    overrides = {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
-    return config_from_preset(cfg.model, **overrides)
-
-
-def k_range(cfg: TrainConfig, mc: ModelConfig) -> tuple[int, int]:
-    """The K the prior asks for that the model has a head for.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> mc = model_config(cfg)
-    >>> from transformer_gmm.training.train import k_range
-    >>> k_range(cfg, mc)
-    (2, 4)
-    """
-    prior = PRIORS[cfg.prior]
-    low, high = max(prior.k_range[0], mc.k_min), min(prior.k_range[1], mc.k_max)
-    if low > high:
-        raise ValueError(f"Prior {cfg.prior!r} and model heads {mc.k_min}..{mc.k_max} share no K.")
-    return low, high
-
 
 # -----------------------------------------------------------------------------
 # batches, evaluation, learning rate
@@ -215,125 +71,6 @@ def get_batch(cfg: TrainConfig, mc: ModelConfig, step: int, rank: int) -> TaskBa
     return sample_batch(rng, PRIORS[cfg.prior], K, cfg.batch_size, mc.d_max, mc.context_size)
 
 
-def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:
-    """The fixed held-out tasks: ``eval_tasks`` per K.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> mc = model_config(cfg)
-    >>> from transformer_gmm.training.train import eval_set
-    >>> [(b.n_components, len(b.tasks)) for b in eval_set(cfg, mc)]
-    [(2, 4), (3, 4), (4, 4)]
-    """
-    low, high = k_range(cfg, mc)
-    return [
-        sample_batch(
-            np.random.default_rng([EVAL_SEED, K]),
-            PRIORS[cfg.prior],
-            K,
-            cfg.eval_tasks,
-            mc.d_max,
-            mc.context_size,
-        )
-        for K in range(low, high + 1)
-    ]
-
-
-def autocast(device: str):
-    """The autocast context for ``device``: bfloat16 on CUDA, none (float32) on CPU.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.training.train import autocast
-    >>> with autocast("cpu"):
-    ...     y = torch.ones(2, 2) @ torch.ones(2, 2)
-    >>> y.dtype
-    torch.float32
-    """
-    # bf16 on CUDA: fp32 range, so no loss scaling; CPU runs in fp32.
-    if device.startswith("cuda"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@torch.no_grad()
-def evaluate(model: MixtureTransformer, batches: list[TaskBatch], device: str) -> list[dict]:
-    """Per K: the mean error of the model's means (TGMM's metric, in the original space)
-    beside the oracle's (true-cluster means), and the mixture NLL beside the truth's.
-
-    Parameters
-    ----------
-    model : MixtureTransformer
-    batches : list of TaskBatch
-        The held-out tasks, as :func:`eval_set` draws them.
-    device : str
-
-    Returns
-    -------
-    rows : list of dict
-        Per K: ``K``, ``model``, ``oracle``, ``nll`` and ``oracle_nll``.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> mc = model_config(cfg)
-    >>> from transformer_gmm.nn import MixtureTransformer
-    >>> from transformer_gmm.training.train import eval_set, evaluate
-    >>> rows = evaluate(MixtureTransformer(mc), eval_set(cfg, mc), "cpu")
-    >>> [row["K"] for row in rows], sorted(rows[0])
-    ([2, 3, 4], ['K', 'model', 'nll', 'oracle', 'oracle_nll'])
-    """
-    model.eval()
-    rows = []
-    for batch in batches:
-        b = batch.to(device)
-        with autocast(device):
-            out = model(b.x, b.n_components, b.mask)
-        out = MixtureOutput(*(t.float() for t in out))
-        means = out.means.cpu().numpy()  # (B, K, d_max)
-        errors = [
-            matched_mean_error(t.standardization.inverse_transform_means(m), t.means)
-            for t, m in zip(batch.tasks, means, strict=True)
-        ]
-        oracle = [matched_mean_error(t.oracle_means(), t.means) for t in batch.tasks]
-        rows.append(
-            dict(
-                K=b.n_components,
-                model=float(np.mean(errors)),
-                oracle=float(np.mean(oracle)),
-                nll=mixture_nll(out, b).item(),
-                oracle_nll=oracle_nll(b).item(),
-            )
-        )
-    model.train()
-    return rows
-
-
-def format_table(rows: list[dict]) -> str:
-    """The rows of :func:`evaluate` as a Markdown table.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import format_table
-    >>> row = dict(K=2, model=0.5, oracle=0.25, nll=1.5, oracle_nll=1.25)
-    >>> print(format_table([row]))
-    | K | model | oracle | NLL | oracle NLL |
-    |---|---|---|---|---|
-    | 2 | 0.500 | 0.250 | 1.500 | 1.250 |
-    """
-    lines = ["| K | model | oracle | NLL | oracle NLL |", "|---|---|---|---|---|"]
-    lines += [
-        f"| {r['K']} | {r['model']:.3f} | {r['oracle']:.3f} | {r['nll']:.3f} | "
-        f"{r['oracle_nll']:.3f} |"
-        for r in rows
-    ]
-    return "\n".join(lines)
-
-
 def get_lr(step: int, cfg: TrainConfig) -> float:
     """Linear warmup, then cosine decay to min_lr: a function of the step, nothing to save.
 
@@ -354,66 +91,6 @@ def get_lr(step: int, cfg: TrainConfig) -> float:
 
 # -----------------------------------------------------------------------------
 # saving
-
-
-def hardware(device: str, world_size: int) -> str:
-    """What the run ran on, for the model card: the GPU name, or the CPU and its threads.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import hardware
-    >>> hardware("cpu", 1).startswith("1 x CPU")
-    True
-    """
-    if device.startswith("cuda"):
-        return f"{world_size} x {torch.cuda.get_device_name(device)}"
-    cpu = platform.processor() or platform.machine()
-    return f"{world_size} x CPU {cpu} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
-
-
-def model_card(
-    cfg: TrainConfig,
-    mc: ModelConfig,
-    step: int,
-    world_size: int,
-    wall: float,
-    hw: str,
-    rows: list[dict] | None,
-    eval_step: int,
-) -> str:
-    """The model card of a training run: its data, its evaluation and both configs.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> mc = model_config(cfg)
-    >>> from transformer_gmm.training.train import model_card
-    >>> card = model_card(cfg, mc, 30, 1, 60.0, "1 x CPU", None, 0)
-    >>> card.splitlines()[5]
-    '# transformer_gmm checkpoint (preset `custom`)'
-    >>> "Not evaluated yet." in card
-    True
-    """
-    low, high = k_range(cfg, mc)
-    table = format_table(rows) if rows else "Not evaluated yet."
-    return (
-        "---\nlibrary_name: transformer_gmm\ntags: [gaussian-mixture, clustering]\n---\n\n"
-        f"# transformer_gmm checkpoint (preset `{cfg.preset or 'custom'}`)\n\n"
-        f"Trained on prior `{cfg.prior}` (K = {low}..{high}) with the "
-        f"`{cfg.parameter_loss}` parameter loss.\n\n"
-        "| preset | steps | tasks seen | hardware | wall time |\n|---|---|---|---|---|\n"
-        f"| {cfg.preset or 'custom'} | {step} | {step * cfg.batch_size * world_size} | {hw} | "
-        f"{wall / 60:.1f} min |\n\n"
-        f"## Held-out evaluation at step {eval_step}\n\n{cfg.eval_tasks} fixed tasks per K. "
-        "model / oracle: sqrt of the summed squared distance between Hungarian-matched means "
-        "and the true means, in the original space, averaged over tasks; the oracle uses the "
-        "means of the true clusters. NLL: per point and coordinate, in model space.\n\n"
-        f"{table}\n\n## Training config\n\n```json\n{json.dumps(dataclasses.asdict(cfg), indent=2)}"
-        f"\n```\n\n## Model config\n\n```json\n{json.dumps(mc.to_dict(), indent=2)}\n```\n\n"
-        "```python\nfrom transformer_gmm import TransformerGMM\n\n"
-        'gmm = TransformerGMM(n_components=3, checkpoint="<this folder>").fit(X)\n```\n'
-    )
 
 
 def save_state(path: Path, state: dict) -> None:
@@ -579,67 +256,6 @@ def train(cfg: TrainConfig) -> Path:
     if world_size > 1:
         dist.destroy_process_group()
     return out_dir
-
-
-# -----------------------------------------------------------------------------
-# command line
-
-
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    """The TrainConfig the command line asks for: the preset, then the options given.
-
-    Parameters
-    ----------
-    argv : list of str, optional
-        The arguments; by default ``sys.argv[1:]``.
-
-    Returns
-    -------
-    TrainConfig
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import parse_args
-    >>> cfg = parse_args(["--preset", "tiny", "--max-steps", "5", "--no-compile"])
-    >>> cfg.preset, cfg.model, cfg.max_steps, cfg.batch_size, cfg.compile
-    ('tiny', 'tiny', 5, 8, False)
-    """
-    parser = argparse.ArgumentParser(
-        prog="python -m transformer_gmm.training",
-        description="Train a MixtureTransformer on synthetic Gaussian-mixture tasks. Options "
-        "left out take the preset's value, then TrainConfig's default.",
-        epilog="presets: "
-        + "; ".join(
-            f"{name}: " + ", ".join(f"{k}={v}" for k, v in p.items()) for name, p in PRESETS.items()
-        ),
-    )
-    choices = dict(
-        model=sorted(MODEL_PRESETS), prior=sorted(PRIORS), parameter_loss=sorted(PARAMETER_LOSSES)
-    )
-    parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    hints = typing.get_type_hints(TrainConfig)
-    for field in dataclasses.fields(TrainConfig):
-        if field.name == "preset":
-            continue
-        flag = "--" + field.name.replace("_", "-")
-        kind = hints[field.name]
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-            continue
-        kind = typing.get_args(kind)[0] if typing.get_args(kind) else kind  # int | None: int
-        help = f"TrainConfig default: {field.default!r}"
-        parser.add_argument(
-            flag,
-            type=kind,
-            choices=choices.get(field.name),
-            default=None,
-            metavar=kind.__name__ if field.name not in choices else None,
-            help=help,
-        )
-    args = vars(parser.parse_args(argv))
-    preset = args.pop("preset")
-    given = {name: value for name, value in args.items() if value is not None}
-    return TrainConfig(**{**PRESETS[preset], **given, "preset": preset})
 
 
 def main(argv: list[str] | None = None) -> None:

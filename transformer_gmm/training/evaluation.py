@@ -1,0 +1,196 @@
+"""Held-out evaluation (the model beside the oracle) and the model card a run writes."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+
+import numpy as np
+import torch
+
+from ..nn import MixtureOutput, MixtureTransformer, ModelConfig
+from .config import EVAL_SEED, TrainConfig, k_range
+from .losses import matched_mean_error, mixture_nll, oracle_nll
+from .tasks import PRIORS, TaskBatch, sample_batch
+
+
+def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:
+    """The fixed held-out tasks: ``eval_tasks`` per K.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.config import PRESETS, TrainConfig, model_config
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> from transformer_gmm.training.evaluation import eval_set
+    >>> [(b.n_components, len(b.tasks)) for b in eval_set(cfg, mc)]
+    [(2, 4), (3, 4), (4, 4)]
+    """
+    low, high = k_range(cfg, mc)
+    return [
+        sample_batch(
+            np.random.default_rng([EVAL_SEED, K]),
+            PRIORS[cfg.prior],
+            K,
+            cfg.eval_tasks,
+            mc.d_max,
+            mc.context_size,
+        )
+        for K in range(low, high + 1)
+    ]
+
+
+def autocast(device: str):
+    """The autocast context for ``device``: bfloat16 on CUDA, none (float32) on CPU.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.training.evaluation import autocast
+    >>> with autocast("cpu"):
+    ...     y = torch.ones(2, 2) @ torch.ones(2, 2)
+    >>> y.dtype
+    torch.float32
+    """
+    # bf16 on CUDA: fp32 range, so no loss scaling; CPU runs in fp32.
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def evaluate(model: MixtureTransformer, batches: list[TaskBatch], device: str) -> list[dict]:
+    """Per K: the mean error of the model's means (TGMM's metric, in the original space)
+    beside the oracle's (true-cluster means), and the mixture NLL beside the truth's.
+
+    Parameters
+    ----------
+    model : MixtureTransformer
+    batches : list of TaskBatch
+        The held-out tasks, as :func:`eval_set` draws them.
+    device : str
+
+    Returns
+    -------
+    rows : list of dict
+        Per K: ``K``, ``model``, ``oracle``, ``nll`` and ``oracle_nll``.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.config import PRESETS, TrainConfig, model_config
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> from transformer_gmm.nn import MixtureTransformer
+    >>> from transformer_gmm.training.evaluation import eval_set, evaluate
+    >>> rows = evaluate(MixtureTransformer(mc), eval_set(cfg, mc), "cpu")
+    >>> [row["K"] for row in rows], sorted(rows[0])
+    ([2, 3, 4], ['K', 'model', 'nll', 'oracle', 'oracle_nll'])
+    """
+    model.eval()
+    rows = []
+    for batch in batches:
+        b = batch.to(device)
+        with autocast(device):
+            out = model(b.x, b.n_components, b.mask)
+        out = MixtureOutput(*(t.float() for t in out))
+        means = out.means.cpu().numpy()  # (B, K, d_max)
+        errors = [
+            matched_mean_error(t.standardization.inverse_transform_means(m), t.means)
+            for t, m in zip(batch.tasks, means, strict=True)
+        ]
+        oracle = [matched_mean_error(t.oracle_means(), t.means) for t in batch.tasks]
+        rows.append(
+            dict(
+                K=b.n_components,
+                model=float(np.mean(errors)),
+                oracle=float(np.mean(oracle)),
+                nll=mixture_nll(out, b).item(),
+                oracle_nll=oracle_nll(b).item(),
+            )
+        )
+    model.train()
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows of :func:`evaluate` as a Markdown table.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.evaluation import format_table
+    >>> row = dict(K=2, model=0.5, oracle=0.25, nll=1.5, oracle_nll=1.25)
+    >>> print(format_table([row]))
+    | K | model | oracle | NLL | oracle NLL |
+    |---|---|---|---|---|
+    | 2 | 0.500 | 0.250 | 1.500 | 1.250 |
+    """
+    lines = ["| K | model | oracle | NLL | oracle NLL |", "|---|---|---|---|---|"]
+    lines += [
+        f"| {r['K']} | {r['model']:.3f} | {r['oracle']:.3f} | {r['nll']:.3f} | "
+        f"{r['oracle_nll']:.3f} |"
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def hardware(device: str, world_size: int) -> str:
+    """What the run ran on, for the model card: the GPU name, or the CPU and its threads.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.evaluation import hardware
+    >>> hardware("cpu", 1).startswith("1 x CPU")
+    True
+    """
+    if device.startswith("cuda"):
+        return f"{world_size} x {torch.cuda.get_device_name(device)}"
+    cpu = platform.processor() or platform.machine()
+    return f"{world_size} x CPU {cpu} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+def model_card(
+    cfg: TrainConfig,
+    mc: ModelConfig,
+    step: int,
+    world_size: int,
+    wall: float,
+    hw: str,
+    rows: list[dict] | None,
+    eval_step: int,
+) -> str:
+    """The model card of a training run: its data, its evaluation and both configs.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.config import PRESETS, TrainConfig, model_config
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> from transformer_gmm.training.evaluation import model_card
+    >>> card = model_card(cfg, mc, 30, 1, 60.0, "1 x CPU", None, 0)
+    >>> card.splitlines()[5]
+    '# transformer_gmm checkpoint (preset `custom`)'
+    >>> "Not evaluated yet." in card
+    True
+    """
+    low, high = k_range(cfg, mc)
+    table = format_table(rows) if rows else "Not evaluated yet."
+    return (
+        "---\nlibrary_name: transformer_gmm\ntags: [gaussian-mixture, clustering]\n---\n\n"
+        f"# transformer_gmm checkpoint (preset `{cfg.preset or 'custom'}`)\n\n"
+        f"Trained on prior `{cfg.prior}` (K = {low}..{high}) with the "
+        f"`{cfg.parameter_loss}` parameter loss.\n\n"
+        "| preset | steps | tasks seen | hardware | wall time |\n|---|---|---|---|---|\n"
+        f"| {cfg.preset or 'custom'} | {step} | {step * cfg.batch_size * world_size} | {hw} | "
+        f"{wall / 60:.1f} min |\n\n"
+        f"## Held-out evaluation at step {eval_step}\n\n{cfg.eval_tasks} fixed tasks per K. "
+        "model / oracle: sqrt of the summed squared distance between Hungarian-matched means "
+        "and the true means, in the original space, averaged over tasks; the oracle uses the "
+        "means of the true clusters. NLL: per point and coordinate, in model space.\n\n"
+        f"{table}\n\n## Training config\n\n```json\n{json.dumps(dataclasses.asdict(cfg), indent=2)}"
+        f"\n```\n\n## Model config\n\n```json\n{json.dumps(mc.to_dict(), indent=2)}\n```\n\n"
+        "```python\nfrom transformer_gmm import TransformerGMM\n\n"
+        'gmm = TransformerGMM(n_components=3, checkpoint="<this folder>").fit(X)\n```\n'
+    )
