@@ -112,7 +112,7 @@ PRESETS: dict[str, dict[str, typing.Any]] = {
     # For tests: seconds on a CPU, learns only that the loss can go down.
     "tiny": dict(model="tiny", prior="tiny", batch_size=8, max_steps=30, lr=3e-3, min_lr=3e-4,
                  warmup_steps=5, eval_every=10, eval_tasks=4, save_every=10),
-    # TGMM's prior at d = 2 (FACTS.md's first experiment): heads for K = 2..5 only.
+    # TGMM's prior at d = 2, the overlapping regime: heads for K = 2..5 only.
     "tgmm-2d": dict(model="small", k_max=5, prior="tgmm-2d", max_steps=3000, warmup_steps=100,
                     eval_every=250, eval_tasks=50, save_every=250),
     # The generalist: K to 10, d to 128. d_max = 9 keeps the K - 1 = 9 directions the means

@@ -64,7 +64,7 @@ def _gather(x: Tensor, index: Tensor) -> Tensor:
 
 
 def matched_mean_error(estimate: np.ndarray, truth: np.ndarray) -> float:
-    """sqrt of the summed squared distance between matched means (TGMM's metric, FACTS.md).
+    """sqrt of the summed squared distance between means matched by the Hungarian method.
 
     Parameters
     ----------

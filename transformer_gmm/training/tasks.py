@@ -73,7 +73,7 @@ class Prior:
 
 
 PRIORS: dict[str, Prior] = {
-    # TGMM (Chen, Wu & Fang 2025) at d = 2, the overlapping regime FACTS.md measures.
+    # TGMM (Chen, Wu & Fang 2025) at d = 2, the overlapping regime where a learned prior helps.
     "tgmm-2d": Prior(k_range=(2, 5), d_range=(2, 2), n_range=(64, 128)),
     # Far beyond it: K to 10, d to 128, up to the context, overlapping to separated,
     # unequal and diagonal scales, some heavy tails.
