@@ -239,7 +239,7 @@ def fit_mixtures(
             mask=None if mask is None else _repeat(mask, n_kmeans_inits),
         )
         runs.append(_unflatten(params, n_datasets))
-    params = _flatten(_concatenate(runs, dim=1))  # (B * R, ...), dataset-major
+    params = _flatten(_concatenate_runs(runs))  # (B * R, ...), dataset-major
     n_runs = params.weights.shape[0] // n_datasets
     result = em.fit_em(
         _repeat(x, n_runs),
@@ -270,7 +270,10 @@ def fit_mixtures(
 
 
 def _repeat(tensor: torch.Tensor, n_runs: int) -> torch.Tensor:
-    """Each dataset's rows n_runs times, dataset-major; one dataset is broadcast, not copied."""
+    """Each dataset's rows n_runs times, dataset-major; copied only when both B and n_runs
+    exceed one (one dataset is broadcast; one run per dataset is the tensor itself)."""
+    if n_runs == 1:
+        return tensor
     if tensor.shape[0] == 1:
         return tensor.expand(n_runs, *tensor.shape[1:])
     return tensor.repeat_interleave(n_runs, dim=0)
@@ -289,9 +292,10 @@ def _flatten(params: em.MixtureParams) -> em.MixtureParams:
     return em.MixtureParams(*(getattr(params, f).flatten(0, 1) for f in _PARAM_FIELDS))
 
 
-def _concatenate(runs: list[em.MixtureParams], dim: int) -> em.MixtureParams:
+def _concatenate_runs(runs: list[em.MixtureParams]) -> em.MixtureParams:
+    """Join parameters of shape (B, R_i, ...) along the runs axis."""
     return em.MixtureParams(
-        *(torch.cat([getattr(p, f) for p in runs], dim=dim) for f in _PARAM_FIELDS)
+        *(torch.cat([getattr(p, f) for p in runs], dim=1) for f in _PARAM_FIELDS)
     )
 
 

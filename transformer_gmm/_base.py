@@ -76,6 +76,10 @@ class _TransformerMixtureBase(BaseEstimator):
     def _n_components(self) -> int:
         raise NotImplementedError
 
+    def _n_kmeans_inits(self, uses_transformer: bool) -> int:
+        """k-means++ starts to run: the transformer, when it runs, is the first of n_init."""
+        return self.n_init - 1 if uses_transformer else self.n_init
+
     # --- input -----------------------------------------------------------------------
 
     def _validate_fit_data(self, X) -> np.ndarray:
@@ -103,7 +107,7 @@ class _TransformerMixtureBase(BaseEstimator):
             # No checkpoint asked for, or nothing to learn: one component's maximum
             # likelihood estimate is the sample mean and covariance.
             return None
-        if self.checkpoint == DEFAULT_CHECKPOINT and not _backend.has_bundled(DEFAULT_CHECKPOINT):
+        if _is_missing_default(self.checkpoint):
             warn_user(
                 "No default checkpoint is bundled with this version of transformer_gmm, so "
                 "the estimator falls back to EM with k-means++ initialisation. Pass "
@@ -188,9 +192,7 @@ class _TransformerMixtureBase(BaseEstimator):
         2 True
         """
         estimator = cls(checkpoint=checkpoint, **params)
-        if checkpoint is not None and not (
-            checkpoint == DEFAULT_CHECKPOINT and not _backend.has_bundled(DEFAULT_CHECKPOINT)
-        ):
+        if checkpoint is not None and not _is_missing_default(checkpoint):
             _backend.load_backbone(checkpoint)  # raises CheckpointError for a bad checkpoint
         return estimator
 
@@ -288,9 +290,7 @@ class _TransformerMixtureBase(BaseEstimator):
         )
 
     def _checkpoint_to_publish(self) -> str | os.PathLike:
-        if self.checkpoint is None or (
-            self.checkpoint == DEFAULT_CHECKPOINT and not _backend.has_bundled(DEFAULT_CHECKPOINT)
-        ):
+        if self.checkpoint is None or _is_missing_default(self.checkpoint):
             why = "it uses EM only" if self.checkpoint is None else "no default is bundled"
             raise checkpoints.CheckpointError(
                 f"This estimator has no transformer checkpoint to save (checkpoint="
@@ -298,6 +298,11 @@ class _TransformerMixtureBase(BaseEstimator):
                 "folder or a Hub id first."
             )
         return self.checkpoint
+
+
+def _is_missing_default(checkpoint) -> bool:
+    """The default checkpoint was asked for, but this version bundles none."""
+    return checkpoint == DEFAULT_CHECKPOINT and not _backend.has_bundled(DEFAULT_CHECKPOINT)
 
 
 def draw_seed(random_state: np.random.RandomState) -> int:

@@ -98,7 +98,7 @@ shape (n_datasets, n_samples, n_features)
         Xs,
         **template._em_options(device),
         seed=draw_seed(random_state),
-        n_kmeans_inits=n_init - 1 if backbone is not None else n_init,
+        n_kmeans_inits=template._n_kmeans_inits(backbone is not None),
         transformer_inits=transformer_inits,
     )
     for estimator, fit in zip(estimators, fits, strict=True):

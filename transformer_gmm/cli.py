@@ -136,12 +136,13 @@ def _parser() -> argparse.ArgumentParser:
 def _list(args: argparse.Namespace) -> int:
     from . import __version__, hub
     from .checkpoints import bundled_checkpoints
+    from .hub_cache import cached_checkpoints
 
     rows = []
     for name, folder in bundled_checkpoints().items():
         rows.append([name, *_describe(folder), _folder_size(folder), "bundled"])
     cache = Path(args.cache_dir) if args.cache_dir else hub.cache_dir()
-    for cached in hub.cached_checkpoints(cache):
+    for cached in cached_checkpoints(cache):
         source = f"Hub cache, revision {cached.commit_hash[:12]}"
         if not (cached.folder / "model.safetensors").is_file():  # only `info` fetched it
             source += " (weights not downloaded yet)"

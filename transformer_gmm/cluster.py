@@ -183,7 +183,7 @@ class TransformerClusterer(
             tol=self.tol,
             device=device,
             seed=draw_seed(random_state),
-            n_kmeans_inits=self.n_init - 1 if init_centers is not None else self.n_init,
+            n_kmeans_inits=self._n_kmeans_inits(init_centers is not None),
             init_centers=init_centers,
         )
         self.cluster_centers_ = fit.centers

@@ -230,7 +230,7 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
             [X],
             **self._em_options(device),
             seed=draw_seed(random_state),
-            n_kmeans_inits=self.n_init - 1 if backbone is not None else self.n_init,
+            n_kmeans_inits=self._n_kmeans_inits(backbone is not None),
             transformer_inits=transformer_inits,
         )
         self._store_fit(fit, device, used_transformer=backbone is not None)
