@@ -12,6 +12,7 @@ scikit-learn measured in the same run (machines here are noisy; ratios travel be
 
     python benchmarks/speed.py --quick      # small batches, 100,000 points: about a minute
     python benchmarks/speed.py --device cuda
+    python benchmarks/speed.py --only throughput --batches 1000 10000 --checkpoint none
 
 Prints a table and writes benchmarks/results/speed.csv.
 """
@@ -29,7 +30,7 @@ import numpy as np
 from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, mean_error, sample_tgmm_task, write_csv  # noqa: E402
+from common import RESULTS, mean_error, sample_tgmm_task, single_threaded, write_csv  # noqa: E402
 
 from transformer_gmm import FallbackWarning, TransformerGMM, fit_many  # noqa: E402
 
@@ -105,19 +106,33 @@ def large_n(checkpoint, device, n_samples):
     return rows
 
 
+MEASUREMENTS = ("latency", "throughput", "large_n")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--checkpoint", default="default")
+    parser.add_argument("--checkpoint", default="default",
+                        help="a checkpoint name, or 'none' for the EM fallback")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--only", nargs="+", choices=MEASUREMENTS, default=MEASUREMENTS,
+                        help="run only these measurements")
+    parser.add_argument("--batches", nargs="+", type=int,
+                        help="fit_many batch sizes (default: 100 1000 10000; --quick: 10 100)")
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
-    batches = [10, 100] if args.quick else [100, 1_000, 10_000]
-    with warnings.catch_warnings():
+    checkpoint = None if args.checkpoint.lower() == "none" else args.checkpoint
+    batches = args.batches or ([10, 100] if args.quick else [100, 1_000, 10_000])
+    rows = []
+    # One thread, as scikit-learn is timed: more would only oversubscribe shared cores.
+    with warnings.catch_warnings(), single_threaded():
         warnings.simplefilter("ignore", FallbackWarning)
-        rows = latency(args.checkpoint, args.device, 5 if args.quick else 30)
-        rows += throughput(args.checkpoint, args.device, batches)
-        rows += large_n(args.checkpoint, args.device, 100_000 if args.quick else 1_000_000)
+        if "latency" in args.only:
+            rows += latency(checkpoint, args.device, 5 if args.quick else 30)
+        if "throughput" in args.only:
+            rows += throughput(checkpoint, args.device, batches)
+        if "large_n" in args.only:
+            rows += large_n(checkpoint, args.device, 100_000 if args.quick else 1_000_000)
     reference = {r["measure"]: r["value"] for r in rows if r["method"] == "GMM n_init=1"}
     print(f"{'measure':<34} {'method':<16} {'value':>12} {'unit':<11} {'error':>8}")
     for row in rows:

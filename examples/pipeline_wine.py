@@ -8,7 +8,6 @@ clusters with the cultivars (adjusted Rand index) for ``TransformerGMM`` and
 ``GaussianMixture`` in the same pipeline.
 """
 
-import warnings
 
 from sklearn.datasets import load_wine
 from sklearn.decomposition import PCA
@@ -17,9 +16,7 @@ from sklearn.mixture import GaussianMixture
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from transformer_gmm import FallbackWarning, TransformerGMM
-
-warnings.simplefilter("ignore", FallbackWarning)
+from transformer_gmm import TransformerGMM
 
 X, cultivar = load_wine(return_X_y=True)
 for mixture in [TransformerGMM(3, covariance_type="diag", random_state=0),

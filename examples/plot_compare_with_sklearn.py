@@ -7,7 +7,6 @@ The same data, three estimators: the mixture estimators draw one ellipse per com
 colour the points by label. Saves ``compare_with_sklearn.png``.
 """
 
-import warnings
 
 import matplotlib
 
@@ -18,9 +17,7 @@ from matplotlib.patches import Ellipse
 from sklearn.cluster import KMeans
 from sklearn.mixture import GaussianMixture
 
-from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM
-
-warnings.simplefilter("ignore", FallbackWarning)  # shown once in the quickstart
+from transformer_gmm import TransformerClusterer, TransformerGMM
 
 # Three anisotropic, overlapping clusters.
 rng = np.random.default_rng(0)

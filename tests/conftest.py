@@ -54,3 +54,13 @@ def make_blobs(n_per_cluster: int, centers, scale: float = 1.0, seed: int = 0) -
 @pytest.fixture
 def three_blobs() -> np.ndarray:
     return make_blobs(60, [[-8.0, 0.0], [0.0, 8.0], [8.0, 0.0]], seed=1)
+
+
+@pytest.fixture
+def no_bundled_checkpoint(tmp_path, monkeypatch) -> None:
+    """Hide the bundled checkpoints, as in an installation that ships none."""
+    from transformer_gmm import checkpoints
+
+    empty = tmp_path / "no_bundled_checkpoints"
+    empty.mkdir()
+    monkeypatch.setattr(checkpoints, "_bundled_root", lambda: empty)

@@ -24,9 +24,12 @@ def test_transformer_path_equals_a_loop_of_fits(covariance_type):
     # Sizes within the tiny model's context (64): nothing is subsampled, so each fit
     # is deterministic and the batch must reproduce it despite the padding.
     datasets = _datasets([7, 15, 21])  # 21, 45 and 63 points
-    batch = fit_many(datasets, 3, covariance_type=covariance_type, checkpoint=TINY_CHECKPOINT)
+    # n_init=1: the transformer's start only (the batch draws its k-means++ starts from
+    # one generator, so those differ from a loop's).
+    params = dict(covariance_type=covariance_type, checkpoint=TINY_CHECKPOINT, n_init=1)
+    batch = fit_many(datasets, 3, **params)
     for X, fitted in zip(datasets, batch, strict=True):
-        alone = TransformerGMM(3, covariance_type=covariance_type, checkpoint=TINY_CHECKPOINT)
+        alone = TransformerGMM(3, **params)
         alone.fit(X)
         assert fitted.init_method_ == alone.init_method_ == "transformer"
         assert fitted.n_iter_ == alone.n_iter_
@@ -63,3 +66,38 @@ def test_bad_batches_raise_clear_errors():
         fit_many(_datasets([5]), 0, checkpoint=None)
     with pytest.raises(ValueError, match="Input X contains NaN"):
         fit_many([np.full((10, 2), np.nan)], 2, checkpoint=None)
+
+
+def test_datasets_of_one_shape_are_validated_as_fit_validates_them():
+    # Equal float arrays are validated together; errors must still be those of fit.
+    datasets = _datasets([10, 10, 10])  # three datasets of 30 points
+    state = np.random.RandomState(0)
+    fits = fit_many(datasets, 3, checkpoint=None, random_state=state)
+    assert [fit.n_features_in_ for fit in fits] == [3, 3, 3]
+    assert not any(hasattr(fit, "feature_names_in_") for fit in fits)
+    assert len({id(fit.random_state) for fit in fits} | {id(state)}) == 4  # copies, as clone
+    for fit in fits:  # no estimator holds a view of the batch's arrays
+        assert fit.means_.flags.owndata and fit.covariances_.flags.owndata
+
+    broken = [X.copy() for X in datasets]
+    broken[1][4, 2] = np.inf
+    few = [X[:2] for X in datasets]  # fewer samples than components
+    for bad in (broken, few, np.stack(broken)):
+        with pytest.raises(ValueError) as ours:
+            fit_many(bad, 3, checkpoint=None)
+        with pytest.raises(ValueError) as theirs:
+            TransformerGMM(3, checkpoint=None).fit(bad[1])
+        assert str(ours.value) == str(theirs.value)
+
+
+def test_equal_datasets_batched_together_or_one_by_one_agree():
+    datasets = _datasets([12, 12, 12, 12], seed=5)  # 36 points each
+    together = fit_many(datasets, 3, checkpoint=None, random_state=0)
+    # A list of lists is not a float array: validated one dataset at a time.
+    one_by_one = fit_many([X.tolist() for X in datasets], 3, checkpoint=None, random_state=0)
+    float32 = fit_many(np.stack(datasets).astype(np.float32), 3, checkpoint=None, random_state=0)
+    for a, b, c in zip(together, one_by_one, float32, strict=True):
+        for name in ATTRIBUTES:
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+            np.testing.assert_allclose(getattr(a, name), getattr(c, name), rtol=1e-5, atol=1e-6)
+        assert a.n_iter_ == b.n_iter_ and a.converged_ == b.converged_

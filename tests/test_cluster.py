@@ -26,9 +26,9 @@ def test_transformer_path_clusters_separated_blobs(three_blobs):
 
 def test_max_iter_zero_uses_the_heads_labels(three_blobs):
     X = three_blobs[:60]  # within the tiny model's context: the head reads every point
-    km = TransformerClusterer(3, checkpoint=TINY_CHECKPOINT, max_iter=0).fit(X)
+    km = TransformerClusterer(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
     backbone = _backend.load_backbone(TINY_CHECKPOINT)
-    standardization = fit_standardization(X, backbone.d_max)
+    standardization = fit_standardization(X, backbone.d_max, 3)
     estimate = _backend.transformer_estimates(backbone, [standardization.transform(X)], 3, "cpu")[0]
     head_labels = estimate.point_probs.argmax(axis=1)
     lifted_means = standardization.inverse_transform_means(estimate.means)
@@ -51,7 +51,7 @@ def test_labels_transform_predict_and_score_agree(three_blobs):
     np.testing.assert_allclose(km.fit_transform(three_blobs), distances)
 
 
-def test_fallback_warns_and_matches_kmeans(three_blobs):
+def test_fallback_warns_and_matches_kmeans(three_blobs, no_bundled_checkpoint):
     with pytest.warns(FallbackWarning):
         km = TransformerClusterer(3, random_state=0).fit(three_blobs)
     assert km.init_method_ == "k-means++"

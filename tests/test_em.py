@@ -14,7 +14,7 @@ from sklearn.mixture._gaussian_mixture import (
     _estimate_log_gaussian_prob,
 )
 
-from transformer_gmm import em
+from transformer_gmm import em, kmeans
 
 COVARIANCE_TYPES = em.COVARIANCE_TYPES
 SKLEARN_MESSAGE = "Fitting the mixture model failed because some components have ill-defined"
@@ -587,3 +587,121 @@ def test_float32_runs_and_agrees_with_float64(covariance_type):
     )
     np.testing.assert_allclose(result.params.means.double(), result64.params.means, atol=1e-3)
     np.testing.assert_allclose(float(result.lower_bound), float(result64.lower_bound), rtol=1e-4)
+
+
+# --- 9. converged datasets leave the batch ---------------------------------------------
+
+
+def index_params(params, index):
+    """The parameters of one dataset, as a batch of one."""
+    return em.MixtureParams(
+        *(
+            getattr(params, f)[index : index + 1]
+            for f in ("weights", "means", "covariances", "precisions_cholesky")
+        )
+    )
+
+
+def spread_out_problems(covariance_type):
+    """Nine padded datasets whose EM runs stop anywhere from a few iterations to never."""
+    specs = [
+        ([[0, 0, 0], [6, 0, 0], [0, 6, 3]], 50, 0),  # separated: a few iterations
+        ([[0, 0, 0], [1.5, 0.5, 0], [0, 1.5, 1.0]], 65, 1),  # overlapping: many
+        ([[0, 0, 0], [3, 1, 0], [0, 3, 2]], 40, 2),
+    ]
+    datasets, starts = [], []
+    for i in range(9):
+        centers, n_per_cluster, seed = specs[i % 3]
+        X, centers, covariances = gaussian_blobs(centers, n_per_cluster - 3 * i, seed + 10 * i)
+        datasets.append(X)
+        start = initial_parameters(centers, covariances, covariance_type, i)
+        starts.append(torch_params(*start, covariance_type))
+    return datasets, starts
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_fit_em_shrinking_batch_equals_each_problem_alone(covariance_type, monkeypatch):
+    datasets, starts = spread_out_problems(covariance_type)
+    options = dict(covariance_type=covariance_type, reg_covar=1e-6, max_iter=60, tol=1e-6)
+    X, mask = padded_batch(datasets)
+    sizes = []  # the batch size of every E-step
+    e_step = em._e_step
+
+    def recording_e_step(X, params, *args):
+        sizes.append(params.weights.shape[0])
+        return e_step(X, params, *args)
+
+    monkeypatch.setattr(em, "_e_step", recording_e_step)
+    shrunk = em.fit_em(X, stack_params(starts), mask=mask, **options)
+    monkeypatch.undo()
+    monkeypatch.setattr(kmeans, "_SHRINK_WHEN_STOPPED", 1.0)  # the whole batch throughout
+    whole = em.fit_em(X, stack_params(starts), mask=mask, **options)
+
+    assert shrunk.n_iter.unique().numel() >= 4  # stops spread over the iterations
+    assert shrunk.converged.any() and not shrunk.converged.all()  # some reach max_iter
+    # Each iteration ran on the datasets still iterating, plus at most a third as many
+    # that had stopped (the batch shrinks once a quarter of it has stopped).
+    assert len(sizes) == int(shrunk.n_iter.max())
+    assert sizes[0] == len(datasets) and sizes == sorted(sizes, reverse=True)
+    for iteration, size in enumerate(sizes, start=1):
+        running = int((shrunk.n_iter >= iteration).sum())
+        assert running <= size and 3 * size <= 4 * running
+    # What the whole batch gives. Only to the last bit: a row gathered to another offset
+    # in memory can be summed in another order by the vectorised kernels.
+    assert torch.equal(shrunk.n_iter, whole.n_iter)
+    assert torch.equal(shrunk.converged, whole.converged)
+    np.testing.assert_allclose(shrunk.lower_bound, whole.lower_bound, rtol=1e-14)
+    for i, (data, start) in enumerate(zip(datasets, starts, strict=True)):
+        assert_params_close(shrunk.params, index_params(whole.params, i), index=i, rtol=1e-12)
+        alone = em.fit_em(t(data)[None], start, **options)
+        assert shrunk.n_iter[i] == alone.n_iter[0]
+        assert shrunk.converged[i] == alone.converged[0]
+        assert_params_close(shrunk.params, alone.params, index=i)
+        np.testing.assert_allclose(shrunk.lower_bound[i], alone.lower_bound[0], rtol=1e-12)
+
+
+def test_fit_em_shrinking_batch_keeps_a_shared_dataset_and_mask(monkeypatch):
+    # Restarts on one padded dataset: X and mask stay of batch 1 while the runs leave.
+    X, centers, covariances = gaussian_blobs(*OVERLAPPING)
+    n_real = 150
+    padded, mask = padded_batch([X[:n_real], X])
+    padded, mask = padded[:1], mask[:1]  # (1, N, d) with NaN padding rows, (1, N)
+    starts = [
+        torch_params(*initial_parameters(centers, covariances, "full", seed), "full")
+        for seed in range(6)
+    ]
+    options = dict(covariance_type="full", reg_covar=1e-6, max_iter=200, tol=1e-8)
+    batches = set()  # (X, parameters, mask) batch sizes seen by the E-steps
+    e_step = em._e_step
+
+    def recording_e_step(X, params, covariance_type, mask):
+        batches.add((X.shape[0], params.weights.shape[0], mask.shape[0]))
+        return e_step(X, params, covariance_type, mask)
+
+    monkeypatch.setattr(em, "_e_step", recording_e_step)
+    shared = em.fit_em(padded, stack_params(starts), mask=mask, **options)
+    monkeypatch.undo()
+
+    assert {(x, m) for x, _, m in batches} == {(1, 1)}
+    assert len({runs for _, runs, _ in batches}) >= 3  # 6 runs, then fewer, twice or more
+    for i, start in enumerate(starts):
+        alone = em.fit_em(t(X[:n_real])[None], start, **options)
+        assert shared.n_iter[i] == alone.n_iter[0]
+        assert shared.converged[i] == alone.converged[0]
+        assert_params_close(shared.params, alone.params, index=i)
+        np.testing.assert_allclose(shared.lower_bound[i], alone.lower_bound[0], rtol=1e-12)
+
+
+def test_lloyd_shrinking_batch_equals_each_problem_alone():
+    datasets, _ = spread_out_problems("full")
+    padded, mask = padded_batch(datasets)
+    init = torch.stack([t(data[[0, 1, 2]]) for data in datasets])
+    centers, labels, inertia, n_iter = em.lloyd(padded, init, max_iter=100, tol=0.0, mask=mask)
+    assert n_iter.unique().numel() > 2
+    for i, data in enumerate(datasets):
+        alone = em.lloyd(t(data)[None], init[i : i + 1], max_iter=100, tol=0.0)
+        np.testing.assert_allclose(centers[i], alone[0][0], rtol=1e-10)
+        assert torch.equal(labels[i, : len(data)], alone[1][0])
+        assert (labels[i, len(data) :] == -1).all()
+        np.testing.assert_allclose(inertia[i], alone[2][0], rtol=1e-10)
+        assert n_iter[i] == alone[3][0]

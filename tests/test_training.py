@@ -67,22 +67,22 @@ def test_sample_batch_shapes_ranges_and_seeding():
     assert not torch.equal(batch.x[:, : other.x.shape[1]], other.x[:, : batch.x.shape[1]])
 
 
-@pytest.mark.parametrize("d", [1, 3, 4, 9, 40])  # d < d_max, d = d_max, d > d_max
+@pytest.mark.parametrize("d", [1, 2, 3, 4, 9, 40])  # d below, at and above K - 1 = 2
 def test_inputs_and_targets_are_fits_standardization(d):
     d_max, K = 4, 3
     rng = np.random.default_rng(d)
     tasks = [sample_task(rng, PRIORS["tiny"], K, d, 50, d_max) for _ in range(3)]
     batch = collate(tasks, d_max)
     for b, task in enumerate(tasks):
-        st = fit_standardization(task.X, d_max)
+        st = fit_standardization(task.X, d_max, K)
         assert np.array_equal(batch.x[b].numpy(), st.transform(task.X))  # exactly fit's map
-        kept = min(d, d_max)
+        kept = min(d, K - 1)
         mu = (task.means - st.center) @ st.basis / st.scale  # (K, kept)
         np.testing.assert_allclose(batch.means[b, :, :kept].numpy(), mu, rtol=1e-5, atol=1e-5)
         assert torch.all(batch.means[b, :, kept:] == 0)
         assert batch.dim_mask[b].sum() == kept
         # The estimator's inverse gives back the means' part in the kept subspace (all of
-        # them when d <= d_max).
+        # them when d <= K - 1).
         back = st.inverse_transform_means(batch.means[b].numpy().astype(np.float64))
         projected = st.center + (task.means - st.center) @ st.basis @ st.basis.T
         np.testing.assert_allclose(back, projected, rtol=1e-4, atol=1e-4)
@@ -93,7 +93,9 @@ def test_spherical_noise_scale_in_model_units():
     task = sample_task(np.random.default_rng(0), prior, 3, 12, 100, d_max=4)
     batch = collate([task], 4)
     expected = task.stds[:, :1] / task.standardization.scale  # (K, 1): a rotation keeps it
-    np.testing.assert_allclose(batch.scales[0].numpy(), np.repeat(expected, 4, 1), rtol=1e-5)
+    kept = 2  # K - 1 directions; the padding's scale is 1
+    np.testing.assert_allclose(batch.scales[0, :, :kept].numpy(), np.repeat(expected, kept, 1))
+    assert torch.all(batch.scales[0, :, kept:] == 1)
 
 
 # --- the losses ----------------------------------------------------------------------

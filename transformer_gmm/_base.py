@@ -11,7 +11,7 @@ from numbers import Integral, Real
 import numpy as np
 import sklearn
 from sklearn.base import BaseEstimator
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
 from . import _backend, checkpoints
@@ -68,7 +68,7 @@ class _TransformerMixtureBase(BaseEstimator):
         "checkpoint": [str, os.PathLike, None],
         "max_iter": [Interval(Integral, 0, None, closed="left")],
         "tol": [Interval(Real, 0.0, None, closed="left")],
-        "n_init": [Interval(Integral, 1, None, closed="left")],
+        "n_init": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
         "device": [str],  # "auto", "cpu", "cuda" or "cuda:N", checked when fit resolves it
         "random_state": ["random_state"],
     }
@@ -77,7 +77,14 @@ class _TransformerMixtureBase(BaseEstimator):
         raise NotImplementedError
 
     def _n_kmeans_inits(self, uses_transformer: bool) -> int:
-        """k-means++ starts to run: the transformer, when it runs, is the first of n_init."""
+        """k-means++ starts to run: the transformer, when it runs, is the first of n_init.
+
+        "auto" is one k-means++ start, beside the transformer's or alone: a poor
+        transformer start (it happens, more often for larger K) can trap EM and Lloyd in
+        a local optimum, and one more start in the same batch costs little.
+        """
+        if self.n_init == "auto":
+            return 1
         return self.n_init - 1 if uses_transformer else self.n_init
 
     # --- input -----------------------------------------------------------------------
@@ -137,9 +144,10 @@ class _TransformerMixtureBase(BaseEstimator):
         Returns, per dataset, the standardization, the indices of the rows the backbone
         read, and its estimate (in model space).
         """
+        n_components = self._n_components()
         standardizations, rows, Zs = [], [], []
         for X in Xs:
-            standardization = fit_standardization(X, backbone.d_max)
+            standardization = fit_standardization(X, backbone.d_max, n_components)
             n_samples = X.shape[0]
             if n_samples > backbone.context_size:
                 read = np.sort(random_state.choice(n_samples, backbone.context_size, replace=False))
@@ -148,7 +156,7 @@ class _TransformerMixtureBase(BaseEstimator):
             standardizations.append(standardization)
             rows.append(read)
             Zs.append(standardization.transform(X[read]))
-        estimates = _backend.transformer_estimates(backbone, Zs, self._n_components(), device)
+        estimates = _backend.transformer_estimates(backbone, Zs, n_components, device)
         return list(zip(standardizations, rows, estimates, strict=True))
 
     def __sklearn_tags__(self):

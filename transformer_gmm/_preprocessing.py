@@ -24,8 +24,9 @@ class Standardization:
     scale : float
         One global scale: the root mean variance of the kept coordinates.
     basis : ndarray of shape (n_features, n_kept)
-        Orthonormal columns. The identity when ``n_features <= d_max``; otherwise the top
-        ``d_max`` principal directions, where the component means live.
+        Orthonormal columns: the top principal directions (see :func:`n_kept_directions`),
+        where the component means live; all of them, in order of variance, when every
+        feature is kept.
     d_max : int
         Width of the model's input.
     """
@@ -47,7 +48,24 @@ class Standardization:
         return self.center + self.scale * kept @ self.basis.T
 
 
-def fit_standardization(X: np.ndarray, d_max: int) -> Standardization:
+def n_kept_directions(n_features: int, n_components: int, d_max: int) -> int:
+    """How many coordinates the model reads: all of them, or the top principal directions.
+
+    The means of K components span an affine subspace of at most K - 1 dimensions, so
+    when the data has more features than that, only the top ``K - 1`` principal directions
+    (at most ``d_max``) are kept: every task then looks alike to the model, whatever its
+    number of features, and the rest is noise that the EM polish handles in full space.
+
+    Examples
+    --------
+    >>> from transformer_gmm._preprocessing import n_kept_directions
+    >>> n_kept_directions(2, 5, 9), n_kept_directions(128, 5, 9), n_kept_directions(8, 2, 9)
+    (2, 4, 1)
+    """
+    return min(n_features, d_max, max(n_components - 1, 1))
+
+
+def fit_standardization(X: np.ndarray, d_max: int, n_components: int) -> Standardization:
     """Fit the translation, projection and global scale that bring ``X`` to model space.
 
     Parameters
@@ -56,6 +74,9 @@ def fit_standardization(X: np.ndarray, d_max: int) -> Standardization:
         Data in the user's space.
     d_max : int
         Width of the model's input.
+    n_components : int
+        K. Data with more than ``n_kept_directions(n_features, K, d_max)`` features is
+        projected onto that many principal directions.
 
     Returns
     -------
@@ -68,18 +89,18 @@ def fit_standardization(X: np.ndarray, d_max: int) -> Standardization:
     n_features = X.shape[1]
     center = X.mean(axis=0)
     Xc = X - center
-    if n_features <= d_max:
-        basis = np.eye(n_features)
-        variances = Xc.var(axis=0)
-    else:
-        # Eigenvectors of the d x d covariance: O(n d^2) time and O(d^2) memory, whatever n.
-        eigenvalues, eigenvectors = np.linalg.eigh(Xc.T @ Xc / X.shape[0])
-        order = np.argsort(eigenvalues)[::-1][:d_max]
-        basis = eigenvectors[:, order]
-        # Fix each direction's sign (largest loading positive) so the map is deterministic.
-        signs = np.sign(basis[np.abs(basis).argmax(axis=0), np.arange(d_max)])
-        basis = basis * np.where(signs == 0, 1.0, signs)
-        variances = np.clip(eigenvalues[order], 0.0, None)
+    n_kept = n_kept_directions(n_features, n_components, d_max)
+    # The principal axes even when every feature is kept: the backbone is not rotation
+    # equivariant, and a canonical orientation (largest variance first) is one thing less
+    # for it to learn. Eigenvectors of the d x d covariance: O(n d^2) time and O(d^2)
+    # memory, whatever n.
+    eigenvalues, eigenvectors = np.linalg.eigh(Xc.T @ Xc / X.shape[0])
+    order = np.argsort(eigenvalues)[::-1][:n_kept]
+    basis = eigenvectors[:, order]
+    # Fix each direction's sign (largest loading positive) so the map is deterministic.
+    signs = np.sign(basis[np.abs(basis).argmax(axis=0), np.arange(n_kept)])
+    basis = basis * np.where(signs == 0, 1.0, signs)
+    variances = np.clip(eigenvalues[order], 0.0, None)
     scale = float(np.sqrt(variances.mean()))
     if not np.isfinite(scale) or scale <= np.finfo(np.float64).tiny:
         scale = 1.0  # all points coincide: any scale maps them to the origin

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import NoneType
 
 import numpy as np
 from sklearn.base import clone
@@ -23,7 +24,7 @@ def fit_many(
     max_iter: int = 100,
     tol: float = 1e-3,
     reg_covar: float = 1e-6,
-    n_init: int = 1,
+    n_init: int | str = "auto",
     device: str = "auto",
     random_state=None,
 ) -> list[TransformerGMM]:
@@ -78,10 +79,8 @@ shape (n_datasets, n_samples, n_features)
     template._validate_params()
     if len(datasets) == 0:
         raise ValueError("fit_many needs at least one dataset; got an empty sequence.")
-    estimators = [clone(template) for _ in range(len(datasets))]
-    Xs = [
-        estimator._validate_fit_data(X) for estimator, X in zip(estimators, datasets, strict=True)
-    ]
+    estimators = _copies(template, len(datasets))
+    Xs = _validate(estimators, datasets)
     widths = sorted({X.shape[1] for X in Xs})
     if len(widths) > 1:
         raise ValueError(
@@ -111,3 +110,59 @@ shape (n_datasets, n_samples, n_features)
             ConvergenceWarning,
         )
     return estimators
+
+
+# --- many estimators at once -----------------------------------------------------------
+# Per dataset, sklearn's clone and validate_data each cost about 0.25 ms: 5 s for 10,000
+# datasets, more than their whole batched k-means and EM. These do that work once.
+
+
+def _copies(template: TransformerGMM, n_copies: int) -> list[TransformerGMM]:
+    """``[clone(template) for _ in range(n_copies)]``, reading the parameters only once."""
+    params = template.get_params(deep=False)
+    # Strings, numbers and None are shared, as their deep copies would be; the rest (a
+    # RandomState, say) is cloned for each estimator, as clone does.
+    shared = {name: v for name, v in params.items() if isinstance(v, (str, int, float, NoneType))}
+    cloned = {name: v for name, v in params.items() if name not in shared}
+    return [
+        type(template)(**shared, **{name: clone(v, safe=False) for name, v in cloned.items()})
+        for _ in range(n_copies)
+    ]
+
+
+def _validate(estimators: list[TransformerGMM], datasets) -> list[np.ndarray]:
+    """Each dataset validated as its estimator's ``fit`` validates it.
+
+    Float arrays of one shape and dtype (a 3-D array, or a list of equal 2-D arrays) are
+    validated in one call, on their rows stacked together; the per-dataset check left
+    (enough samples) holds for all of them when it holds for one. Anything else, or a
+    batch that fails, goes one dataset at a time, which raises the usual errors.
+    """
+    stacked = _stack_floats(datasets)
+    if stacked is not None and stacked.shape[1] >= max(2, estimators[0].n_components):
+        first = estimators[0]
+        try:
+            rows = first._validate_fit_data(stacked.reshape(-1, stacked.shape[2]))
+        except (TypeError, ValueError):
+            rows = None
+        if rows is not None:
+            fitted = {name: value for name, value in vars(first).items() if name.endswith("_")}
+            for estimator in estimators[1:]:
+                estimator.__dict__.update(fitted)  # what validation set: n_features_in_
+            return list(rows.reshape(stacked.shape))
+    return [
+        estimator._validate_fit_data(X) for estimator, X in zip(estimators, datasets, strict=True)
+    ]
+
+
+def _stack_floats(datasets) -> np.ndarray | None:
+    """The datasets as one (B, n, d) float array, or None if they are anything else."""
+    if isinstance(datasets, np.ndarray):
+        return datasets if datasets.ndim == 3 and datasets.dtype.kind == "f" else None
+    if not all(type(X) is np.ndarray for X in datasets):
+        return None
+    kinds = {(X.shape, X.dtype) for X in datasets}
+    (shape, dtype), *others = kinds
+    if others or len(shape) != 2 or shape[1] == 0 or dtype.kind != "f":
+        return None
+    return np.stack(datasets)

@@ -56,9 +56,11 @@ class TransformerClusterer(
     tol : float, default=1e-4
         Lloyd stops when the squared shift of the centres falls below ``tol`` times the
         mean variance of the features, or when no label changes.
-    n_init : int, default=1
+    n_init : "auto" or int, default="auto"
         Initialisations to run; the one with the lowest inertia is kept. The first comes
         from the transformer, the others from k-means++ (all run as one batch).
+        ``"auto"`` runs the transformer's start and one k-means++ start, or a single
+        k-means++ start when no transformer runs, as ``KMeans(n_init="auto")`` does.
     device : str, default="auto"
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
     random_state : int, RandomState instance or None, default=None
@@ -114,7 +116,7 @@ class TransformerClusterer(
         checkpoint="default",
         max_iter=300,
         tol=1e-4,
-        n_init=1,
+        n_init="auto",
         device="auto",
         random_state=None,
     ):

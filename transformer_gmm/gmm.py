@@ -63,9 +63,12 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         below this threshold.
     reg_covar : float, default=1e-6
         Non-negative regularisation added to the diagonal of the covariances.
-    n_init : int, default=1
+    n_init : "auto" or int, default="auto"
         Initialisations to run; the one with the highest lower bound is kept. The first
         comes from the transformer, the others from k-means++ (all run as one batch).
+        ``"auto"`` runs the transformer's start and one k-means++ start (one poor
+        transformer start can trap EM; a second start costs little), or a single
+        k-means++ start when no transformer runs, as ``GaussianMixture`` does.
     device : str, default="auto"
         Where to run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when
         available). Fitting uses float64 on CPU and float32 on CUDA.
@@ -144,7 +147,7 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         max_iter=100,
         tol=1e-3,
         reg_covar=1e-6,
-        n_init=1,
+        n_init="auto",
         device="auto",
         random_state=None,
     ):
@@ -245,21 +248,21 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
     def _transformer_inits(
         self, Xs: list[np.ndarray], backbone, device: str, random_state
     ) -> list[_backend.MixtureInit]:
-        """The transformer's weights and means in the user's space, and its
-        responsibilities (under its own mixture, in model space) for every row."""
+        """The transformer's responsibilities for every row (under its own mixture, in
+        model space), and the weights and means they give in the user's space."""
         inits = []
         estimates = self._transformer_estimates(Xs, backbone, device, random_state)
         for X, (standardization, _, estimate) in zip(Xs, estimates, strict=True):
             resp = _backend.model_space_responsibilities(
                 estimate, standardization.transform(X), n_kept=standardization.basis.shape[1]
             )
-            inits.append(
-                _backend.MixtureInit(
-                    resp=resp,
-                    weights=estimate.weights / estimate.weights.sum(),
-                    means=standardization.inverse_transform_means(estimate.means),
-                )
+            weights, means = _weights_and_means_from_responsibilities(
+                X,
+                resp,
+                fallback_weights=estimate.weights / estimate.weights.sum(),
+                fallback_means=standardization.inverse_transform_means(estimate.means),
             )
+            inits.append(_backend.MixtureInit(resp=resp, weights=weights, means=means))
         return inits
 
     def _em_options(self, device: str) -> dict:
@@ -512,3 +515,22 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         True
         """
         return -2 * self.score(X) * np.shape(X)[0] + 2 * self._n_parameters()
+
+
+def _weights_and_means_from_responsibilities(
+    X: np.ndarray, resp: np.ndarray, fallback_weights: np.ndarray, fallback_means: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One M-step: the weights and means that the responsibilities ``resp`` (n, K) give.
+
+    The means are averages of the user's own points, so they are as precise as the
+    transformer's assignments, not as its regression of coordinates, and they keep every
+    coordinate the projection dropped. A component with (almost) no responsibility keeps
+    the head's weight and mean.
+    """
+    n_samples = X.shape[0]
+    mass = resp.sum(axis=0)  # (K,)
+    empty = mass <= 1e-6 * n_samples
+    means = resp.T @ X / np.where(empty, 1.0, mass)[:, None]  # (K, d)
+    means[empty] = fallback_means[empty]
+    weights = np.where(empty, fallback_weights, mass / n_samples)
+    return weights / weights.sum(), means

@@ -5,7 +5,8 @@ The seeding and the Lloyd iterations follow scikit-learn's ``sklearn/cluster/_km
 datasets. ``X`` is (B, N, d), or (1, N, d) shared by all B runs; an optional bool
 ``mask`` (B or 1, N) marks real points, so datasets of different sizes can be padded
 into one batch. Padded points take no part in anything. Also home to the small batch and
-padding helpers that :mod:`transformer_gmm.em` shares.
+padding helpers that :mod:`transformer_gmm.em` shares, and to the shrinking batch with
+which Lloyd and EM stop working on the datasets that have converged.
 """
 
 from __future__ import annotations
@@ -59,13 +60,66 @@ def _point_weights(X: Tensor, mask: Tensor | None) -> Tensor:
     return mask.to(X.dtype)
 
 
-def _squared_distances(X: Tensor, centers: Tensor) -> Tensor:
-    """(B|1, N, d), (B, K, d) -> (B, N, K); expanded as scikit-learn does (one matmul)."""
-    dist = (
-        X.square().sum(-1, keepdim=True)
-        - 2.0 * X @ centers.mT
-        + centers.square().sum(-1)[:, None, :]
-    )
+def _take(t: Tensor | None, index: Tensor) -> Tensor | None:
+    """Rows ``index`` of a batched tensor; one of batch 1 is shared by every row, so kept."""
+    if t is None or t.shape[0] == 1:
+        return t
+    return t.index_select(0, index)
+
+
+# A batched loop runs until its slowest problem stops, and most stop long before it: on
+# 10,000 datasets of 128 points (d=8, K=4, tol=1e-3) EM runs 2.3 iterations on average
+# and 27 at most. Once a quarter of the working batch has stopped, the loop gathers the
+# rest into a smaller one, so later iterations cost in proportion to the problems still
+# running; a gather copies X once, far less than the iteration it saves.
+_SHRINK_WHEN_STOPPED = 0.25
+
+
+class _ShrinkingBatch:
+    """The rows of a batch that a loop still works on, and the results of those it left.
+
+    ``rows`` maps the working batch to the full batch. A ``state`` is a tuple of the
+    loop's per-row tensors, of the working batch's size. The first state stored becomes
+    the full-size results and is written into in place later on, so loops pass tensors
+    they made themselves, never their inputs.
+    """
+
+    def __init__(self, n_batch: int, device: torch.device) -> None:
+        self.rows = torch.arange(n_batch, device=device)
+        self._results: tuple[Tensor, ...] | None = None
+
+    def should_shrink(self, n_running: int) -> bool:
+        return n_running < (1.0 - _SHRINK_WHEN_STOPPED) * len(self.rows)
+
+    def shrink(self, stopped: Tensor, n_running: int, state: tuple[Tensor, ...]) -> Tensor:
+        """Store ``state``; return where the running rows sit in the working batch."""
+        self.results(state)
+        # A stable sort rather than nonzero: the running rows in order, and no host sync.
+        keep = torch.argsort(stopped.to(torch.int32), stable=True)[:n_running]
+        self.rows = self.rows[keep]
+        return keep
+
+    def results(self, state: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """Write the working batch's ``state`` into the full-size results; return them."""
+        if self._results is None:  # nothing has left yet: the working batch is the batch
+            self._results = state
+        else:
+            for result, value in zip(self._results, state, strict=True):
+                result.index_copy_(0, self.rows, value)
+        return self._results
+
+
+def _squared_norms(X: Tensor) -> Tensor:
+    """(B|1, N, d) -> (B|1, N, 1). Computed once per loop: it costs as much as the matmul."""
+    return X.square().sum(-1, keepdim=True)
+
+
+def _squared_distances(X: Tensor, centers: Tensor, x_norms: Tensor) -> Tensor:
+    """(B|1, N, d), (B, K, d) -> (B, N, K); expanded as scikit-learn does (one matmul).
+
+    ``x_norms`` is ``_squared_norms(X)``.
+    """
+    dist = x_norms - 2.0 * X @ centers.mT + centers.square().sum(-1)[:, None, :]
     return dist.clamp_min_(0.0)  # rounding can leave tiny negatives
 
 
@@ -136,13 +190,15 @@ def kmeans_plusplus(
 
     index = _sample(weights, 1, generator)[:, 0]  # (B,)
     centers = [points[rows, index]]  # list of (B, d)
-    closest = _squared_distances(X, centers[0][:, None, :])[..., 0] * weights  # (B, N)
+    x_norms = _squared_norms(X)
+    closest = _squared_distances(X, centers[0][:, None, :], x_norms)[..., 0] * weights  # (B, N)
     for _ in range(1, n_clusters):
         # All real points already sit on a seed (fewer distinct points than K): fall back
         # to uniform draws rather than to index 0, which might be padding.
         potential = closest.sum(-1, keepdim=True)  # (B, 1)
         candidates = _sample(torch.where(potential > 0, closest, weights), n_trials, generator)
-        distances = _squared_distances(X, points[rows[:, None], candidates]).mT  # (B, T, N)
+        trials = points[rows[:, None], candidates]  # (B, T, d)
+        distances = _squared_distances(X, trials, x_norms).mT  # (B, T, N)
         trial_closest = torch.minimum(closest[:, None, :], distances) * weights[:, None, :]
         best = trial_closest.sum(-1).argmin(-1)  # (B,) candidate lowering the potential most
         closest = trial_closest[rows, best]
@@ -153,9 +209,53 @@ def kmeans_plusplus(
 # --- Lloyd -----------------------------------------------------------------------------
 
 
-def _assign(X: Tensor, centers: Tensor) -> Tensor:
+def _assign(X: Tensor, centers: Tensor, x_norms: Tensor) -> Tensor:
     """Index of the closest centre: (B|1, N, d), (B, K, d) -> (B, N)."""
-    return _squared_distances(X, centers).argmin(-1)
+    return _squared_distances(X, centers, x_norms).argmin(-1)
+
+
+def _lloyd_loop(
+    X: Tensor,
+    x_norms: Tensor,
+    centers: Tensor,
+    offset: Tensor,
+    weights: Tensor,
+    threshold: Tensor,
+    padded: Tensor,
+    max_iter: int,
+) -> tuple[Tensor, Tensor]:
+    """Lloyd's iterations for :func:`lloyd` on centred ``X``: (centers, n_iter)."""
+    n_batch, n_clusters = centers.shape[:2]
+    labels_old = X.new_full((n_batch, X.shape[1]), -1, dtype=torch.long)
+    n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
+    converged = torch.zeros(n_batch, dtype=torch.bool, device=X.device)
+    batch = _ShrinkingBatch(n_batch, X.device)
+    for iteration in range(1, max_iter + 1):
+        active = ~converged  # (A,) over the working batch of A <= B datasets
+        labels = _assign(X, centers - offset, x_norms)  # (A, N)
+        one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(X.dtype) * weights
+        counts = one_hot.sum(1)[..., None]  # (A, K, 1)
+        # A matmul rather than scatter_add: deterministic on CUDA too.
+        sums = one_hot.mT @ X  # (A, K, d)
+        new_centers = torch.where(counts > 0, sums / counts.clamp_min(1.0) + offset, centers)
+        shift = (new_centers - centers).square().sum((1, 2))  # (A,)
+        strict = ((labels == labels_old) | padded).all(-1)  # (A,)
+
+        centers = torch.where(active[:, None, None], new_centers, centers)
+        labels_old = torch.where(active[:, None], labels, labels_old)
+        n_iter = n_iter.masked_fill(active, iteration)
+        converged = converged | (active & (strict | (shift <= threshold)))
+        n_running = int((~converged).sum())  # the one host sync per iteration
+        if n_running == 0:
+            break
+        if iteration < max_iter and batch.should_shrink(n_running):
+            keep = batch.shrink(converged, n_running, (centers, n_iter))
+            X, x_norms, offset, weights, threshold, padded = (
+                _take(t, keep) for t in (X, x_norms, offset, weights, threshold, padded)
+            )
+            centers, labels_old, n_iter = centers[keep], labels_old[keep], n_iter[keep]
+            converged = converged[keep]
+    return batch.results((centers, n_iter))
 
 
 def lloyd(
@@ -212,7 +312,6 @@ def lloyd(
     n_batch = _check_batch(X, centers, mask=mask)
     if centers.dim() != 3 or centers.shape[-1] != X.shape[-1]:
         raise ValueError(f"centers must have shape (B, K, {X.shape[-1]}), got {centers.shape}")
-    n_clusters = centers.shape[1]
     X, mask = _compact(X), _compact(mask)
     weights = _point_weights(X, mask)[..., None]  # (B|1, N, 1)
     X = _zero_padding(X, mask)
@@ -227,31 +326,19 @@ def lloyd(
 
     # Centres stay in X's coordinates, so kept ones come back bit for bit.
     centers = centers.expand(n_batch, -1, -1)
-    labels_old = X.new_full((n_batch, X.shape[1]), -1, dtype=torch.long)
-    padded = torch.zeros_like(labels_old, dtype=torch.bool) if mask is None else ~mask
+    padded = (
+        torch.zeros(1, X.shape[1], dtype=torch.bool, device=X.device) if mask is None else ~mask
+    )
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
-    converged = torch.zeros(n_batch, dtype=torch.bool, device=X.device)
-    for iteration in range(1, max_iter + 1):
-        active = ~converged  # (B,) datasets still iterating
-        labels = _assign(X, centers - offset)  # (B, N)
-        one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(X.dtype) * weights
-        counts = one_hot.sum(1)[..., None]  # (B, K, 1)
-        # A matmul rather than scatter_add: deterministic on CUDA too.
-        sums = one_hot.mT @ X  # (B, K, d)
-        new_centers = torch.where(counts > 0, sums / counts.clamp_min(1.0) + offset, centers)
-        shift = (new_centers - centers).square().sum((1, 2))  # (B,)
-        strict = ((labels == labels_old) | padded).all(-1)  # (B,)
-
-        centers = torch.where(active[:, None, None], new_centers, centers)
-        labels_old = torch.where(active[:, None], labels, labels_old)
-        n_iter = n_iter.masked_fill(active, iteration)
-        converged = converged | (active & (strict | (shift <= threshold)))
-        if bool(converged.all()):
-            break
+    x_norms = _squared_norms(X)
+    if max_iter > 0:
+        centers, n_iter = _lloyd_loop(
+            X, x_norms, centers, offset, weights, threshold, padded, max_iter
+        )
 
     # Final assignment, so that labels and inertia belong to the returned centres.
     centered = centers - offset
-    labels = _assign(X, centered)  # (B, N)
+    labels = _assign(X, centered, x_norms)  # (B, N)
     nearest = centered.gather(1, labels[..., None].expand(-1, -1, X.shape[-1]))  # (B, N, d)
     inertia = ((X - nearest).square().sum(-1, keepdim=True) * weights).sum((1, 2))  # (B,)
     return centers, labels.masked_fill(padded, -1), inertia, n_iter

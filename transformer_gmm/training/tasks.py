@@ -2,14 +2,14 @@
 
 A task is one dataset: K means, K weights, a noise model, n points and their labels. Every
 task goes through :func:`~transformer_gmm._preprocessing.fit_standardization` (centre,
-project onto the top ``d_max`` principal components when d > d_max, one global scale,
-zero-pad), so the model trains on the distribution it meets at inference. The targets are
+project onto the top min(K - 1, d_max) principal components when d exceeds that, one
+global scale, zero-pad), so the model trains on the distribution it meets at inference. The targets are
 mapped by the same standardization: they are what the model should output for this input.
 
 Why the projection keeps the job small: the K means, centred on their weighted average,
 span at most K - 1 directions, and the between-cluster spread adds to the top principal
-components first. With d_max >= K - 1 the means survive the projection (up to noise), and
-every dimension beyond them only adds noise the model must learn to ignore.
+components first. The K - 1 kept directions hold the means (up to noise), and every
+dimension beyond them would only add noise the model must learn to ignore.
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def sample_task(rng: np.random.Generator, prior: Prior, K: int, d: int, n: int, 
     >>> import numpy as np
     >>> from transformer_gmm.training import PRIORS, sample_task
     >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], K=2, d=6, n=20, d_max=4)
-    >>> task.X.shape, task.standardization.transform(task.X).shape  # projected to d_max
+    >>> task.X.shape, task.standardization.transform(task.X).shape  # 1 direction, padded
     ((20, 6), (20, 4))
     """
     h = _log_uniform(rng, *prior.half_width)
@@ -281,7 +281,7 @@ def sample_task(rng: np.random.Generator, prior: Prior, K: int, d: int, n: int, 
     else:
         noise = rng.standard_normal((n, d))
     X = means[labels] + stds[labels] * noise  # (n, d)
-    return Task(X, labels, means, weights, stds, fit_standardization(X, d_max))
+    return Task(X, labels, means, weights, stds, fit_standardization(X, d_max, K))
 
 
 def _draw_d(rng: np.random.Generator, d_range: tuple[int, int]) -> int:

@@ -1,0 +1,125 @@
+"""The bundled default checkpoint: found offline, used by default, and pinned.
+
+The reference values below were measured with the checkpoint when it shipped; a change in
+the checkpoint, the preprocessing or the readout that moves them fails here first.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.mixture import GaussianMixture
+
+from transformer_gmm import TransformerClusterer, TransformerGMM, _backend, checkpoints
+from transformer_gmm._preprocessing import fit_standardization
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from common import mean_error, paper_em, sample_tgmm_task  # noqa: E402
+
+
+def overlapping_blobs() -> np.ndarray:
+    """Three unit-variance components 1.5 to 2.1 apart: soft responsibilities."""
+    rng = np.random.default_rng(2025)
+    centers = np.array([[-1.5, 0.0], [0.0, 1.5], [1.5, 0.0]])
+    return np.vstack([rng.normal(c, 1.0, (40, 2)) for c in centers])
+
+
+def four_blobs_in_20d() -> np.ndarray:
+    """20 features > K - 1 = 3: goes through the projection."""
+    rng = np.random.default_rng(7)
+    centers = rng.uniform(-5, 5, (4, 20))
+    return np.vstack([rng.normal(c, 1.0, (30, 20)) for c in centers])
+
+
+def test_default_checkpoint_is_bundled_and_covers_2_to_10_components():
+    bundled = checkpoints.bundled_checkpoints()
+    assert "default" in bundled
+    backbone = _backend.load_backbone("default")
+    assert backbone.supported_n_components == range(2, 11)
+    card = (bundled["default"] / "README.md").read_text()
+    for fact in ("steps", "tasks seen", "hardware", "wall time", "benchmarks/accuracy.py"):
+        assert fact in card
+
+
+def test_estimators_use_it_offline_without_a_warning(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # bundled: never a network request
+    X = overlapping_blobs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gmm = TransformerGMM(3, n_init=1, random_state=0).fit(X)
+        km = TransformerClusterer(3, n_init=1, random_state=0).fit(X)
+    assert gmm.init_method_ == "transformer" and km.init_method_ == "transformer"
+
+
+# The network's own output (model space), sorted by the first coordinate of the means.
+PINNED_RAW = {
+    "overlapping": dict(
+        weights=[0.34008, 0.30241, 0.35752],
+        means=[[-0.86354, -0.01311], [0.45037, 0.40089], [0.50974, -0.26595]],
+        scales=[0.68903, 0.70083, 0.63012],
+    ),
+    "20d": dict(
+        weights=[0.29542, 0.13002, 0.23993, 0.33464],
+        means=[[-1.53427, -1.03726], [-0.49764, 1.01615], [-0.24384, 1.24237], [1.65092, -0.80522]],
+        scales=[0.12692, 0.11887, 0.11876, 0.11368],
+    ),
+}
+DATA = {"overlapping": (overlapping_blobs, 3), "20d": (four_blobs_in_20d, 4)}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_RAW))
+def test_pinned_network_output(name):
+    make_data, n_components = DATA[name]
+    X = make_data()
+    backbone = _backend.load_backbone("default")
+    standardization = fit_standardization(X, backbone.d_max, n_components)
+    (estimate,) = _backend.transformer_estimates(
+        backbone, [standardization.transform(X)], n_components, "cpu"
+    )
+    order = np.argsort(estimate.means[:, 0])
+    expected = PINNED_RAW[name]
+    np.testing.assert_allclose(estimate.weights[order], expected["weights"], atol=2e-4)
+    np.testing.assert_allclose(estimate.means[order, :2], expected["means"], atol=2e-4)
+    np.testing.assert_allclose(estimate.scales[order, 0], expected["scales"], atol=2e-4)
+
+
+def test_pinned_estimate_in_the_users_space():
+    # max_iter=0: one M-step on the network's responsibilities, no EM iteration.
+    gmm = TransformerGMM(3, max_iter=0, n_init=1, random_state=0).fit(overlapping_blobs())
+    order = np.argsort(gmm.means_[:, 0])
+    np.testing.assert_allclose(gmm.weights_[order], [0.36672, 0.29097, 0.34231], atol=1e-4)
+    np.testing.assert_allclose(
+        gmm.means_[order],
+        [[-1.55353, 0.20808], [0.81859, 1.20331], [1.0024, -0.05689]],
+        atol=1e-4,
+    )
+    # Separated components: the readout averages the points themselves, so its means are
+    # the clusters' sample means even where the network's regressed means are coarse.
+    X = four_blobs_in_20d()
+    gmm = TransformerGMM(4, max_iter=0, n_init=1, random_state=0).fit(X)
+    true_clusters = np.repeat(np.arange(4), 30)
+    sample_means = np.stack([X[true_clusters == k].mean(axis=0) for k in range(4)])
+    order = np.argsort(gmm.means_[:, 0])
+    np.testing.assert_allclose(gmm.means_[order], sample_means[np.argsort(sample_means[:, 0])])
+    np.testing.assert_allclose(gmm.weights_, 0.25)
+
+
+def test_it_beats_the_papers_em_and_matches_a_single_em_run():
+    # A cell of benchmarks/accuracy.py (d = 8, K = 3), with fewer tasks.
+    rng = np.random.default_rng(83)
+    tasks = [sample_tgmm_task(rng, 3, 8) for _ in range(12)]
+    alone, default, paper, single = [], [], [], []
+    for seed, task in enumerate(tasks):
+        fit = dict(covariance_type="spherical", random_state=seed)
+        means = TransformerGMM(3, max_iter=0, n_init=1, **fit).fit(task.X).means_
+        alone.append(mean_error(means, task.means))
+        default.append(mean_error(TransformerGMM(3, **fit).fit(task.X).means_, task.means))
+        paper.append(mean_error(paper_em(task.X, 3, np.random.default_rng(seed))[0], task.means))
+        means = GaussianMixture(3, **fit).fit(task.X).means_
+        single.append(mean_error(means, task.means))
+    assert np.mean(alone) < np.mean(paper)
+    assert np.mean(default) <= 1.01 * np.mean(single)

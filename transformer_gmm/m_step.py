@@ -1,0 +1,232 @@
+"""Mixture parameters and the M-step that estimates them, batched, as scikit-learn.
+
+The M-step follows ``_estimate_gaussian_parameters`` in
+``sklearn/mixture/_gaussian_mixture.py``, vectorised over a batch of B datasets;
+:func:`initialize_kmeans` is scikit-learn's default start (k-means labels, then one
+M-step). Shapes and the ``mask`` convention are those of :mod:`transformer_gmm.em`, which
+runs the EM loop on top of these and re-exports every public name here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .gaussian import _lookup, compute_precision_cholesky
+from .kmeans import _check_batch, _compact, _point_weights, _zero_padding, kmeans_plusplus, lloyd
+
+__all__ = ["MixtureParams", "estimate_gaussian_parameters", "initialize_kmeans"]
+
+
+@dataclass
+class MixtureParams:
+    """Parameters of B Gaussian mixtures with K components in d dimensions.
+
+    Attributes
+    ----------
+    weights : Tensor of shape (B, K)
+    means : Tensor of shape (B, K, d)
+    covariances : Tensor or None
+        full (B, K, d, d), tied (B, d, d), diag (B, K, d) or spherical (B, K).
+    precisions_cholesky : Tensor
+        Of the same shape as the covariances, with scikit-learn's meaning.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.em import MixtureParams, compute_precision_cholesky
+    >>> covariances = torch.ones(1, 2, dtype=torch.float64)  # spherical, B=1, K=2
+    >>> params = MixtureParams(
+    ...     weights=torch.tensor([[0.5, 0.5]], dtype=torch.float64),
+    ...     means=torch.tensor([[[-1.0], [1.0]]], dtype=torch.float64),
+    ...     covariances=covariances,
+    ...     precisions_cholesky=compute_precision_cholesky(covariances, "spherical"))
+    >>> params.means.shape
+    torch.Size([1, 2, 1])
+    """
+
+    weights: Tensor  # (B, K)
+    means: Tensor  # (B, K, d)
+    covariances: Tensor | None  # full (B,K,d,d) | tied (B,d,d) | diag (B,K,d) | spherical (B,K)
+    precisions_cholesky: Tensor  # same shape as covariances
+
+
+# --- M-step ----------------------------------------------------------------------------
+# Each estimator takes resp (B, N, K) and X (B|1, N, d) with padding already zeroed, nk
+# (B, K), and means (B, K, d), which need not be the resp-weighted means (the transformer
+# supplies its own), so the formulas stay exact for any means; with the weighted means
+# they reduce to scikit-learn's.
+
+
+def _covariances_full(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: float) -> Tensor:
+    # One component at a time, as scikit-learn does: memory O(B N d), not O(B N K d).
+    covariances = []
+    for k in range(means.shape[1]):
+        diff = X - means[:, k, None, :]  # (B, N, d)
+        covariances.append((resp[..., k, None] * diff).mT @ diff / nk[:, k, None, None])
+    eye = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+    return torch.stack(covariances, dim=1) + reg * eye  # (B, K, d, d)
+
+
+def _covariances_tied(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: float) -> Tensor:
+    # sum_k sum_n r_nk (x_n - mu_k)(x_n - mu_k)^T / sum(nk), expanded to cost O(N d^2).
+    sums = resp.mT @ X  # (B, K, d)
+    second_moment = (resp.sum(-1, keepdim=True) * X).mT @ X  # (B, d, d)
+    cross = sums.mT @ means  # (B, d, d)
+    means_term = (nk[..., None] * means).mT @ means  # (B, d, d)
+    covariance = (second_moment - cross - cross.mT + means_term) / nk.sum(-1)[:, None, None]
+    return covariance + reg * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+
+
+def _covariances_diag(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: float) -> Tensor:
+    avg_X2 = resp.mT @ X.square() / nk[..., None]  # (B, K, d)
+    avg_X = resp.mT @ X / nk[..., None]  # (B, K, d)
+    return avg_X2 - 2.0 * means * avg_X + means.square() + reg
+
+
+_COVARIANCE_ESTIMATORS = {
+    "full": _covariances_full,
+    "tied": _covariances_tied,
+    "diag": _covariances_diag,
+    "spherical": lambda *args: _covariances_diag(*args).mean(-1),  # (B, K)
+}
+
+
+def _estimate_parameters(
+    X: Tensor, resp: Tensor, covariance_type: str, reg_covar: float, means: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """scikit-learn's ``_estimate_gaussian_parameters``: (nk, means, covariances)."""
+    # The 10 eps keep empty components from dividing by zero, exactly as scikit-learn.
+    nk = resp.sum(1) + 10 * torch.finfo(resp.dtype).eps  # (B, K)
+    if means is None:
+        means = resp.mT @ X / nk[..., None]  # (B, K, d)
+    covariances = _lookup(_COVARIANCE_ESTIMATORS, covariance_type)(resp, X, nk, means, reg_covar)
+    return nk, means.expand(nk.shape[0], -1, -1), covariances
+
+
+def estimate_gaussian_parameters(
+    X: Tensor,
+    resp: Tensor,
+    *,
+    covariance_type: str,
+    reg_covar: float,
+    means: Tensor | None = None,
+    mask: Tensor | None = None,
+) -> MixtureParams:
+    """The M-step, as scikit-learn's ``_estimate_gaussian_parameters``.
+
+    Parameters
+    ----------
+    X : Tensor of shape (B, N, d) or (1, N, d)
+    resp : Tensor of shape (B, N, K)
+        Responsibilities (rows of real points normally sum to 1).
+    covariance_type : {"full", "tied", "diag", "spherical"}
+    reg_covar : float
+        Added to the diagonal of the covariances.
+    means : Tensor of shape (B, K, d), optional
+        Means to use (in the covariances too) instead of the weighted means.
+    mask : bool Tensor of shape (B, N) or (1, N), optional
+
+    Returns
+    -------
+    MixtureParams
+        weights ``nk / n_real_points`` (as scikit-learn's initialisation), means,
+        covariances and precisions_cholesky. ValueError if a covariance is not positive
+        definite.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import em
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
+    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> params = em.estimate_gaussian_parameters(
+    ...     X, resp, covariance_type="diag", reg_covar=1e-6)
+    >>> params.weights.round(decimals=3).tolist()
+    [[0.5, 0.5]]
+    >>> torch.allclose(params.means[0, 0], X[0, :20].mean(0))  # weighted means
+    True
+    >>> params.covariances.shape  # diag: (B, K, d)
+    torch.Size([1, 2, 2])
+    """
+    n_batch = _check_batch(X, resp, *([] if means is None else [means]), mask=mask)
+    if resp.dim() != 3 or resp.shape[1] != X.shape[1]:
+        raise ValueError(f"resp must have shape (B, {X.shape[1]}, K), got {resp.shape}")
+    if means is not None and means.shape[1:] != (resp.shape[2], X.shape[2]):
+        raise ValueError(f"means must have shape (B, K, d), got {means.shape}")
+    X, mask, resp = _compact(X), _compact(mask), resp.expand(n_batch, -1, -1)
+    n_real = _point_weights(X, mask).sum(-1, keepdim=True)  # (B|1, 1)
+    X = _zero_padding(X, mask)
+    if mask is not None:
+        resp = resp.masked_fill(~mask[..., None], 0.0)
+    nk, means, covariances = _estimate_parameters(X, resp, covariance_type, reg_covar, means)
+    return MixtureParams(
+        nk / n_real, means, covariances, compute_precision_cholesky(covariances, covariance_type)
+    )
+
+
+# --- initialisation --------------------------------------------------------------------
+
+
+def initialize_kmeans(
+    X: Tensor,
+    n_components: int,
+    *,
+    covariance_type: str,
+    reg_covar: float,
+    generator: torch.Generator,
+    mask: Tensor | None = None,
+    n_init_lloyd_iter: int = 300,
+) -> MixtureParams:
+    """scikit-learn's default GaussianMixture initialisation, once per dataset of the batch.
+
+    k-means++ seeds, Lloyd to convergence (tol 1e-4), one-hot responsibilities from the
+    labels, one M-step. ``X`` is (B, N, d): pass ``X.expand(B, N, d)`` for B restarts.
+
+    Parameters
+    ----------
+    X : Tensor of shape (B, N, d)
+    n_components : int
+        Number of components K.
+    covariance_type : {"full", "tied", "diag", "spherical"}
+    reg_covar : float
+        Added to the diagonal of the covariances.
+    generator : torch.Generator
+        The only source of randomness (on X's device).
+    mask : bool Tensor of shape (B, N) or (1, N), optional
+        True for real points.
+    n_init_lloyd_iter : int, default=300
+        Maximum Lloyd iterations.
+
+    Returns
+    -------
+    MixtureParams
+        Batch B; weights are ``nk / n_real_points``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import em
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> generator = torch.Generator().manual_seed(0)
+    >>> params = em.initialize_kmeans(X.expand(3, -1, -1), 2, covariance_type="spherical",
+    ...                               reg_covar=1e-6, generator=generator)  # 3 restarts
+    >>> params.weights.shape, params.means.shape, params.covariances.shape
+    (torch.Size([3, 2]), torch.Size([3, 2, 2]), torch.Size([3, 2]))
+    """
+    seeds = kmeans_plusplus(X, n_components, generator=generator, mask=mask)
+    _, labels, _, _ = lloyd(X, seeds, max_iter=n_init_lloyd_iter, tol=1e-4, mask=mask)
+    # Padded points have label -1: give them a column, then masking zeroes their row.
+    resp = torch.nn.functional.one_hot(labels.clamp_min(0), n_components).to(X.dtype)
+    return estimate_gaussian_parameters(
+        X, resp, covariance_type=covariance_type, reg_covar=reg_covar, mask=mask
+    )
