@@ -72,7 +72,7 @@ def methods(checkpoint):
         return oracle_means(task), bayes_labels(task), None
 
     return {
-        "transformer alone": transformer_gmm(max_iter=0),
+        "transformer alone": transformer_gmm(max_iter=0, n_init=1),
         "TransformerGMM": transformer_gmm(),
         "TransformerGMM n_init=1": transformer_gmm(n_init=1),
         "GMM n_init=1": gaussian_mixture(1),

@@ -2,21 +2,70 @@
 
 ``TransformerGMM`` stands beside :class:`sklearn.mixture.GaussianMixture` and
 ``TransformerClusterer`` beside :class:`sklearn.cluster.KMeans`.
+
+The public names are imported on first use (PEP 562), so ``import transformer_gmm`` and
+the ``transformer-gmm`` command start without loading PyTorch; the classes keep their
+module paths (``transformer_gmm.gmm.TransformerGMM``), so pickles load as before.
+
+Examples
+--------
+>>> import transformer_gmm
+>>> transformer_gmm.__version__
+'0.1.0'
+>>> from transformer_gmm import TransformerGMM
+>>> TransformerGMM.__module__
+'transformer_gmm.gmm'
 """
 
-from ._base import FallbackWarning
-from .batch import fit_many
-from .checkpoints import CheckpointError
-from .cluster import TransformerClusterer
-from .gmm import TransformerGMM
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # type checkers and IDEs see the names; the runtime imports them lazily
+    from ._backend import DeviceMemoryError
+    from ._base import FallbackWarning
+    from .batch import fit_many
+    from .checkpoints import CheckpointError
+    from .cluster import TransformerClusterer
+    from .gmm import TransformerGMM
 
 __version__ = "0.1.0"
 
+# Each public name and the module that defines it, imported on first access.
+_LAZY_NAMES = {
+    "CheckpointError": ".checkpoints",
+    "DeviceMemoryError": "._backend",
+    "FallbackWarning": "._base",
+    "TransformerClusterer": ".cluster",
+    "TransformerGMM": ".gmm",
+    "fit_many": ".batch",
+}
+# Submodules that the package used to import eagerly: `import transformer_gmm` followed
+# by `transformer_gmm.em.fit_em` kept working then, so it keeps working now.
+_LAZY_SUBMODULES = {"batch", "checkpoints", "cluster", "em", "gaussian", "gmm", "kmeans", "nn"}
+
 __all__ = [
     "CheckpointError",
+    "DeviceMemoryError",
     "FallbackWarning",
     "TransformerClusterer",
     "TransformerGMM",
     "__version__",
     "fit_many",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Import a public name's module the first time the name is used."""
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(_LAZY_NAMES[name], __name__), name)
+        globals()[name] = value  # later lookups find it without calling this function
+        return value
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

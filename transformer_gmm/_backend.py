@@ -9,6 +9,7 @@ as float64 numpy arrays so a model fitted on CUDA predicts and pickles on CPU.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import weakref
 from dataclasses import dataclass
@@ -20,6 +21,41 @@ from . import checkpoints, em
 
 # Rows per chunk when scoring: bounds memory at O(chunk * K * d) whatever n_samples is.
 _CHUNK_ROWS = 65536
+
+
+# --- device memory -------------------------------------------------------------------
+
+
+class DeviceMemoryError(MemoryError):
+    """The device (a GPU) ran out of memory; the message says what to make smaller.
+
+    Examples
+    --------
+    >>> from transformer_gmm import DeviceMemoryError
+    >>> issubclass(DeviceMemoryError, MemoryError)
+    True
+    """
+
+
+def _explain_out_of_memory(function):
+    """Re-raise a device out-of-memory error as a DeviceMemoryError that says what to do."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except RuntimeError as error:  # torch.cuda.OutOfMemoryError is a RuntimeError
+            if not isinstance(error, torch.cuda.OutOfMemoryError) and (
+                "out of memory" not in str(error)
+            ):
+                raise
+            raise DeviceMemoryError(
+                "The device ran out of memory. Ask for less at once: fewer datasets per "
+                "fit_many call, a smaller n_init, fewer samples or features (subsample X, or "
+                "reduce it with PCA first), or device='cpu'."
+            ) from error
+
+    return wrapper
 
 
 # --- devices, seeds and the backbone -------------------------------------------------
@@ -124,6 +160,7 @@ def _pad(arrays: list[np.ndarray], device: str, dtype: torch.dtype) -> tuple[tor
     return tensor, mask
 
 
+@_explain_out_of_memory
 def transformer_estimates(
     backbone: Backbone, Zs: list[np.ndarray], n_components: int, device: str
 ) -> list[TransformerEstimate]:
@@ -192,6 +229,7 @@ class MixtureFit:
     best_run: int  # index of the kept run: 0 is the first initialisation given
 
 
+@_explain_out_of_memory
 def fit_mixtures(
     Xs: list[np.ndarray],
     *,
@@ -250,23 +288,28 @@ def fit_mixtures(
         tol=tol,
         mask=None if mask is None else _repeat(mask, n_runs),
     )
-    lower_bounds = result.lower_bound.view(n_datasets, n_runs)
-    fits = []
-    for i, best in enumerate(lower_bounds.argmax(dim=1).tolist()):
-        run = i * n_runs + best
-        fits.append(
-            MixtureFit(
-                weights=_numpy(result.params.weights[run]),
-                means=_numpy(result.params.means[run]),
-                covariances=_numpy(result.params.covariances[run]),
-                precisions_cholesky=_numpy(result.params.precisions_cholesky[run]),
-                lower_bound=float(result.lower_bound[run]),
-                n_iter=int(result.n_iter[run]),
-                converged=bool(result.converged[run]),
-                best_run=best,
-            )
+    best = result.lower_bound.view(n_datasets, n_runs).argmax(dim=1)  # (B,)
+    kept = best + n_runs * torch.arange(n_datasets, device=best.device)  # rows of the batch
+    # One transfer per field for the whole batch, then numpy slicing: indexing tensors
+    # dataset by dataset took 0.3 s for 10,000 datasets, a tenth of the whole fit_many.
+    fields = [result.params.weights, result.params.means, result.params.covariances]
+    fields += [result.params.precisions_cholesky, result.lower_bound]
+    weights, means, covariances, precisions_chol, lower_bound = (_numpy(t[kept]) for t in fields)
+    n_iter, converged = result.n_iter[kept].tolist(), result.converged[kept].tolist()
+    return [
+        MixtureFit(
+            # Copies, so that no estimator keeps the whole batch's arrays alive.
+            weights=weights[i].copy(),
+            means=means[i].copy(),
+            covariances=covariances[i].copy(),
+            precisions_cholesky=precisions_chol[i].copy(),
+            lower_bound=float(lower_bound[i]),
+            n_iter=n_iter[i],
+            converged=converged[i],
+            best_run=run,
         )
-    return fits
+        for i, run in enumerate(best.tolist())
+    ]
 
 
 def _repeat(tensor: torch.Tensor, n_runs: int) -> torch.Tensor:
@@ -299,6 +342,7 @@ def _concatenate_runs(runs: list[em.MixtureParams]) -> em.MixtureParams:
     )
 
 
+@_explain_out_of_memory
 def estimate_weighted_log_prob(
     X: np.ndarray,
     weights: np.ndarray,
@@ -336,6 +380,7 @@ class KMeansFit:
     best_run: int
 
 
+@_explain_out_of_memory
 def fit_kmeans(
     X: np.ndarray,
     *,

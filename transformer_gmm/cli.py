@@ -8,8 +8,8 @@
     transformer-gmm export SOURCE --to DIR        a checkpoint, as a folder ready to upload
     transformer-gmm export --preset small --to DIR  an untrained model, to train yourself
 
-Also ``python -m transformer_gmm``. huggingface_hub is imported only by the commands that
-need it.
+Also ``python -m transformer_gmm``. PyTorch and huggingface_hub are imported only by the
+commands that need them, so ``--help`` and usage errors answer at once.
 """
 
 from __future__ import annotations

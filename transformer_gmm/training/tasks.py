@@ -3,8 +3,9 @@
 A task is one dataset: K means, K weights, a noise model, n points and their labels. Every
 task goes through :func:`~transformer_gmm._preprocessing.fit_standardization` (centre,
 project onto the top min(K - 1, d_max) principal components when d exceeds that, one
-global scale, zero-pad), so the model trains on the distribution it meets at inference. The targets are
-mapped by the same standardization: they are what the model should output for this input.
+global scale, zero-pad), so the model trains on the distribution it meets at inference.
+The targets are mapped by the same standardization: they are what the model should
+output for this input.
 
 Why the projection keeps the job small: the K means, centred on their weighted average,
 span at most K - 1 directions, and the between-cluster spread adds to the top principal

@@ -1,0 +1,88 @@
+"""``import transformer_gmm`` and the command's help start without PyTorch; the public
+names still load on first use, and fitted estimators pickle under their module paths."""
+
+from __future__ import annotations
+
+import ast
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import transformer_gmm
+from transformer_gmm import TransformerClusterer, TransformerGMM
+
+
+def python(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    # A fresh interpreter: this one has imported torch already (conftest uses it).
+    result = subprocess.run([sys.executable, *args], input=stdin, capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr.decode()
+    return result
+
+
+def test_import_does_not_load_torch():
+    code = "import sys, transformer_gmm; print(transformer_gmm.__version__, 'torch' in sys.modules)"
+    assert python("-c", code).stdout.decode().split() == [transformer_gmm.__version__, "False"]
+
+
+def test_help_does_not_load_torch():
+    result = python("-X", "importtime", "-m", "transformer_gmm", "--help")
+    assert b"usage: transformer-gmm" in result.stdout
+    # Each -X importtime line ends with "| <module name>", indented by nesting depth.
+    modules = {
+        line.rsplit("|", 1)[-1].strip()
+        for line in result.stderr.decode().splitlines()
+        if line.startswith("import time:")
+    }
+    assert "transformer_gmm.cli" in modules  # the report does list the package's imports
+    assert not {name for name in modules if name.split(".")[0] == "torch"}
+
+
+def test_usage_error_does_not_load_torch():
+    code = (
+        "import sys; from transformer_gmm.cli import main; "
+        "print(main(['frobnicate']), 'torch' in sys.modules)"
+    )
+    assert python("-c", code).stdout.decode().split() == ["2", "False"]
+
+
+def test_every_public_name_loads():
+    for name in transformer_gmm.__all__:
+        assert getattr(transformer_gmm, name) is not None
+    assert transformer_gmm.TransformerGMM is TransformerGMM
+    assert transformer_gmm.DeviceMemoryError.__module__ == "transformer_gmm._backend"
+    assert sorted(dir(transformer_gmm)) == sorted(transformer_gmm.__all__)
+    assert transformer_gmm.em.fit_em is not None  # submodules, as when imported eagerly
+    with pytest.raises(AttributeError, match="no attribute 'TransformerGmm'"):
+        transformer_gmm.TransformerGmm  # noqa: B018
+
+
+def test_type_checking_imports_match_the_public_names():
+    tree = ast.parse(Path(transformer_gmm.__file__).read_text(encoding="utf-8"))
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    ]
+    imported = {(f".{node.module}", alias.name) for node in block.body for alias in node.names}
+    assert imported == {(module, name) for name, module in transformer_gmm._LAZY_NAMES.items()}
+    assert set(transformer_gmm.__all__) == set(transformer_gmm._LAZY_NAMES) | {"__version__"}
+
+
+def test_fitted_estimators_unpickle_in_a_fresh_process():
+    X = np.random.default_rng(0).normal(size=(60, 2))
+    gmm = TransformerGMM(2, checkpoint=None, random_state=0).fit(X)
+    clusterer = TransformerClusterer(2, checkpoint=None, random_state=0).fit(X)
+    payload = pickle.dumps((gmm, clusterer, X))
+    # The module paths that pickles made by every earlier version refer to.
+    assert b"transformer_gmm.gmm" in payload and b"transformer_gmm.cluster" in payload
+    code = (
+        "import pickle, sys; gmm, clusterer, X = pickle.load(sys.stdin.buffer); "
+        "pickle.dump((gmm.score_samples(X), clusterer.predict(X)), sys.stdout.buffer)"
+    )
+    scores, labels = pickle.loads(python("-c", code, stdin=payload).stdout)
+    np.testing.assert_array_equal(scores, gmm.score_samples(X))
+    np.testing.assert_array_equal(labels, clusterer.predict(X))
