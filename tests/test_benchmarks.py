@@ -51,3 +51,13 @@ def test_accuracy_quick_runs(tmp_path):
         assert math.isnan(row["error"]) or row["error"] >= 0
     oracle = [r for r in rows if r["method"] == "oracle"]
     assert min(r["ari"] for r in oracle) > 0.5
+
+
+def test_speed_quick_runs(tmp_path):
+    # Runs the script, checks its figures are finite and its errors small; the timings
+    # themselves are reported by the script, never asserted here.
+    rows = _load("speed").main(["--quick", "--results", str(tmp_path)])
+    assert (tmp_path / "speed.csv").is_file()
+    assert all(math.isfinite(row["value"]) and row["value"] > 0 for row in rows)
+    errors = [row["error"] for row in rows if not math.isnan(row["error"])]
+    assert errors and max(errors) < 0.1
