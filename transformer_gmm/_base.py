@@ -316,3 +316,23 @@ def _is_missing_default(checkpoint) -> bool:
 def draw_seed(random_state: np.random.RandomState) -> int:
     """One integer seed for torch's generator, drawn from the estimator's random state."""
     return int(random_state.randint(np.iinfo(np.int32).max))
+
+
+def _weights_and_means_from_responsibilities(
+    X: np.ndarray, resp: np.ndarray, fallback_weights: np.ndarray, fallback_means: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One M-step: the weights and means that the responsibilities ``resp`` (n, K) give.
+
+    Both estimators read the transformer's estimate out this way (the clusterer with
+    one-hot responsibilities, from its per-point labels). The means are averages of the
+    user's own points, so they are as precise as the transformer's assignments, not as
+    its regression of coordinates, and they keep every coordinate the projection dropped.
+    A component with (almost) no responsibility keeps the head's weight and mean.
+    """
+    n_samples = X.shape[0]
+    mass = resp.sum(axis=0)  # (K,)
+    empty = mass <= 1e-6 * n_samples
+    means = resp.T @ X / np.where(empty, 1.0, mass)[:, None]  # (K, d)
+    means[empty] = fallback_means[empty]
+    weights = np.where(empty, fallback_weights, mass / n_samples)
+    return weights / weights.sum(), means

@@ -17,16 +17,16 @@ from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
 from . import _backend
-from ._base import _TransformerMixtureBase, draw_seed
+from ._base import _TransformerMixtureBase, _weights_and_means_from_responsibilities, draw_seed
 
 
 def _centers_from_labels(X: np.ndarray, labels: np.ndarray, fallback: np.ndarray) -> np.ndarray:
     """Mean of each cluster's points; a cluster with no point keeps its ``fallback`` row."""
-    centers = fallback.copy()
-    for k in range(fallback.shape[0]):
-        members = labels == k
-        if members.any():
-            centers[k] = X[members].mean(axis=0)
+    n_clusters = fallback.shape[0]
+    one_hot = np.eye(n_clusters)[labels]  # (n, K): the M-step of hard assignments
+    _, centers = _weights_and_means_from_responsibilities(
+        X, one_hot, fallback_weights=np.full(n_clusters, 1 / n_clusters), fallback_means=fallback
+    )
     return centers
 
 

@@ -13,7 +13,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _backend
-from ._base import _TransformerMixtureBase, draw_seed, warn_user
+from ._base import (
+    _TransformerMixtureBase,
+    _weights_and_means_from_responsibilities,
+    draw_seed,
+    warn_user,
+)
 
 # Free parameters of the covariances, by type (for bic and aic).
 _N_COVARIANCE_PARAMETERS = {
@@ -515,22 +520,3 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         True
         """
         return -2 * self.score(X) * np.shape(X)[0] + 2 * self._n_parameters()
-
-
-def _weights_and_means_from_responsibilities(
-    X: np.ndarray, resp: np.ndarray, fallback_weights: np.ndarray, fallback_means: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """One M-step: the weights and means that the responsibilities ``resp`` (n, K) give.
-
-    The means are averages of the user's own points, so they are as precise as the
-    transformer's assignments, not as its regression of coordinates, and they keep every
-    coordinate the projection dropped. A component with (almost) no responsibility keeps
-    the head's weight and mean.
-    """
-    n_samples = X.shape[0]
-    mass = resp.sum(axis=0)  # (K,)
-    empty = mass <= 1e-6 * n_samples
-    means = resp.T @ X / np.where(empty, 1.0, mass)[:, None]  # (K, d)
-    means[empty] = fallback_means[empty]
-    weights = np.where(empty, fallback_weights, mass / n_samples)
-    return weights / weights.sum(), means
