@@ -101,3 +101,33 @@ def test_equal_datasets_batched_together_or_one_by_one_agree():
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
             np.testing.assert_allclose(getattr(a, name), getattr(c, name), rtol=1e-5, atol=1e-6)
         assert a.n_iter_ == b.n_iter_ and a.converged_ == b.converged_
+
+
+def test_arrays_output_holds_what_the_estimators_hold():
+    datasets = _datasets([7, 15, 30])  # 21, 45 and 90 points: the last is subsampled
+    params = dict(checkpoint=TINY_CHECKPOINT, n_init=2, random_state=0)
+    estimators = fit_many(datasets, 3, **params)
+    arrays = fit_many(datasets, 3, output="arrays", **params)
+    assert len(arrays) == 3 and arrays.device == "cpu" and arrays.covariance_type == "full"
+    for i, gmm in enumerate(estimators):
+        for name in ATTRIBUTES + ["precisions_cholesky_", "n_iter_", "converged_"]:
+            np.testing.assert_array_equal(getattr(arrays, name[:-1])[i], getattr(gmm, name))
+        assert arrays.init_method[i] == gmm.init_method_
+    with pytest.raises(ValueError, match="output must be 'estimators' or 'arrays'"):
+        fit_many(datasets, 3, checkpoint=None, output="dict")
+
+
+def test_subsampled_datasets_are_deterministic_and_a_batch_of_one_is_fit():
+    # 150 points > the tiny model's context of 64: random_state draws the rows it reads.
+    (X,) = _datasets([50], seed=7)
+    params = dict(checkpoint=TINY_CHECKPOINT, max_iter=5, random_state=4)
+    (batched,) = fit_many([X], 3, **params)
+    alone = TransformerGMM(3, **params).fit(X)
+    again = TransformerGMM(3, **params).fit(X)
+    for name in ATTRIBUTES:
+        np.testing.assert_array_equal(getattr(batched, name), getattr(alone, name), err_msg=name)
+        np.testing.assert_array_equal(getattr(again, name), getattr(alone, name), err_msg=name)
+    other = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1, random_state=5)
+    first = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1, random_state=4)
+    # Another seed reads other rows, so the transformer's start differs.
+    assert not np.allclose(other.fit(X).means_, first.fit(X).means_)

@@ -55,27 +55,22 @@ def test_max_iter_zero_returns_the_transformers_estimate(three_blobs):
     gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
     backbone = _backend.load_backbone(TINY_CHECKPOINT)
     standardization = fit_standardization(X, backbone.d_max, 3)
-    Z = standardization.transform(X)
+    Z = standardization.transform(X).astype(np.float64)
     estimate = _backend.transformer_estimates(backbone, [Z], 3, "cpu")[0]
-    # The transformer's responsibilities under its own mixture, and one M-step on them.
-    resp = _backend.model_space_responsibilities(estimate, Z, n_kept=2)
+    # The transformer's responsibilities under its own mixture (scored on the two real
+    # coordinates), and one M-step on them.
+    densities = np.stack(
+        [
+            w * multivariate_normal(m[:2], s**2 * np.eye(2)).pdf(Z[:, :2])
+            for w, m, s in zip(estimate.weights, estimate.means, estimate.scales[:, 0], strict=True)
+        ],
+        axis=1,
+    )
+    resp = densities / densities.sum(axis=1, keepdims=True)
     np.testing.assert_allclose(gmm.weights_, resp.mean(axis=0), rtol=1e-6)
     np.testing.assert_allclose(gmm.means_, resp.T @ X / resp.sum(axis=0)[:, None], rtol=1e-6)
     assert gmm.n_iter_ == 0 and not gmm.converged_
     assert gmm.init_method_ == "transformer"
-
-
-def test_a_component_without_responsibility_keeps_the_heads_estimate():
-    from transformer_gmm.gmm import _weights_and_means_from_responsibilities
-
-    X = np.array([[0.0, 0.0], [2.0, 0.0], [10.0, 10.0]])
-    resp = np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])  # component 2: none
-    head_means = np.array([[9.0, 9.0], [8.0, 8.0], [-3.0, 4.0]])
-    weights, means = _weights_and_means_from_responsibilities(
-        X, resp, fallback_weights=np.array([0.2, 0.2, 0.6]), fallback_means=head_means
-    )
-    np.testing.assert_allclose(means, [[1.0, 0.0], [10.0, 10.0], [-3.0, 4.0]])
-    np.testing.assert_allclose(weights, np.array([2 / 3, 1 / 3, 0.6]) / (1 + 0.6))
 
 
 def test_default_checkpoint_missing_falls_back_with_warning(three_blobs, no_bundled_checkpoint):
@@ -202,24 +197,3 @@ def test_n_init_keeps_the_best_lower_bound(three_blobs):
         single.fit(three_blobs)
         several.fit(three_blobs)
     assert several.lower_bound_ >= single.lower_bound_
-
-
-def test_model_space_responsibilities_score_only_real_coordinates():
-    # Two real coordinates, two of padding where the model's means hold junk.
-    estimate = _backend.TransformerEstimate(
-        weights=np.array([0.3, 0.7]),
-        means=np.array([[0.0, 0.0, 9.0, 9.0], [1.0, 0.5, -9.0, 9.0]]),
-        scales=np.array([[0.5], [2.0]]),
-        point_probs=np.empty((0, 2)),
-    )
-    Z = np.zeros((6, 4))
-    Z[:, :2] = np.random.default_rng(0).normal(size=(6, 2))
-    resp = _backend.model_space_responsibilities(estimate, Z, n_kept=2)
-    densities = np.stack(
-        [
-            w * multivariate_normal(m[:2], s**2 * np.eye(2)).pdf(Z[:, :2])
-            for w, m, s in zip(estimate.weights, estimate.means, estimate.scales[:, 0], strict=True)
-        ],
-        axis=1,
-    )
-    np.testing.assert_allclose(resp, densities / densities.sum(axis=1, keepdims=True), rtol=1e-10)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # type checkers and IDEs see the names; the runtime imports them lazily
     from ._backend import DeviceMemoryError
     from ._base import FallbackWarning
-    from .batch import fit_many
+    from .batch import FittedMixtures, fit_many
     from .checkpoints import CheckpointError
     from .cluster import TransformerClusterer
     from .gmm import TransformerGMM
@@ -37,6 +37,7 @@ _LAZY_NAMES = {
     "CheckpointError": ".checkpoints",
     "DeviceMemoryError": "._backend",
     "FallbackWarning": "._base",
+    "FittedMixtures": ".batch",
     "TransformerClusterer": ".cluster",
     "TransformerGMM": ".gmm",
     "fit_many": ".batch",
@@ -49,6 +50,7 @@ __all__ = [
     "CheckpointError",
     "DeviceMemoryError",
     "FallbackWarning",
+    "FittedMixtures",
     "TransformerClusterer",
     "TransformerGMM",
     "__version__",

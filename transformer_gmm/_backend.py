@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import checkpoints, em
+from . import checkpoints, em, readout
 
 # Rows per chunk when scoring: bounds memory at O(chunk * K * d) whatever n_samples is.
 _CHUNK_ROWS = 65536
@@ -89,9 +89,10 @@ def _generator(seed: int, device: str) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def _tensor(array: np.ndarray, device: str) -> torch.Tensor:
+def _tensor(array: np.ndarray, device: str, dtype: torch.dtype | None = None) -> torch.Tensor:
     # torch.tensor copies, so read-only and non-contiguous inputs are fine.
-    return torch.tensor(np.ascontiguousarray(array), dtype=_dtype(device), device=device)
+    dtype = _dtype(device) if dtype is None else dtype
+    return torch.tensor(np.ascontiguousarray(array), dtype=dtype, device=device)
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -135,7 +136,8 @@ def _model_on(model: torch.nn.Module, device: str) -> torch.nn.Module:
 
 @dataclass(frozen=True)
 class TransformerEstimate:
-    """The backbone's answer for one dataset, in model space."""
+    """The backbone's raw answer for one dataset, in model space (to inspect and test it;
+    fitting reads the backbone through :mod:`transformer_gmm.readout`)."""
 
     weights: np.ndarray  # (K,)
     means: np.ndarray  # (K, d_max)
@@ -143,21 +145,21 @@ class TransformerEstimate:
     point_probs: np.ndarray  # (n, K), the per-point head's cluster probabilities
 
 
-def _pad(arrays: list[np.ndarray], device: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def _pad(arrays, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Stack arrays of shape (n_i, ...) into (B, max n_i, ...), zero-padded, and the mask
-    (B, max n_i) of real rows; the mask is None when no row is padding."""
+    (B, max n_i) of real rows; the mask is None when no row is padding. A 3-D array is
+    already a batch: it is copied to the device once, with no loop over its datasets."""
+    if isinstance(arrays, np.ndarray):
+        return _tensor(arrays, device, dtype), None
     lengths = [len(a) for a in arrays]
+    if len(set(lengths)) == 1:
+        stacked = arrays[0][None] if len(arrays) == 1 else np.stack(arrays)  # one copy less
+        return _tensor(stacked, device, dtype), None
     padded = np.zeros((len(arrays), max(lengths), *arrays[0].shape[1:]))
     for i, array in enumerate(arrays):
         padded[i, : len(array)] = array
-    tensor = torch.tensor(padded, dtype=dtype, device=device)
-    if len(set(lengths)) == 1:
-        return tensor, None
-    mask = (
-        torch.arange(max(lengths), device=device)[None]
-        < torch.tensor(lengths, device=device)[:, None]
-    )
-    return tensor, mask
+    mask = np.arange(max(lengths))[None] < np.array(lengths)[:, None]
+    return _tensor(padded, device, dtype), torch.tensor(mask, device=device)
 
 
 @_explain_out_of_memory
@@ -167,71 +169,35 @@ def transformer_estimates(
     """One forward pass over B standardized datasets, each of shape (n_i, d_max)."""
     model = _model_on(backbone.model, device)
     x, mask = _pad(Zs, device, torch.float32)  # (B, N, d_max), (B, N) or None
-    with torch.inference_mode():
-        out = model(x, n_components, mask)
+    out = readout.forward(model, x, n_components, mask)
     point_probs = _numpy(out.point_logits.softmax(dim=-1))  # (B, N, K)
+    weights, means, scales = (_numpy(t) for t in (out.weights, out.means, out.scales))
     return [
-        TransformerEstimate(
-            weights=_numpy(out.weights[i]),
-            means=_numpy(out.means[i]),
-            scales=_numpy(out.scales[i]),
-            point_probs=point_probs[i, : len(Z)],
-        )
+        TransformerEstimate(weights[i], means[i], scales[i], point_probs[i, : len(Z)])
         for i, Z in enumerate(Zs)
     ]
-
-
-def model_space_responsibilities(
-    estimate: TransformerEstimate, Z: np.ndarray, n_kept: int
-) -> np.ndarray:
-    """Posterior of each point under the transformer's own mixture, in model space.
-
-    Only the first ``n_kept`` coordinates hold data (the rest are zero padding); scoring
-    the padding too would add a -log(scale) per padded coordinate to each component and
-    so favour the narrowest ones.
-    """
-    z = torch.tensor(Z[:, :n_kept], dtype=torch.float64)[None]  # (1, n, m)
-    scales = torch.tensor(estimate.scales, dtype=torch.float64)  # (K, 1 | d_max)
-    variances = scales.expand(-1, Z.shape[1])[:, :n_kept] ** 2  # (K, m)
-    params = em.MixtureParams(
-        weights=torch.tensor(estimate.weights, dtype=torch.float64)[None],
-        means=torch.tensor(estimate.means[:, :n_kept], dtype=torch.float64)[None],
-        covariances=variances[None],
-        precisions_cholesky=variances.rsqrt()[None],
-    )
-    _, log_resp = em.e_step(z, params, "diag")
-    return _numpy(log_resp[0].exp())
 
 
 # --- Gaussian mixtures ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class MixtureInit:
-    """A starting point from the transformer, in the user's space."""
+class MixtureFits:
+    """The best of each dataset's EM runs, as numpy arrays in the user's space."""
 
-    resp: np.ndarray  # (n, K) responsibilities: one M-step on them gives the covariances
-    weights: np.ndarray  # (K,)
-    means: np.ndarray  # (K, d)
-
-
-@dataclass(frozen=True)
-class MixtureFit:
-    """The best of one dataset's EM runs, as numpy arrays in the user's space."""
-
-    weights: np.ndarray
-    means: np.ndarray
-    covariances: np.ndarray
-    precisions_cholesky: np.ndarray
-    lower_bound: float
-    n_iter: int
-    converged: bool
-    best_run: int  # index of the kept run: 0 is the first initialisation given
+    weights: np.ndarray  # (B, K)
+    means: np.ndarray  # (B, K, d)
+    covariances: np.ndarray  # (B, ...), by covariance type
+    precisions_cholesky: np.ndarray  # (B, ...)
+    lower_bound: np.ndarray  # (B,) float
+    n_iter: np.ndarray  # (B,) int
+    converged: np.ndarray  # (B,) bool
+    best_run: np.ndarray  # (B,) int, index of the kept run: 0 is the first initialisation
 
 
 @_explain_out_of_memory
 def fit_mixtures(
-    Xs: list[np.ndarray],
+    Xs: list[np.ndarray] | np.ndarray,
     *,
     n_components: int,
     covariance_type: str,
@@ -241,31 +207,35 @@ def fit_mixtures(
     device: str,
     seed: int,
     n_kmeans_inits: int,
-    transformer_inits: list[MixtureInit] | None = None,
-) -> list[MixtureFit]:
+    backbone: Backbone | None = None,
+) -> MixtureFits:
     """EM on B datasets (padded into one batch) from every initialisation at once; keep
     each dataset's best lower bound.
 
-    Each dataset's runs are, in order: the transformer's initialisation when
-    ``transformer_inits`` is given (weights and means as given, covariances from one
-    M-step on its responsibilities), then ``n_kmeans_inits`` starts from k-means++ and
-    Lloyd (scikit-learn's default initialisation).
+    Each dataset's runs are, in order: the transformer's start when ``backbone`` is
+    given (see :func:`transformer_gmm.readout.mixture_inits`: its weights and means,
+    covariances from one M-step on its responsibilities), then ``n_kmeans_inits`` starts
+    from k-means++ and Lloyd (scikit-learn's default initialisation). One generator,
+    seeded with ``seed``, draws the rows the backbone reads (only where a dataset is
+    larger than its context), then the k-means++ seeds.
     """
     dtype = _dtype(device)
     x, mask = _pad(Xs, device, dtype)  # (B, N, d), (B, N) or None
-    n_datasets = len(Xs)
+    n_datasets = x.shape[0]
+    generator = _generator(seed, device)
     runs = []  # each (B, R_i, ...) parameters
-    if transformer_inits is not None:
-        resp, _ = _pad([init.resp for init in transformer_inits], device, dtype)  # (B, N, K)
+    if backbone is not None:
+        model = _model_on(backbone.model, device)
+        init = readout.mixture_inits(model, x, mask, n_components, generator)
         params = em.estimate_gaussian_parameters(
             x,
-            resp,
+            init.resp,
             covariance_type=covariance_type,
             reg_covar=reg_covar,
-            means=_tensor(np.stack([init.means for init in transformer_inits]), device),
+            means=init.means,
             mask=mask,
         )
-        params.weights = _tensor(np.stack([init.weights for init in transformer_inits]), device)
+        params.weights = init.weights
         runs.append(_unflatten(params, n_datasets))
     if n_kmeans_inits > 0:
         params = em.initialize_kmeans(
@@ -273,7 +243,7 @@ def fit_mixtures(
             n_components,
             covariance_type=covariance_type,
             reg_covar=reg_covar,
-            generator=_generator(seed, device),
+            generator=generator,
             mask=None if mask is None else _repeat(mask, n_kmeans_inits),
         )
         runs.append(_unflatten(params, n_datasets))
@@ -290,26 +260,15 @@ def fit_mixtures(
     )
     best = result.lower_bound.view(n_datasets, n_runs).argmax(dim=1)  # (B,)
     kept = best + n_runs * torch.arange(n_datasets, device=best.device)  # rows of the batch
-    # One transfer per field for the whole batch, then numpy slicing: indexing tensors
-    # dataset by dataset took 0.3 s for 10,000 datasets, a tenth of the whole fit_many.
+    # One transfer per field for the whole batch: no per-dataset indexing of tensors.
     fields = [result.params.weights, result.params.means, result.params.covariances]
     fields += [result.params.precisions_cholesky, result.lower_bound]
-    weights, means, covariances, precisions_chol, lower_bound = (_numpy(t[kept]) for t in fields)
-    n_iter, converged = result.n_iter[kept].tolist(), result.converged[kept].tolist()
-    return [
-        MixtureFit(
-            # Copies, so that no estimator keeps the whole batch's arrays alive.
-            weights=weights[i].copy(),
-            means=means[i].copy(),
-            covariances=covariances[i].copy(),
-            precisions_cholesky=precisions_chol[i].copy(),
-            lower_bound=float(lower_bound[i]),
-            n_iter=n_iter[i],
-            converged=converged[i],
-            best_run=run,
-        )
-        for i, run in enumerate(best.tolist())
-    ]
+    return MixtureFits(
+        *(_numpy(t[kept]) for t in fields),
+        n_iter=result.n_iter[kept].cpu().numpy(),
+        converged=result.converged[kept].cpu().numpy(),
+        best_run=best.cpu().numpy(),
+    )
 
 
 def _repeat(tensor: torch.Tensor, n_runs: int) -> torch.Tensor:
@@ -390,16 +349,19 @@ def fit_kmeans(
     device: str,
     seed: int,
     n_kmeans_inits: int,
-    init_centers: np.ndarray | None = None,
+    backbone: Backbone | None = None,
 ) -> KMeansFit:
-    """Lloyd from ``init_centers`` (if given) and from ``n_kmeans_inits`` k-means++
-    seedings, all in one batch; keep the lowest inertia."""
+    """Lloyd from the transformer's centres (when ``backbone`` is given, see
+    :func:`transformer_gmm.readout.cluster_centers`) and from ``n_kmeans_inits``
+    k-means++ seedings, all in one batch; keep the lowest inertia. One generator, seeded
+    with ``seed``, draws the rows the backbone reads, then the k-means++ seeds."""
     x = _tensor(X, device)[None]  # (1, n, d)
+    generator = _generator(seed, device)
     starts = []
-    if init_centers is not None:
-        starts.append(_tensor(init_centers, device)[None])
+    if backbone is not None:
+        model = _model_on(backbone.model, device)
+        starts.append(readout.cluster_centers(model, x, None, n_clusters, generator))
     if n_kmeans_inits > 0:
-        generator = _generator(seed, device)
         starts.append(
             em.kmeans_plusplus(x.expand(n_kmeans_inits, -1, -1), n_clusters, generator=generator)
         )

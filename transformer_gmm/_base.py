@@ -1,5 +1,6 @@
 """What TransformerGMM and TransformerClusterer share: parameters, validation, and the
-route from raw data to the backbone's estimate (or to the EM fallback). No torch here."""
+choice between the backbone and the EM fallback. No torch here: the backbone's estimate is
+read in :mod:`transformer_gmm._backend`, batched."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
 from . import _backend, checkpoints
-from ._preprocessing import Standardization, fit_standardization
 
 
 class FallbackWarning(UserWarning):
@@ -134,30 +134,6 @@ class _TransformerMixtureBase(BaseEstimator):
             )
             return None
         return backbone
-
-    def _transformer_estimates(
-        self, Xs: list[np.ndarray], backbone: _backend.Backbone, device: str, random_state
-    ) -> list[tuple[Standardization, np.ndarray, _backend.TransformerEstimate]]:
-        """Standardize each dataset, subsample it to the model's context, and read them all
-        in one forward pass.
-
-        Returns, per dataset, the standardization, the indices of the rows the backbone
-        read, and its estimate (in model space).
-        """
-        n_components = self._n_components()
-        standardizations, rows, Zs = [], [], []
-        for X in Xs:
-            standardization = fit_standardization(X, backbone.d_max, n_components)
-            n_samples = X.shape[0]
-            if n_samples > backbone.context_size:
-                read = np.sort(random_state.choice(n_samples, backbone.context_size, replace=False))
-            else:
-                read = np.arange(n_samples)
-            standardizations.append(standardization)
-            rows.append(read)
-            Zs.append(standardization.transform(X[read]))
-        estimates = _backend.transformer_estimates(backbone, Zs, n_components, device)
-        return list(zip(standardizations, rows, estimates, strict=True))
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -316,23 +292,3 @@ def _is_missing_default(checkpoint) -> bool:
 def draw_seed(random_state: np.random.RandomState) -> int:
     """One integer seed for torch's generator, drawn from the estimator's random state."""
     return int(random_state.randint(np.iinfo(np.int32).max))
-
-
-def _weights_and_means_from_responsibilities(
-    X: np.ndarray, resp: np.ndarray, fallback_weights: np.ndarray, fallback_means: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """One M-step: the weights and means that the responsibilities ``resp`` (n, K) give.
-
-    Both estimators read the transformer's estimate out this way (the clusterer with
-    one-hot responsibilities, from its per-point labels). The means are averages of the
-    user's own points, so they are as precise as the transformer's assignments, not as
-    its regression of coordinates, and they keep every coordinate the projection dropped.
-    A component with (almost) no responsibility keeps the head's weight and mean.
-    """
-    n_samples = X.shape[0]
-    mass = resp.sum(axis=0)  # (K,)
-    empty = mass <= 1e-6 * n_samples
-    means = resp.T @ X / np.where(empty, 1.0, mass)[:, None]  # (K, d)
-    means[empty] = fallback_means[empty]
-    weights = np.where(empty, fallback_weights, mass / n_samples)
-    return weights / weights.sum(), means

@@ -1,9 +1,11 @@
 """The map between the user's space and the model's input space (numpy only).
 
 The backbone reads points of width ``d_max`` with zero mean and unit average variance
-per coordinate. ``fit`` and the training task sampler both go through
-:func:`fit_standardization`, so the model sees at inference exactly the distribution it
-was trained on.
+per coordinate. The training task sampler goes through :func:`fit_standardization`, one
+dataset at a time; fitting goes through its batched torch twin,
+:func:`transformer_gmm.standardize.fit_standardization`, which ``tests/test_readout.py``
+holds equal to this one, so the model sees at inference exactly the distribution it was
+trained on.
 """
 
 from __future__ import annotations

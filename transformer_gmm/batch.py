@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import NoneType
 
 import numpy as np
@@ -13,6 +14,47 @@ from sklearn.utils import check_random_state
 from . import _backend
 from ._base import draw_seed, warn_user
 from .gmm import TransformerGMM
+
+
+@dataclass(frozen=True)
+class FittedMixtures:
+    """Many fitted mixtures as stacked arrays: what ``fit_many(..., output="arrays")``
+    returns, without building an estimator per dataset.
+
+    Row ``i`` of each array is what ``fit_many(...)[i]`` would hold in the attribute of
+    the same name with a trailing underscore.
+
+    Attributes
+    ----------
+    weights : ndarray of shape (n_datasets, n_components)
+    means : ndarray of shape (n_datasets, n_components, n_features)
+    covariances : ndarray of shape (n_datasets, ...)
+        Each dataset's covariances, shaped by ``covariance_type`` as
+        :attr:`TransformerGMM.covariances_`.
+    precisions_cholesky : ndarray of the same shape as ``covariances``
+    lower_bound : ndarray of shape (n_datasets,)
+    n_iter : ndarray of shape (n_datasets,)
+    converged : ndarray of shape (n_datasets,)
+    init_method : ndarray of shape (n_datasets,)
+        ``"transformer"`` or ``"k-means++"``: where each kept estimate started.
+    covariance_type : str
+    device : str
+        The device the fit ran on.
+    """
+
+    weights: np.ndarray
+    means: np.ndarray
+    covariances: np.ndarray
+    precisions_cholesky: np.ndarray
+    lower_bound: np.ndarray
+    n_iter: np.ndarray
+    converged: np.ndarray
+    init_method: np.ndarray
+    covariance_type: str
+    device: str
+
+    def __len__(self) -> int:
+        return self.weights.shape[0]
 
 
 def fit_many(
@@ -27,30 +69,39 @@ def fit_many(
     n_init: int | str = "auto",
     device: str = "auto",
     random_state=None,
-) -> list[TransformerGMM]:
+    output: str = "estimators",
+) -> list[TransformerGMM] | FittedMixtures:
     """Fit one :class:`TransformerGMM` per dataset, all datasets in one batch.
 
     The datasets may have different numbers of samples (they are padded and masked) but
-    must share their number of features. The transformer reads all of them in one
-    forward pass and EM polishes all of them together, which is much faster than a loop
-    of ``fit`` calls when there are many small datasets, on CPU and more so on a GPU.
-    Each returned estimator is the same as ``TransformerGMM(...).fit(X)`` would give,
-    up to floating-point rounding and the random draws (one generator serves the batch).
+    must share their number of features. Every step runs batched on the device: the
+    standardization, the transformer's forward pass, its readout and EM, with no loop
+    over the datasets in Python, which is much faster than a loop of ``fit`` calls when
+    there are many small datasets, on CPU and more so on a GPU. Each result is the same
+    as ``TransformerGMM(...).fit(X)`` would give, up to floating-point rounding and the
+    random draws (one generator serves the batch).
 
     Parameters
     ----------
     datasets : sequence of array-like of shape (n_samples_i, n_features), or ndarray of \
 shape (n_datasets, n_samples, n_features)
-        The datasets.
+        The datasets. A 3-D float array is the fastest input: it is validated and moved
+        to the device in one piece.
     n_components : int
         Mixture components per dataset.
     covariance_type, checkpoint, max_iter, tol, reg_covar, n_init, device, random_state
         As in :class:`TransformerGMM`.
+    output : {"estimators", "arrays"}, default="estimators"
+        ``"estimators"`` returns a fitted :class:`TransformerGMM` per dataset;
+        ``"arrays"`` returns the same parameters stacked in one :class:`FittedMixtures`,
+        which skips building the estimators (for batches of many thousands of datasets,
+        that can cost more than the fit).
 
     Returns
     -------
-    estimators : list of TransformerGMM
-        Fitted estimators, one per dataset, in order.
+    estimators : list of TransformerGMM, or FittedMixtures
+        One fitted estimator per dataset, in order; or, with ``output="arrays"``, their
+        parameters as arrays whose first axis is the dataset.
 
     Examples
     --------
@@ -64,6 +115,16 @@ shape (n_datasets, n_samples, n_features)
     [60, 100, 160]
     >>> bool(np.allclose(np.sort(fits[2].means_[:, 0]), [-4, 4], atol=0.5))
     True
+
+    Arrays instead of estimators, for many datasets of one shape:
+
+    >>> batch = rng.normal(size=(500, 64, 2))
+    >>> batch[:, :32] += 10.0  # two separated clusters in every dataset
+    >>> arrays = fit_many(batch, 2, checkpoint=None, random_state=0, output="arrays")
+    >>> len(arrays), arrays.means.shape, arrays.covariances.shape
+    (500, (500, 2, 2), (500, 2, 2, 2))
+    >>> bool(np.allclose(arrays.weights, 0.5)), np.unique(arrays.init_method).tolist()
+    (True, ['k-means++'])
     """
     template = TransformerGMM(
         n_components,
@@ -77,11 +138,14 @@ shape (n_datasets, n_samples, n_features)
         random_state=random_state,
     )
     template._validate_params()
+    if output not in ("estimators", "arrays"):
+        raise ValueError(f"output must be 'estimators' or 'arrays'; got {output!r}.")
     if len(datasets) == 0:
         raise ValueError("fit_many needs at least one dataset; got an empty sequence.")
-    estimators = _copies(template, len(datasets))
-    Xs = _validate(estimators, datasets)
-    widths = sorted({X.shape[1] for X in Xs})
+    # Arrays need no estimator per dataset: the template validates every dataset.
+    estimators = _copies(template, len(datasets)) if output == "estimators" else None
+    Xs = _validate(estimators or [template] * len(datasets), datasets)
+    widths = sorted({Xs.shape[2]} if isinstance(Xs, np.ndarray) else {X.shape[1] for X in Xs})
     if len(widths) > 1:
         raise ValueError(
             f"fit_many needs datasets with the same number of features; got {widths}. "
@@ -90,25 +154,37 @@ shape (n_datasets, n_samples, n_features)
     random_state = check_random_state(random_state)
     device = _backend.resolve_device(device)
     backbone = template._load_backbone()
-    transformer_inits = None
-    if backbone is not None:
-        transformer_inits = template._transformer_inits(Xs, backbone, device, random_state)
     fits = _backend.fit_mixtures(
         Xs,
         **template._em_options(device),
         seed=draw_seed(random_state),
         n_kmeans_inits=template._n_kmeans_inits(backbone is not None),
-        transformer_inits=transformer_inits,
+        backbone=backbone,
     )
-    for estimator, fit in zip(estimators, fits, strict=True):
-        estimator._store_fit(fit, device, used_transformer=backbone is not None)
-    n_failed = sum(not fit.converged for fit in fits)
+    n_failed = int(np.count_nonzero(~fits.converged))
     if n_failed and max_iter > 0:
         warn_user(
-            f"EM did not converge for {n_failed} of {len(fits)} datasets. Increase max_iter "
-            "or tol, or check those datasets for degenerate (collapsed) samples.",
+            f"EM did not converge for {n_failed} of {len(fits.converged)} datasets. Increase "
+            "max_iter or tol, or check those datasets for degenerate (collapsed) samples.",
             ConvergenceWarning,
         )
+    used_transformer = backbone is not None
+    if estimators is None:
+        won = used_transformer & (fits.best_run == 0)
+        return FittedMixtures(
+            weights=fits.weights,
+            means=fits.means,
+            covariances=fits.covariances,
+            precisions_cholesky=fits.precisions_cholesky,
+            lower_bound=fits.lower_bound,
+            n_iter=fits.n_iter,
+            converged=fits.converged,
+            init_method=np.where(won, "transformer", "k-means++"),
+            covariance_type=covariance_type,
+            device=device,
+        )
+    for i, estimator in enumerate(estimators):
+        estimator._store_fit(fits, i, device, used_transformer=used_transformer)
     return estimators
 
 
@@ -130,13 +206,15 @@ def _copies(template: TransformerGMM, n_copies: int) -> list[TransformerGMM]:
     ]
 
 
-def _validate(estimators: list[TransformerGMM], datasets) -> list[np.ndarray]:
+def _validate(estimators: list[TransformerGMM], datasets) -> np.ndarray | list[np.ndarray]:
     """Each dataset validated as its estimator's ``fit`` validates it.
 
     Float arrays of one shape and dtype (a 3-D array, or a list of equal 2-D arrays) are
-    validated in one call, on their rows stacked together; the per-dataset check left
-    (enough samples) holds for all of them when it holds for one. Anything else, or a
-    batch that fails, goes one dataset at a time, which raises the usual errors.
+    validated in one call, on their rows stacked together, and come back as one 3-D
+    array; the per-dataset check left (enough samples) holds for all of them when it
+    holds for one. Anything else, or a batch that fails, goes one dataset at a time,
+    which raises the usual errors, and comes back as a list. The same estimator may
+    appear more than once.
     """
     stacked = _stack_floats(datasets)
     if stacked is not None and stacked.shape[1] >= max(2, estimators[0].n_components):
@@ -148,8 +226,9 @@ def _validate(estimators: list[TransformerGMM], datasets) -> list[np.ndarray]:
         if rows is not None:
             fitted = {name: value for name, value in vars(first).items() if name.endswith("_")}
             for estimator in estimators[1:]:
-                estimator.__dict__.update(fitted)  # what validation set: n_features_in_
-            return list(rows.reshape(stacked.shape))
+                if estimator is not first:
+                    estimator.__dict__.update(fitted)  # what validation set: n_features_in_
+            return rows.reshape(stacked.shape)
     return [
         estimator._validate_fit_data(X) for estimator, X in zip(estimators, datasets, strict=True)
     ]

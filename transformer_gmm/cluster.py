@@ -17,17 +17,7 @@ from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
 from . import _backend
-from ._base import _TransformerMixtureBase, _weights_and_means_from_responsibilities, draw_seed
-
-
-def _centers_from_labels(X: np.ndarray, labels: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-    """Mean of each cluster's points; a cluster with no point keeps its ``fallback`` row."""
-    n_clusters = fallback.shape[0]
-    one_hot = np.eye(n_clusters)[labels]  # (n, K): the M-step of hard assignments
-    _, centers = _weights_and_means_from_responsibilities(
-        X, one_hot, fallback_weights=np.full(n_clusters, 1 / n_clusters), fallback_means=fallback
-    )
-    return centers
+from ._base import _TransformerMixtureBase, draw_seed
 
 
 class TransformerClusterer(
@@ -167,17 +157,6 @@ class TransformerClusterer(
         random_state = check_random_state(self.random_state)
         device = _backend.resolve_device(self.device)
         backbone = self._load_backbone()
-        init_centers = None
-        if backbone is not None:
-            ((standardization, rows, estimate),) = self._transformer_estimates(
-                [X], backbone, device, random_state
-            )
-            # A cluster the head leaves empty starts at the parameter head's mean instead.
-            init_centers = _centers_from_labels(
-                X[rows],
-                estimate.point_probs.argmax(axis=1),
-                standardization.inverse_transform_means(estimate.means),
-            )
         fit = _backend.fit_kmeans(
             X,
             n_clusters=self.n_clusters,
@@ -185,15 +164,15 @@ class TransformerClusterer(
             tol=self.tol,
             device=device,
             seed=draw_seed(random_state),
-            n_kmeans_inits=self._n_kmeans_inits(init_centers is not None),
-            init_centers=init_centers,
+            n_kmeans_inits=self._n_kmeans_inits(backbone is not None),
+            backbone=backbone,
         )
         self.cluster_centers_ = fit.centers
         self.labels_ = fit.labels
         self.inertia_ = fit.inertia
         self.n_iter_ = fit.n_iter
         self.init_method_ = (
-            "transformer" if init_centers is not None and fit.best_run == 0 else "k-means++"
+            "transformer" if backbone is not None and fit.best_run == 0 else "k-means++"
         )
         self.device_ = device
         return self

@@ -13,12 +13,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _backend
-from ._base import (
-    _TransformerMixtureBase,
-    _weights_and_means_from_responsibilities,
-    draw_seed,
-    warn_user,
-)
+from ._base import _TransformerMixtureBase, draw_seed, warn_user
 
 # Free parameters of the covariances, by type (for bic and aic).
 _N_COVARIANCE_PARAMETERS = {
@@ -231,17 +226,14 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         random_state = check_random_state(self.random_state)
         device = _backend.resolve_device(self.device)
         backbone = self._load_backbone()
-        transformer_inits = None
-        if backbone is not None:
-            transformer_inits = self._transformer_inits([X], backbone, device, random_state)
-        (fit,) = _backend.fit_mixtures(
+        fits = _backend.fit_mixtures(
             [X],
             **self._em_options(device),
             seed=draw_seed(random_state),
             n_kmeans_inits=self._n_kmeans_inits(backbone is not None),
-            transformer_inits=transformer_inits,
+            backbone=backbone,
         )
-        self._store_fit(fit, device, used_transformer=backbone is not None)
+        self._store_fit(fits, 0, device, used_transformer=backbone is not None)
         if not self.converged_ and self.max_iter > 0:
             warn_user(
                 "EM did not converge for the kept initialisation. Increase max_iter or tol, "
@@ -249,26 +241,6 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
                 ConvergenceWarning,
             )
         return self._estimate_weighted_log_prob(X).argmax(axis=1)
-
-    def _transformer_inits(
-        self, Xs: list[np.ndarray], backbone, device: str, random_state
-    ) -> list[_backend.MixtureInit]:
-        """The transformer's responsibilities for every row (under its own mixture, in
-        model space), and the weights and means they give in the user's space."""
-        inits = []
-        estimates = self._transformer_estimates(Xs, backbone, device, random_state)
-        for X, (standardization, _, estimate) in zip(Xs, estimates, strict=True):
-            resp = _backend.model_space_responsibilities(
-                estimate, standardization.transform(X), n_kept=standardization.basis.shape[1]
-            )
-            weights, means = _weights_and_means_from_responsibilities(
-                X,
-                resp,
-                fallback_weights=estimate.weights / estimate.weights.sum(),
-                fallback_means=standardization.inverse_transform_means(estimate.means),
-            )
-            inits.append(_backend.MixtureInit(resp=resp, weights=weights, means=means))
-        return inits
 
     def _em_options(self, device: str) -> dict:
         return dict(
@@ -280,16 +252,21 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
             device=device,
         )
 
-    def _store_fit(self, fit: _backend.MixtureFit, device: str, used_transformer: bool) -> None:
-        self.weights_ = fit.weights
-        self.means_ = fit.means
-        self.covariances_ = fit.covariances
-        self.precisions_cholesky_ = fit.precisions_cholesky
-        self.precisions_ = _precisions(fit.precisions_cholesky, self.covariance_type)
-        self.converged_ = fit.converged
-        self.n_iter_ = fit.n_iter
-        self.lower_bound_ = fit.lower_bound
-        self.init_method_ = "transformer" if used_transformer and fit.best_run == 0 else "k-means++"
+    def _store_fit(
+        self, fits: _backend.MixtureFits, i: int, device: str, used_transformer: bool
+    ) -> None:
+        """Take dataset ``i`` of a batch's fits; copies, so that no estimator keeps the
+        whole batch's arrays alive."""
+        self.weights_ = fits.weights[i].copy()
+        self.means_ = fits.means[i].copy()
+        self.covariances_ = fits.covariances[i].copy()
+        self.precisions_cholesky_ = fits.precisions_cholesky[i].copy()
+        self.precisions_ = _precisions(self.precisions_cholesky_, self.covariance_type)
+        self.converged_ = bool(fits.converged[i])
+        self.n_iter_ = int(fits.n_iter[i])
+        self.lower_bound_ = float(fits.lower_bound[i])
+        transformer_won = used_transformer and fits.best_run[i] == 0
+        self.init_method_ = "transformer" if transformer_won else "k-means++"
         self.device_ = device
 
     # --- scoring -----------------------------------------------------------------------

@@ -1,0 +1,207 @@
+"""The batched standardization and readout (torch) against the per-dataset numpy reference.
+
+The reference is what fitting did dataset by dataset before the path was batched:
+:func:`transformer_gmm._preprocessing.fit_standardization`, one forward pass per dataset,
+the E-step of the transformer's own mixture and one M-step, all in numpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_CHECKPOINT
+from scipy.special import logsumexp
+
+from transformer_gmm import _backend, readout
+from transformer_gmm._preprocessing import fit_standardization as numpy_standardization
+from transformer_gmm.nn.model import MixtureOutput
+from transformer_gmm.standardize import fit_standardization, subsample_rows
+
+# --- the numpy reference -----------------------------------------------------------------
+
+
+def reference_responsibilities(estimate, Z: np.ndarray, n_kept: int) -> np.ndarray:
+    """Posterior under the transformer's diagonal mixture, on the first n_kept coordinates."""
+    z = Z[:, :n_kept].astype(np.float64)
+    variances = np.broadcast_to(estimate.scales, estimate.means.shape)[:, :n_kept] ** 2
+    log_prob = -0.5 * (
+        ((z[:, None, :] - estimate.means[None, :, :n_kept]) ** 2 / variances).sum(-1)
+        + np.log(2 * np.pi * variances).sum(-1)
+    )
+    weighted = log_prob + np.log(estimate.weights)
+    return np.exp(weighted - logsumexp(weighted, axis=1, keepdims=True))
+
+
+def reference_weights_and_means(X, resp, fallback_weights, fallback_means):
+    n_samples = X.shape[0]
+    mass = resp.sum(axis=0)
+    empty = mass <= 1e-6 * n_samples
+    means = resp.T @ X / np.where(empty, 1.0, mass)[:, None]
+    means[empty] = fallback_means[empty]
+    weights = np.where(empty, fallback_weights, mass / n_samples)
+    return weights / weights.sum(), means
+
+
+def reference_init(backbone, X: np.ndarray, n_components: int, rows: np.ndarray):
+    """The old per-dataset path: standardize, read ``rows``, score all rows, one M-step."""
+    standardization = numpy_standardization(X, backbone.d_max, n_components)
+    (estimate,) = _backend.transformer_estimates(
+        backbone, [standardization.transform(X[rows])], n_components, "cpu"
+    )
+    n_kept = standardization.basis.shape[1]
+    resp = reference_responsibilities(estimate, standardization.transform(X), n_kept)
+    head_means = standardization.inverse_transform_means(estimate.means)
+    weights, means = reference_weights_and_means(
+        X, resp, estimate.weights / estimate.weights.sum(), head_means
+    )
+    return resp, weights, means, estimate, head_means
+
+
+def padded(datasets):
+    x, mask = _backend._pad(datasets, "cpu", torch.float64)
+    return x, mask
+
+
+def random_datasets(sizes, n_features, seed=0):
+    rng = np.random.default_rng(seed)
+    # Anisotropic, shifted data: the principal axes and the scale are well defined.
+    stretch = rng.uniform(0.2, 3.0, n_features)
+    return [rng.normal(size=(n, n_features)) * stretch + rng.normal(size=n_features) for n in sizes]
+
+
+# --- standardization ---------------------------------------------------------------------
+
+CASES = {  # (n_features, n_components, d_max): a few kept directions, all, and capped
+    "d > K - 1": (6, 3, 4),
+    "d < K - 1": (2, 6, 9),
+    "d > d_max": (12, 10, 9),
+    "d = K - 1": (3, 4, 9),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("sizes", [[40, 40, 40], [13, 70, 41]], ids=["equal n", "unequal n"])
+def test_standardization_matches_the_numpy_reference(case, sizes):
+    n_features, n_components, d_max = CASES[case]
+    datasets = random_datasets(sizes, n_features)
+    x, mask = padded(datasets)
+    if mask is not None:
+        x = x.masked_fill(~mask[..., None], float("nan"))  # padding never leaks in
+    batched = fit_standardization(x, mask, d_max, n_components)
+    Z = batched.transform(x)
+    assert Z.dtype == torch.float32 and Z.shape == (3, max(sizes), d_max)
+    means = torch.randn(3, 5, d_max, generator=torch.Generator().manual_seed(1))
+    lifted = batched.inverse_transform_means(means)
+    for i, X in enumerate(datasets):
+        reference = numpy_standardization(X, d_max, n_components)
+        np.testing.assert_allclose(batched.center[i].numpy(), reference.center, rtol=1e-12)
+        assert batched.scale[i].item() == pytest.approx(reference.scale, rel=1e-12)
+        np.testing.assert_allclose(batched.basis[i].numpy(), reference.basis, atol=1e-10)
+        np.testing.assert_allclose(
+            Z[i, : len(X)].numpy(), reference.transform(X), rtol=1e-6, atol=1e-6
+        )
+        np.testing.assert_allclose(
+            lifted[i].numpy(), reference.inverse_transform_means(means[i].numpy()), atol=1e-10
+        )
+
+
+def test_coincident_points_get_unit_scale():
+    x = torch.ones(2, 10, 3, dtype=torch.float64)
+    standardization = fit_standardization(x, None, 4, 3)
+    assert standardization.scale.tolist() == [1.0, 1.0]
+    assert bool((standardization.transform(x) == 0).all())
+
+
+def test_subsample_reads_each_datasets_own_rows_in_order():
+    lengths = torch.tensor([200, 64, 30, 65])
+    mask = torch.arange(200)[None] < lengths[:, None]
+    index, read_mask = subsample_rows((4, 200), mask, 64, torch.Generator().manual_seed(0))
+    assert index.shape == read_mask.shape == (4, 64)
+    for i, n in enumerate(lengths.tolist()):
+        real = index[i][read_mask[i]]
+        assert len(real) == min(n, 64) and bool((real < n).all())
+        assert bool((real.diff() > 0).all())  # distinct and ascending
+        if n <= 64:
+            assert real.tolist() == list(range(n))  # a small dataset reads every row
+    # Nothing to draw when every dataset fits the context.
+    assert subsample_rows((4, 64), None, 64, torch.Generator()) == (None, None)
+
+
+# --- the transformer's start -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sizes, n_features, n_components",
+    [([20, 45, 63], 3, 3), ([30, 64, 50], 2, 4), ([40, 41], 7, 2), ([150, 20, 90], 5, 3)],
+    ids=["unequal n", "d < K - 1", "d > d_max", "n > context"],
+)
+def test_mixture_inits_match_the_per_dataset_reference(sizes, n_features, n_components):
+    backbone = _backend.load_backbone(TINY_CHECKPOINT)  # d_max 4, context 64
+    datasets = random_datasets(sizes, n_features, seed=n_components)
+    x, mask = padded(datasets)
+    init = readout.mixture_inits(
+        backbone.model, x, mask, n_components, torch.Generator().manual_seed(3)
+    )
+    index, read_mask = subsample_rows(
+        tuple(x.shape[:2]), mask, backbone.context_size, torch.Generator().manual_seed(3)
+    )
+    for i, X in enumerate(datasets):
+        rows = np.arange(len(X))
+        if index is not None:
+            chosen = index[i] if read_mask is None else index[i][read_mask[i]]
+            rows = chosen.numpy()
+        resp, weights, means, _, _ = reference_init(backbone, X, n_components, rows)
+        np.testing.assert_allclose(init.resp[i, : len(X)].numpy(), resp, rtol=1e-5, atol=1e-7)
+        assert bool((init.resp[i, len(X) :] == 0).all())
+        np.testing.assert_allclose(init.weights[i].numpy(), weights, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(init.means[i].numpy(), means, rtol=1e-5, atol=1e-6)
+
+
+def test_cluster_centers_match_the_per_dataset_reference():
+    backbone = _backend.load_backbone(TINY_CHECKPOINT)
+    X = random_datasets([100], 3, seed=4)[0]  # above the context: one subsample
+    x = torch.tensor(X)[None]
+    centers = readout.cluster_centers(backbone.model, x, None, 3, torch.Generator().manual_seed(5))
+    index, _ = subsample_rows((1, 100), None, 64, torch.Generator().manual_seed(5))
+    rows = index[0].numpy()
+    standardization = numpy_standardization(X, backbone.d_max, 3)
+    (estimate,) = _backend.transformer_estimates(
+        backbone, [standardization.transform(X[rows])], 3, "cpu"
+    )
+    labels = estimate.point_probs.argmax(axis=1)
+    _, expected = reference_weights_and_means(
+        X[rows],
+        np.eye(3)[labels],
+        np.full(3, 1 / 3),
+        standardization.inverse_transform_means(estimate.means),
+    )
+    np.testing.assert_allclose(centers[0].numpy(), expected, rtol=1e-6, atol=1e-8)
+
+
+def test_a_component_without_responsibility_keeps_the_heads_estimate():
+    X = torch.tensor([[[0.0, 0.0], [2.0, 0.0], [10.0, 10.0], [7.0, 7.0]]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True, False]])  # the last row is padding
+    resp = torch.tensor([[[1.0, 0, 0], [1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0]]], dtype=X.dtype)
+    head_means = torch.tensor([[[9.0, 9.0], [8.0, 8.0], [-3.0, 4.0]]], dtype=X.dtype)
+    weights, means = readout.weights_and_means_from_responsibilities(
+        X, resp, mask, torch.tensor([[0.2, 0.2, 0.6]], dtype=X.dtype), head_means
+    )
+    np.testing.assert_allclose(means[0], [[1.0, 0.0], [10.0, 10.0], [-3.0, 4.0]])
+    np.testing.assert_allclose(weights[0], np.array([2 / 3, 1 / 3, 0.6]) / (1 + 0.6))
+
+
+def test_model_space_responsibilities_score_only_real_coordinates():
+    # Two real coordinates, two of padding where the model's means hold junk.
+    weights = torch.tensor([[0.3, 0.7]])
+    means = torch.tensor([[[0.0, 0.0, 9.0, 9.0], [1.0, 0.5, -9.0, 9.0]]])
+    scales = torch.tensor([[[0.5], [2.0]]])
+    out = MixtureOutput(weights.log(), weights, means, scales, torch.empty(1, 6, 2))
+    z = torch.zeros(1, 6, 4, dtype=torch.float64)
+    z[0, :, :2] = torch.tensor(np.random.default_rng(0).normal(size=(6, 2)))
+    resp = readout.model_space_responsibilities(z, 2, out, None)
+    estimate = _backend.TransformerEstimate(
+        weights[0].double().numpy(), means[0].double().numpy(), scales[0].double().numpy(), None
+    )
+    expected = reference_responsibilities(estimate, z[0].numpy(), 2)
+    np.testing.assert_allclose(resp[0].numpy(), expected, rtol=1e-10)

@@ -1,0 +1,225 @@
+"""From a batch of datasets to the transformer's starting points, all in torch.
+
+One pass over B padded datasets (B, N, d) on their device: standardize them
+(:mod:`transformer_gmm.standardize`), subsample each to the model's context, run the
+backbone, score every point under the transformer's own mixture in model space, and read
+the weights and means out with one M-step in the user's space. No step loops over the
+datasets in Python, so the cost per dataset is that of the tensor work alone.
+
+Conventions are those of :mod:`transformer_gmm.em`: ``mask`` (bool, (B, N), optional) is
+True for real rows; work happens in ``x``'s dtype (float64 on CPU, float32 on CUDA),
+except the backbone, which runs in float32, and the standardization, in float64.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from . import em
+from .nn.model import MixtureOutput
+from .standardize import Standardization, fit_standardization, subsample_rows
+
+__all__ = [
+    "MixtureInit",
+    "cluster_centers",
+    "forward",
+    "mixture_inits",
+    "model_space_responsibilities",
+    "weights_and_means_from_responsibilities",
+]
+
+# Tokens per forward chunk. On a GPU, large chunks fill the device while bounding the
+# activations (about 6 KB a token at d_model=128, more under attention's math path with a
+# mask) whatever the number of datasets. On CPU, chunks whose activations stay in cache
+# run faster: on one core, the bundled checkpoint read 300 datasets of 128 points a second
+# in chunks of 2,048 tokens, and 180 in chunks of a million.
+_TOKENS_PER_CHUNK = {"cpu": 1 << 11, "cuda": 1 << 20}
+
+
+@dataclass(frozen=True)
+class MixtureInit:
+    """The transformer's start for B datasets, in the user's space and ``x``'s dtype."""
+
+    resp: Tensor  # (B, N, K) responsibilities, zero on padded rows
+    weights: Tensor  # (B, K)
+    means: Tensor  # (B, K, d)
+
+
+def forward(model: torch.nn.Module, z: Tensor, n_components: int, mask: Tensor | None):
+    """The backbone on standardized points (B, C, d_max), in chunks of datasets.
+
+    Float32 on every device, not bf16 autocast: bf16 keeps 8 bits of mantissa, and on
+    200 tasks of benchmarks/speed.py (N=128, d=8, K=4, the bundled checkpoint) it moved
+    the readout's weights by up to 6e-3 and its means by up to 4% of the data's scale
+    (median 4e-4), where the pinned outputs allow 2e-4: with ``max_iter=0`` that is
+    what users get, and it can send EM to another optimum.
+    """
+    tokens = _TOKENS_PER_CHUNK.get(z.device.type, _TOKENS_PER_CHUNK["cuda"])
+    per_chunk = max(1, tokens // max(1, z.shape[1]))
+    chunks = []
+    with torch.no_grad():
+        for start in range(0, z.shape[0], per_chunk):
+            part = None if mask is None else mask[start : start + per_chunk]
+            chunks.append(model(z[start : start + per_chunk], n_components, part))
+    if len(chunks) == 1:
+        return chunks[0]
+    return MixtureOutput(*(torch.cat(fields) for fields in zip(*chunks, strict=True)))
+
+
+def model_space_responsibilities(
+    z: Tensor, n_kept: int, out: MixtureOutput, mask: Tensor | None
+) -> Tensor:
+    """Posterior (B, N, K) of each point under the transformer's own mixture, in model
+    space and in ``z``'s dtype; zero on padded rows.
+
+    Only the first ``n_kept`` coordinates hold data (the rest are zero padding); scoring
+    the padding too would add a -log(scale) per padded coordinate to each component and
+    so favour the narrowest ones.
+    """
+    dtype = z.dtype
+    z = z[..., :n_kept]  # (B, N, m)
+    variances = out.scales.expand(-1, -1, out.means.shape[-1])[..., :n_kept].to(dtype) ** 2
+    params = em.MixtureParams(
+        weights=out.weights.to(dtype),  # (B, K)
+        means=out.means[..., :n_kept].to(dtype),  # (B, K, m)
+        covariances=variances,  # (B, K, m)
+        precisions_cholesky=variances.rsqrt(),
+    )
+    _, log_resp = em.e_step(z, params, "diag", mask)  # -inf on padded rows
+    return log_resp.exp()
+
+
+def weights_and_means_from_responsibilities(
+    x: Tensor, resp: Tensor, mask: Tensor | None, fallback_weights: Tensor, fallback_means: Tensor
+) -> tuple[Tensor, Tensor]:
+    """One M-step: the weights (B, K) and means (B, K, d) that ``resp`` (B, N, K) gives.
+
+    The means are averages of the user's own points, so they are as precise as the
+    transformer's assignments, not as its regression of coordinates, and they keep every
+    coordinate the projection dropped. A component with (almost) no responsibility keeps
+    ``fallback_weights`` (B, K) and ``fallback_means`` (B, K, d), the head's own.
+    """
+    if mask is None:
+        n_real = x.new_full((x.shape[0], 1), x.shape[1])  # (B, 1)
+    else:
+        resp = resp.masked_fill(~mask[..., None], 0.0)
+        x = x.masked_fill(~mask[..., None], 0.0)
+        n_real = mask.sum(dim=1, keepdim=True).to(x.dtype)
+    mass = resp.sum(dim=1)  # (B, K)
+    empty = mass <= 1e-6 * n_real
+    means = resp.mT @ x / torch.where(empty, 1.0, mass)[..., None]  # (B, K, d)
+    means = torch.where(empty[..., None], fallback_means.to(x.dtype), means)
+    weights = torch.where(empty, fallback_weights.to(x.dtype), mass / n_real)
+    return weights / weights.sum(dim=-1, keepdim=True), means
+
+
+def _read(
+    model: torch.nn.Module, x: Tensor, mask: Tensor | None, n_components: int, generator
+) -> tuple[Standardization, Tensor, Tensor | None, Tensor | None, MixtureOutput]:
+    """Standardize, subsample to the context, and run the backbone.
+
+    Returns the standardization, every row in model space (B, N, d_max), the rows read
+    (B, C) or None for all, which of them are real (B, C) or None, and the output.
+    """
+    config = model.config
+    standardization = fit_standardization(x, mask, config.d_max, n_components)
+    index, read_mask = subsample_rows(tuple(x.shape[:2]), mask, config.context_size, generator)
+    z = standardization.transform(x)  # (B, N, d_max) float32
+    z_read = z if index is None else _rows(z, index)
+    return standardization, z, index, read_mask, forward(model, z_read, n_components, read_mask)
+
+
+def _rows(t: Tensor, index: Tensor) -> Tensor:
+    """Rows ``index`` (B, C) of each dataset of ``t`` (B, N, F): (B, C, F)."""
+    return t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))
+
+
+def mixture_inits(
+    model: torch.nn.Module,
+    x: Tensor,
+    mask: Tensor | None,
+    n_components: int,
+    generator: torch.Generator,
+) -> MixtureInit:
+    """The transformer's responsibilities for every row (under its own mixture, in model
+    space), and the weights and means they give in the user's space.
+
+    Parameters
+    ----------
+    model : MixtureTransformer
+        On ``x``'s device; its config gives ``d_max`` and ``context_size``.
+    x : Tensor of shape (B, N, d)
+        The datasets, padded; float64 on CPU or float32.
+    mask : bool Tensor of shape (B, N), optional
+        True for real rows.
+    n_components : int
+        K, which the model must have a head for.
+    generator : torch.Generator
+        Draws the rows read where a dataset has more than ``context_size``.
+
+    Returns
+    -------
+    MixtureInit
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.readout import mixture_inits
+    >>> model = MixtureTransformer(config_from_preset("tiny")).eval()
+    >>> x = torch.randn(3, 40, 2, dtype=torch.float64)
+    >>> init = mixture_inits(model, x, None, 3, torch.Generator().manual_seed(0))
+    >>> init.resp.shape, init.weights.shape, init.means.shape
+    (torch.Size([3, 40, 3]), torch.Size([3, 3]), torch.Size([3, 3, 2]))
+    """
+    standardization, z, _, _, out = _read(model, x, mask, n_components, generator)
+    resp = model_space_responsibilities(z.to(x.dtype), standardization.n_kept, out, mask)
+    weights, means = weights_and_means_from_responsibilities(
+        x,
+        resp,
+        mask,
+        fallback_weights=out.weights / out.weights.sum(dim=-1, keepdim=True),
+        fallback_means=standardization.inverse_transform_means(out.means),
+    )
+    return MixtureInit(resp=resp, weights=weights, means=means)
+
+
+def cluster_centers(
+    model: torch.nn.Module,
+    x: Tensor,
+    mask: Tensor | None,
+    n_clusters: int,
+    generator: torch.Generator,
+) -> Tensor:
+    """Centres (B, K, d) from the per-point head's labels of the rows the model read.
+
+    Each centre is the mean of the points its label holds; a cluster the head leaves
+    empty starts at the parameter head's mean instead. Arguments as
+    :func:`mixture_inits`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.readout import cluster_centers
+    >>> model = MixtureTransformer(config_from_preset("tiny")).eval()
+    >>> x = torch.randn(2, 100, 3, dtype=torch.float64)  # above the context of 64
+    >>> cluster_centers(model, x, None, 4, torch.Generator().manual_seed(0)).shape
+    torch.Size([2, 4, 3])
+    """
+    standardization, _, index, read_mask, out = _read(model, x, mask, n_clusters, generator)
+    x_read = x if index is None else _rows(x, index)  # (B, C, d)
+    labels = out.point_logits.argmax(dim=-1)  # (B, C)
+    one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(x.dtype)
+    uniform = torch.full_like(out.weights, 1 / n_clusters)
+    _, centers = weights_and_means_from_responsibilities(
+        x_read,
+        one_hot,
+        read_mask,
+        fallback_weights=uniform,
+        fallback_means=standardization.inverse_transform_means(out.means),
+    )
+    return centers

@@ -1,0 +1,176 @@
+"""The map to the model's input space, batched in torch: B datasets at once.
+
+The same map as :func:`transformer_gmm._preprocessing.fit_standardization` (the numpy
+reference, which training uses): centre, principal axes, a sign fix, the top
+``n_kept_directions`` of them, one global scale, zero padding to ``d_max``. Here it runs
+on a padded batch (B, N, d) with an optional bool ``mask`` (B, N) of real rows, on the
+batch's device, with no per-dataset Python. The statistics are computed in float64
+whatever the input's dtype, so the map agrees with the numpy reference to rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ._preprocessing import n_kept_directions
+
+__all__ = ["Standardization", "fit_standardization", "subsample_rows"]
+
+
+@dataclass(frozen=True)
+class Standardization:
+    """B affine maps ``z = basis.T @ (x - center) / scale``, zero-padded to ``d_max``.
+
+    Attributes
+    ----------
+    center : Tensor of shape (B, n_features)
+        Mean of each dataset, float64.
+    scale : Tensor of shape (B,)
+        One global scale per dataset: the root mean variance of the kept coordinates.
+    basis : Tensor of shape (B, n_features, n_kept)
+        Orthonormal columns: the top principal directions, largest variance first.
+    d_max : int
+        Width of the model's input.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.standardize import fit_standardization
+    >>> x = torch.randn(2, 50, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> standardization = fit_standardization(x, None, d_max=4, n_components=3)
+    >>> standardization.basis.shape  # K - 1 = 2 principal directions kept of 3
+    torch.Size([2, 3, 2])
+    >>> z = standardization.transform(x)
+    >>> z.shape, z.dtype, bool((z[..., 2:] == 0).all())
+    (torch.Size([2, 50, 4]), torch.float32, True)
+    """
+
+    center: Tensor
+    scale: Tensor
+    basis: Tensor
+    d_max: int
+
+    @property
+    def n_kept(self) -> int:
+        return self.basis.shape[-1]
+
+    def transform(self, x: Tensor) -> Tensor:
+        """Map points (B, N, n_features) to float32 model inputs (B, N, d_max)."""
+        centered = x.to(torch.float64) - self.center[:, None, :]
+        kept = centered @ self.basis / self.scale[:, None, None]  # (B, N, n_kept)
+        return torch.nn.functional.pad(kept.float(), (0, self.d_max - self.n_kept))
+
+    def inverse_transform_means(self, means: Tensor) -> Tensor:
+        """Map model-space means (B, K, d_max) back to float64 (B, K, n_features)."""
+        kept = means[..., : self.n_kept].to(torch.float64)
+        return self.center[:, None, :] + self.scale[:, None, None] * kept @ self.basis.mT
+
+
+def fit_standardization(
+    x: Tensor, mask: Tensor | None, d_max: int, n_components: int
+) -> Standardization:
+    """Fit, for each dataset of the batch, the map that brings it to model space.
+
+    Parameters
+    ----------
+    x : Tensor of shape (B, N, n_features)
+        The datasets, padded to N rows; padded rows may hold anything.
+    mask : bool Tensor of shape (B, N), optional
+        True for real rows; None when every row is real.
+    d_max : int
+        Width of the model's input.
+    n_components : int
+        K: ``n_kept_directions(n_features, K, d_max)`` principal directions are kept.
+
+    Returns
+    -------
+    Standardization
+        Equal, dataset by dataset, to the numpy reference on the real rows.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.standardize import fit_standardization
+    >>> x = torch.tensor([[[0.0, 0.0], [2.0, 0.0], [4.0, 0.0], [9.0, 9.0]]])
+    >>> mask = torch.tensor([[True, True, True, False]])  # the last row is padding
+    >>> standardization = fit_standardization(x, mask, d_max=3, n_components=3)
+    >>> standardization.center.tolist(), standardization.basis[0, :, 0].tolist()
+    ([[2.0, 0.0]], [1.0, 0.0])
+    """
+    x = x.to(torch.float64)
+    n_features = x.shape[-1]
+    n_kept = n_kept_directions(n_features, n_components, d_max)
+    if mask is None:
+        counts = x.new_full((x.shape[0], 1), x.shape[1])  # (B, 1)
+        center = x.mean(dim=1)  # (B, d)
+        centered = x - center[:, None, :]
+    else:
+        padding = ~mask[..., None]  # (B, N, 1); padded rows may hold NaN: fill, not multiply
+        counts = mask.sum(dim=1, keepdim=True).to(torch.float64)  # (B, 1)
+        center = x.masked_fill(padding, 0.0).sum(dim=1) / counts  # (B, d)
+        centered = (x - center[:, None, :]).masked_fill(padding, 0.0)
+    covariance = centered.mT @ centered / counts[..., None]  # (B, d, d)
+    # Ascending eigenvalues: the last n_kept, reversed, are the largest first.
+    eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
+    variances = eigenvalues.flip(-1)[:, :n_kept].clamp_min(0.0)  # (B, n_kept)
+    basis = eigenvectors.flip(-1)[..., :n_kept]  # (B, d, n_kept)
+    # Each direction's sign: its largest loading (the first, on ties) is positive.
+    largest = basis.abs().argmax(dim=1, keepdim=True)  # (B, 1, n_kept)
+    signs = basis.gather(1, largest).sign()
+    basis = basis * torch.where(signs == 0, 1.0, signs)
+    scale = variances.mean(dim=-1).sqrt()  # (B,)
+    # All points coincide: any scale maps them to the origin.
+    degenerate = ~torch.isfinite(scale) | (scale <= torch.finfo(torch.float64).tiny)
+    scale = torch.where(degenerate, 1.0, scale)
+    return Standardization(center=center, scale=scale, basis=basis, d_max=d_max)
+
+
+def subsample_rows(
+    shape: tuple[int, int], mask: Tensor | None, context_size: int, generator: torch.Generator
+) -> tuple[Tensor | None, Tensor | None]:
+    """The rows the backbone reads: each dataset's real rows, or a uniform subset of
+    ``context_size`` of them, drawn without replacement and kept in order.
+
+    Parameters
+    ----------
+    shape : (int, int)
+        (B, N): datasets, and rows of each (padding included).
+    mask : bool Tensor of shape (B, N), optional
+        Real rows; None when every row is real.
+    context_size : int
+        The most rows the backbone reads per dataset.
+    generator : torch.Generator
+        The draw's randomness (on the mask's device); used only when N > context_size.
+
+    Returns
+    -------
+    index : long Tensor of shape (B, C) or None
+        Row indices, C = context_size, ascending; None when N <= context_size (every
+        row is read). A dataset with fewer than C real rows reads all of them, then
+        padding rows.
+    read_mask : bool Tensor of shape (B, C), or None
+        Which of the read rows are real; None when all are.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.standardize import subsample_rows
+    >>> mask = torch.arange(6)[None] < torch.tensor([[6], [3]])  # 6 and 3 real rows
+    >>> index, read_mask = subsample_rows((2, 6), mask, 4, torch.Generator().manual_seed(0))
+    >>> index.shape, index[1].tolist()[:3], read_mask[1].tolist()
+    (torch.Size([2, 4]), [0, 1, 2], [True, True, True, False])
+    """
+    if shape[1] <= context_size:
+        return None, mask
+    keys = torch.rand(shape, generator=generator, device=generator.device)  # in [0, 1)
+    if mask is not None:
+        keys = keys.masked_fill(~mask, 2.0)  # padding is read last, only to fill
+    index = keys.topk(context_size, dim=1, largest=False, sorted=False).indices
+    index = index.sort(dim=1).values  # (B, C)
+    read_mask = None if mask is None else mask.gather(1, index)
+    if read_mask is not None and bool(read_mask.all()):
+        read_mask = None
+    return index, read_mask
