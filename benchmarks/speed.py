@@ -5,13 +5,16 @@ scikit-learn measured in the same run (machines here are noisy; ratios travel be
 
 1. latency of one fit, N = 128, d = 8, K = 4 (spherical): ``TransformerGMM`` against
    ``GaussianMixture(n_init=1)`` and ``n_init=10``, with the mean error of each;
-2. ``fit_many`` throughput (datasets per second) for batches of datasets of that size,
-   against a loop of ``GaussianMixture(n_init=1)`` fits;
+2. ``fit_many`` throughput (datasets per second) for batches of datasets of that size
+   (one 3-D array, ``output="arrays"``), against a loop of ``GaussianMixture(n_init=1)``
+   fits, with the backbone's model FLOPs utilisation (MFU): the forward pass's FLOPs per
+   dataset (from the model config) times datasets/s, over ``--peak-tflops``;
 3. one fit of 1,000,000 points (d = 16, K = 5, full covariances) against
-   ``GaussianMixture(n_init=1)``: time and mean error, and our peak memory growth.
+   ``GaussianMixture(n_init=1)``: time and mean error, and our peak memory growth
+   (measured in a fresh process, so that the figure is this fit's own).
 
     python benchmarks/speed.py --quick      # small batches, 100,000 points: about a minute
-    python benchmarks/speed.py --device cuda
+    python benchmarks/speed.py --device cuda --only throughput --batches 1000 10000 100000
     python benchmarks/speed.py --only throughput --batches 1000 10000 --checkpoint none
 
 Prints a table and writes benchmarks/results/speed.csv.
@@ -20,7 +23,9 @@ Prints a table and writes benchmarks/results/speed.csv.
 from __future__ import annotations
 
 import argparse
+import json
 import resource
+import subprocess
 import sys
 import time
 import warnings
@@ -61,25 +66,48 @@ def latency(checkpoint, device, repeats):
         ms = median_ms(lambda make=make: make().fit(task.X), repeats)
         error = mean_error(make().fit(task.X).means_, task.means)
         rows.append(dict(measure="latency N=128 d=8 K=4", method=name, value=ms, unit="ms",
-                         error=error))
+                         error=error, mfu=np.nan))
     return rows
 
 
-def throughput(checkpoint, device, batch_sizes):
+def backbone_flops(config, n_samples: int, n_components: int) -> float:
+    """FLOPs (2 per multiply-add) of one forward pass over one dataset of n_samples.
+
+    The backbone reads T = min(n, context_size) tokens. Per block: the q, kv and output
+    projections (4 D^2 per token), the MLP (2 r D^2), and attention's scores and
+    weighted sum (2 T D per token). Then the read-in and the K-slot readout head.
+    """
+    tokens, d, k = min(n_samples, config.context_size), config.d_model, n_components
+    per_block = tokens * (4 + 2 * config.mlp_ratio) * d * d + 2 * tokens * tokens * d
+    read_in = tokens * config.d_max * d
+    # Head: keys and values and point projections of every token, attention of K seeds,
+    # and per slot q, output projection, MLP, slot projection, raw outputs; point logits.
+    head = 3 * tokens * d * d + 2 * k * tokens * d + 4 * k * d * d + k * tokens * d
+    head += k * d * (config.d_max + 2)
+    return 2.0 * (config.n_layer * per_block + read_in + head)
+
+
+def throughput(checkpoint, device, batch_sizes, peak_tflops):
     rng = np.random.default_rng(1)
+    flops = np.nan
+    if checkpoint is not None:
+        from transformer_gmm.checkpoints import load_model
+
+        flops = backbone_flops(load_model(checkpoint).config, 128, 4)
     rows = []
     for batch in batch_sizes:
-        datasets = [sample_tgmm_task(rng, 4, 8).X for _ in range(batch)]
+        datasets = np.stack([sample_tgmm_task(rng, 4, 8).X for _ in range(batch)])
         seconds = median_ms(lambda datasets=datasets: fit_many(
             datasets, 4, covariance_type="spherical", checkpoint=checkpoint, device=device,
-            random_state=0), 3) / 1000
-        rows.append(dict(measure=f"fit_many batch={batch}", method="fit_many",
-                         value=batch / seconds, unit="datasets/s", error=np.nan))
+            random_state=0, output="arrays"), 3) / 1000
+        rate = batch / seconds
+        rows.append(dict(measure=f"fit_many batch={batch}", method="fit_many", value=rate,
+                         unit="datasets/s", error=np.nan, mfu=rate * flops / peak_tflops / 1e12))
     loop = datasets[: min(200, batch_sizes[-1])]
     seconds = median_ms(lambda: [GaussianMixture(4, covariance_type="spherical",
                                                  random_state=0).fit(X) for X in loop], 1) / 1000
     rows.append(dict(measure="loop of fits", method="GMM n_init=1", value=len(loop) / seconds,
-                     unit="datasets/s", error=np.nan))
+                     unit="datasets/s", error=np.nan, mfu=np.nan))
     return rows
 
 
@@ -87,6 +115,8 @@ def large_n(checkpoint, device, n_samples):
     rng = np.random.default_rng(2)
     means = rng.uniform(-5, 5, (5, 16))
     X = means[rng.choice(5, n_samples)] + rng.standard_normal((n_samples, 16))
+    # Warm-up on a few points: loads the checkpoint, so the time below is the fit's alone.
+    TransformerGMM(5, checkpoint=checkpoint, device=device, random_state=0).fit(X[:1000])
     rows = []
     for name, make in {
         "TransformerGMM": lambda: TransformerGMM(5, checkpoint=checkpoint, device=device,
@@ -99,11 +129,23 @@ def large_n(checkpoint, device, n_samples):
         seconds = time.perf_counter() - start
         grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1e3
         rows.append(dict(measure=f"fit N={n_samples} d=16 K=5", method=name, value=seconds,
-                         unit="s", error=mean_error(gmm.means_, means)))
-        if name == "TransformerGMM":  # runs first: the process's peak is its own
+                         unit="s", error=mean_error(gmm.means_, means), mfu=np.nan))
+        if name == "TransformerGMM":  # runs first, in a fresh process: the peak is its own
             rows.append(dict(measure=f"peak RSS growth N={n_samples}", method=name,
-                             value=grown, unit="MB", error=np.nan))
+                             value=grown, unit="MB", error=np.nan, mfu=np.nan))
     return rows
+
+
+def large_n_in_a_fresh_process(checkpoint, device, n_samples):
+    """large_n in a child process: peak RSS is a high-water mark, so in this process it
+    would read 0 MB whenever the throughput batches had grown it further first."""
+    command = [sys.executable, __file__, "--large-n-worker", str(n_samples),
+               "--checkpoint", "none" if checkpoint is None else str(checkpoint),
+               "--device", device]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the large_n measurement failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 MEASUREMENTS = ("latency", "throughput", "large_n")
@@ -119,7 +161,11 @@ def main(argv=None):
                         help="run only these measurements")
     parser.add_argument("--batches", nargs="+", type=int,
                         help="fit_many batch sizes (default: 100 1000 10000; --quick: 10 100)")
+    parser.add_argument("--peak-tflops", type=float, default=989.0,
+                        help="the device's peak, for the MFU column (default: 989, an "
+                             "H100 SXM's dense bf16 tensor-core TFLOP/s)")
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--large-n-worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     checkpoint = None if args.checkpoint.lower() == "none" else args.checkpoint
     batches = args.batches or ([10, 100] if args.quick else [100, 1_000, 10_000])
@@ -127,17 +173,23 @@ def main(argv=None):
     # One thread, as scikit-learn is timed: more would only oversubscribe shared cores.
     with warnings.catch_warnings(), single_threaded():
         warnings.simplefilter("ignore", FallbackWarning)
+        if args.large_n_worker:
+            rows = large_n(checkpoint, args.device, args.large_n_worker)
+            print(json.dumps(rows))
+            return rows
         if "latency" in args.only:
             rows += latency(checkpoint, args.device, 5 if args.quick else 30)
         if "throughput" in args.only:
-            rows += throughput(checkpoint, args.device, batches)
+            rows += throughput(checkpoint, args.device, batches, args.peak_tflops)
         if "large_n" in args.only:
-            rows += large_n(checkpoint, args.device, 100_000 if args.quick else 1_000_000)
+            n_samples = 100_000 if args.quick else 1_000_000
+            rows += large_n_in_a_fresh_process(checkpoint, args.device, n_samples)
     reference = {r["measure"]: r["value"] for r in rows if r["method"] == "GMM n_init=1"}
-    print(f"{'measure':<34} {'method':<16} {'value':>12} {'unit':<11} {'error':>8}")
+    print(f"{'measure':<34} {'method':<16} {'value':>12} {'unit':<11} {'error':>8} {'MFU':>8}")
     for row in rows:
+        mfu = "" if np.isnan(row["mfu"]) else f"{100 * row['mfu']:.3f}%"
         print(f"{row['measure']:<34} {row['method']:<16} {row['value']:>12.2f} "
-              f"{row['unit']:<11} {row['error']:>8.4f}")
+              f"{row['unit']:<11} {row['error']:>8.4f} {mfu:>8}")
     ours = {r["measure"]: r["value"] for r in rows if r["method"] == "TransformerGMM"}
     for measure in ours.keys() & reference.keys():
         print(f"ratio TransformerGMM / GMM n_init=1, {measure}: "
