@@ -206,7 +206,7 @@ def test_training_lowers_the_loss_and_writes_a_usable_checkpoint(tmp_path):
     model = load_checkpoint(out_dir / "checkpoint")
     assert _held_out_loss(model, cfg) < before - 0.3
     card = (out_dir / "checkpoint" / "README.md").read_text()
-    assert "| tiny | 30 | 240 |" in card and "| K | model | oracle |" in card
+    assert "| tiny | 30 | 240 |" in card and "| K | model | readout | oracle |" in card
     # Thirty steps teach the model little: this checks the plumbing, not the estimate.
     X = np.random.default_rng(0).normal(size=(120, 6))  # d = 6 > d_max = 4: the projection
     gmm = TransformerGMM(3, checkpoint=str(out_dir / "checkpoint"), n_init=1, random_state=0)
@@ -235,6 +235,40 @@ def test_resuming_gives_the_same_weights_as_training_straight_through(tmp_path):
         torch.equal(x, s["exp_avg"])
         for x, s in zip(exp_avg, b["optimizer"]["state"].values(), strict=True)
     )
+
+
+def test_worker_processes_train_the_same_weights(tmp_path):
+    """Batches drawn ahead in two worker processes are the batches of the loop itself."""
+    in_loop = T.train(_tiny(tmp_path, "in_loop", max_steps=6, eval_every=100))
+    ahead = T.train(_tiny(tmp_path, "ahead", max_steps=6, eval_every=100, workers=2))
+    a = torch.load(in_loop / "state.pt", weights_only=True)["model"]
+    b = torch.load(ahead / "state.pt", weights_only=True)["model"]
+    assert all(torch.equal(tensor, b[name]) for name, tensor in a.items())
+
+
+def test_time_limit_stops_and_saves_a_resumable_state(tmp_path):
+    cfg = _tiny(tmp_path, "timed", max_steps=1000, eval_every=10_000, time_limit=1e-9)
+    T.train(cfg)
+    state = torch.load(tmp_path / "timed" / "state.pt", weights_only=True)
+    assert state["step"] == 10  # the limit is checked every 10 steps
+    assert (
+        "| K | model | readout | oracle |"
+        in (tmp_path / "timed" / "checkpoint" / "README.md").read_text()
+    )
+    T.train(dataclasses.replace(cfg, time_limit=0.0, max_steps=13, resume=True))
+    assert torch.load(tmp_path / "timed" / "state.pt", weights_only=True)["step"] == 13
+
+
+def test_init_from_starts_from_a_checkpoints_weights(tmp_path):
+    first = T.train(_tiny(tmp_path, "first", max_steps=3, eval_every=100))
+    init = str(first / "checkpoint")
+    tuned = T.train(
+        _tiny(tmp_path, "tuned", max_steps=1, eval_every=100, init_from=init, lr=0.0, min_lr=0.0)
+    )
+    a = load_checkpoint(first / "checkpoint").state_dict()
+    b = load_checkpoint(tuned / "checkpoint").state_dict()
+    # lr = 0: one step leaves the loaded weights as they were (AdamW's decay is lr-scaled).
+    assert all(torch.equal(tensor, b[name]) for name, tensor in a.items())
 
 
 def test_batches_depend_on_seed_step_and_rank_only():

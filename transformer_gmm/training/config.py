@@ -60,6 +60,14 @@ class TrainConfig:
         Stop (and save) at this step, to be resumed later.
     resume : bool, default=False
         Resume from ``<out_dir>/state.pt``.
+    init_from : str, default=""
+        A checkpoint (folder, bundled name or Hub id) whose weights start a new run, for
+        fine-tuning; its model must have the same shapes. Ignored when resuming.
+    time_limit : float, default=0.0
+        Stop (and save) after this many minutes of this process's training; 0 for none.
+    workers : int, default=0
+        Processes that draw batches ahead of the loop (a batch is a pure function of the
+        step, so the batches are the same whatever this is); 0 draws them in the loop.
     out_dir : str, default=""
         The output folder; by default ``runs/<preset>``.
     device : str, default="cpu"
@@ -102,6 +110,9 @@ class TrainConfig:
     save_every: int = 1000
     stop_at: int | None = None  # stop (and save) at this step, to be resumed later
     resume: bool = False
+    init_from: str = ""  # a checkpoint whose weights start a new run (fine-tuning)
+    time_limit: float = 0.0  # minutes: stop (and save) after this long; 0 for no limit
+    workers: int = 0  # processes drawing batches ahead of the loop; 0: in the loop
     out_dir: str = ""  # default: runs/<preset>
     device: str = "cpu"  # "cpu", "cuda" (bf16 autocast) or "cuda:N"
     compile: bool = False  # torch.compile the model (CUDA; recompiles per K and batch shape)

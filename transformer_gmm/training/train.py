@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..checkpoints import save_checkpoint
+from ..checkpoints import load_model, save_checkpoint
 from ..nn import MixtureTransformer, ModelConfig
 from .config import (  # noqa: F401  (re-exported: the loop's public names live here too)
     EVAL_SEED,
@@ -71,6 +71,48 @@ def get_batch(cfg: TrainConfig, mc: ModelConfig, step: int, rank: int) -> TaskBa
     return sample_batch(rng, PRIORS[cfg.prior], K, cfg.batch_size, mc.d_max, mc.context_size)
 
 
+class _StepBatches(torch.utils.data.Dataset):
+    """The batches of steps ``start .. stop - 1``, for a DataLoader's worker processes."""
+
+    def __init__(self, cfg: TrainConfig, mc: ModelConfig, start: int, stop: int, rank: int):
+        self.cfg, self.mc, self.start, self.stop, self.rank = cfg, mc, start, stop, rank
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, index: int) -> TaskBatch:
+        return get_batch(self.cfg, self.mc, self.start + index, self.rank)
+
+
+def batches(cfg: TrainConfig, mc: ModelConfig, start: int, stop: int, rank: int):
+    """The batches of steps ``start .. stop - 1`` in order, drawn ahead by ``cfg.workers``
+    processes (a DataLoader) or, with none, one at a time in this process.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
+    >>> import dataclasses, torch
+    >>> from transformer_gmm.training.train import batches, get_batch
+    >>> cfg = TrainConfig(**PRESETS["tiny"])
+    >>> mc = model_config(cfg)
+    >>> drawn = list(batches(dataclasses.replace(cfg, workers=2), mc, 3, 5, rank=0))
+    >>> [torch.equal(b.x, get_batch(cfg, mc, step, 0).x) for b, step in zip(drawn, (3, 4))]
+    [True, True]
+    """
+    if cfg.workers == 0:
+        for step in range(start, stop):
+            yield get_batch(cfg, mc, step, rank)
+        return
+    # batch_size=None: each item is already a batch; the sequential sampler keeps step order.
+    yield from torch.utils.data.DataLoader(
+        _StepBatches(cfg, mc, start, stop, rank),
+        batch_size=None,
+        num_workers=cfg.workers,
+        prefetch_factor=4,
+        pin_memory=cfg.device.startswith("cuda"),
+    )
+
+
 def get_lr(step: int, cfg: TrainConfig) -> float:
     """Linear warmup, then cosine decay to min_lr: a function of the step, nothing to save.
 
@@ -87,6 +129,25 @@ def get_lr(step: int, cfg: TrainConfig) -> float:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+
+
+def out_of_time(seconds: float, cfg: TrainConfig, world_size: int) -> bool:
+    """Whether ``cfg.time_limit`` has passed, agreed by all ranks (the slowest decides), so
+    that every rank stops at the same step.
+
+    Examples
+    --------
+    >>> from transformer_gmm.training.train import TrainConfig, out_of_time
+    >>> cfg = TrainConfig(time_limit=1.0)  # minutes
+    >>> out_of_time(90.0, cfg, world_size=1), out_of_time(30.0, cfg, world_size=1)
+    (True, False)
+    """
+    late = torch.tensor(float(seconds > 60 * cfg.time_limit))
+    if world_size > 1:
+        if cfg.device.startswith("cuda"):
+            late = late.cuda()
+        dist.all_reduce(late, op=dist.ReduceOp.MAX)
+    return bool(late.item())
 
 
 # -----------------------------------------------------------------------------
@@ -167,6 +228,9 @@ def train(cfg: TrainConfig) -> Path:
         model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )
     step, wall_before, rows, eval_step = 0, 0.0, None, 0
+    if cfg.init_from and not cfg.resume:
+        # Fine-tuning: only the weights; the optimizer and the schedule start afresh.
+        model.load_state_dict(load_model(cfg.init_from).state_dict())
     if cfg.resume:
         # weights_only: tensors and plain types only, never arbitrary objects.
         state = torch.load(out_dir / "state.pt", map_location=device, weights_only=True)
@@ -217,11 +281,11 @@ def train(cfg: TrainConfig) -> Path:
         (out_dir / "log.jsonl").write_text("".join(kept))
     log = open(out_dir / "log.jsonl", "a") if master else None
     t0 = time.time()
-    while step < stop:
+    for batch in batches(cfg, mc, step, stop, rank):
         lr = get_lr(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = get_batch(cfg, mc, step, rank).to(device)
+        batch = batch.to(device)
         with autocast(device):
             out = model(batch.x, batch.n_components, batch.mask)
         loss, parts = training_loss(out, batch, cfg.parameter_loss, cfg.point_weight)
@@ -230,6 +294,8 @@ def train(cfg: TrainConfig) -> Path:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         step += 1
+        if cfg.time_limit and step % 10 == 0 and out_of_time(time.time() - t0, cfg, world_size):
+            stop = step  # evaluate, save and leave; --resume goes on from here
 
         if master:
             bar.update()
@@ -250,6 +316,8 @@ def train(cfg: TrainConfig) -> Path:
             if step % cfg.save_every == 0 or step == stop:
                 log.flush()
                 save()
+        if step == stop:
+            break
     bar.close()
     if log is not None:
         log.close()
