@@ -277,6 +277,30 @@ def test_m_step_and_log_prob_match_sklearn_helpers(covariance_type):
     np.testing.assert_allclose(weighted[0], log_prob + np.log(nk / len(X)), rtol=1e-10)
 
 
+def test_full_covariance_paths_with_and_without_autograd_agree():
+    # Without autograd, the full-covariance M-step and log-probabilities work in place in
+    # one reused buffer; with it, they take the out-of-place formulas. Same numbers, and
+    # gradients flow through the second. Batched: X shared (1, N, d), parameters (2, ...).
+    rng = np.random.default_rng(5)
+    X, _, _ = gaussian_blobs(*OVERLAPPING)
+    resp = t(np.stack([rng.dirichlet(np.ones(3), size=len(X)) for _ in range(2)]))  # (2, N, 3)
+    fast = em.estimate_gaussian_parameters(t(X)[None], resp, covariance_type="full", reg_covar=1e-4)
+    log_prob = em.estimate_log_gaussian_prob(
+        t(X)[None], fast.means, fast.precisions_cholesky, "full"
+    )
+    tracked = resp.clone().requires_grad_(True)
+    slow = em.estimate_gaussian_parameters(
+        t(X)[None], tracked, covariance_type="full", reg_covar=1e-4
+    )
+    slow_log_prob = em.estimate_log_gaussian_prob(
+        t(X)[None], slow.means, slow.precisions_cholesky, "full"
+    )
+    torch.testing.assert_close(slow.covariances.detach(), fast.covariances, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(slow_log_prob.detach(), log_prob, rtol=1e-12, atol=1e-12)
+    slow_log_prob.sum().backward()
+    assert tracked.grad is not None and torch.isfinite(tracked.grad).all()
+
+
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_precision_conversions_match_sklearn(covariance_type):
     X, centers, covariances = gaussian_blobs(*SEPARATED)

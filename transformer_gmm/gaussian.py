@@ -214,13 +214,33 @@ def covariances_from_precisions_cholesky(
 # (B, K, d) and precisions_cholesky of the type, following scikit-learn's formulas.
 
 
+def needs_grad(*tensors: Tensor) -> bool:
+    """Whether autograd tracks any of ``tensors``: the in-place fast paths then step aside."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def _mahalanobis_full(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
+    if needs_grad(X, means, precisions_chol):
+        columns = []
+        for k in range(means.shape[1]):  # per component, as scikit-learn: memory O(B N d)
+            prec_chol = precisions_chol[:, k]  # (B, d, d)
+            y = X @ prec_chol - means[:, k, None, :] @ prec_chol  # (B, N, d)
+            columns.append(y.square().sum(-1))
+        return torch.stack(columns, dim=-1)
+    # The same, in one (B, N, d) buffer that every component reuses: a fresh tensor per
+    # component cost more than its arithmetic (page faults on each large allocation; 2x
+    # the time of the whole E-step at N = 500,000, d = 16, K = 5, one CPU thread). A
+    # product with a column of ones sums the squares faster than .sum(-1) over a short d.
+    batch = max(X.shape[0], means.shape[0])
+    y = X.new_empty((batch, X.shape[1], X.shape[2]))  # (B, N, d)
+    ones = X.new_ones((X.shape[2], 1))
     columns = []
-    for k in range(means.shape[1]):  # per component, as scikit-learn: memory O(B N d)
+    for k in range(means.shape[1]):
         prec_chol = precisions_chol[:, k]  # (B, d, d)
-        y = X @ prec_chol - means[:, k, None, :] @ prec_chol  # (B, N, d)
-        columns.append(y.square().sum(-1))
-    return torch.stack(columns, dim=-1)
+        torch.matmul(X, prec_chol, out=y)
+        y.sub_(means[:, k, None, :] @ prec_chol).square_()
+        columns.append(y @ ones)  # (B, N, 1)
+    return torch.cat(columns, dim=-1)
 
 
 def _mahalanobis_tied(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:

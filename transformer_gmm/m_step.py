@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gaussian import _lookup, compute_precision_cholesky
+from .gaussian import _lookup, compute_precision_cholesky, needs_grad
 from .kmeans import _check_batch, _compact, _point_weights, _zero_padding, kmeans_plusplus, lloyd
 
 __all__ = ["MixtureParams", "estimate_gaussian_parameters", "initialize_kmeans"]
@@ -63,9 +63,20 @@ class MixtureParams:
 def _covariances_full(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: float) -> Tensor:
     # One component at a time, as scikit-learn does: memory O(B N d), not O(B N K d).
     covariances = []
-    for k in range(means.shape[1]):
-        diff = X - means[:, k, None, :]  # (B, N, d)
-        covariances.append((resp[..., k, None] * diff).mT @ diff / nk[:, k, None, None])
+    if needs_grad(resp, X, means):
+        for k in range(means.shape[1]):
+            diff = X - means[:, k, None, :]  # (B, N, d)
+            covariances.append((resp[..., k, None] * diff).mT @ diff / nk[:, k, None, None])
+    else:
+        # sum_n r_nk (x_n - mu_k)(x_n - mu_k)^T = W^T W with W = sqrt(r_nk) (x_n - mu_k),
+        # built in one (B, N, d) buffer that every component reuses: allocating a fresh
+        # one per component cost more than the arithmetic (page faults; 2.3x the time at
+        # N = 500,000, d = 16, K = 5, one CPU thread).
+        root = resp.sqrt().mT.contiguous()  # (B, K, N)
+        w = X.new_empty((resp.shape[0], X.shape[1], X.shape[2]))  # (B, N, d)
+        for k in range(means.shape[1]):
+            torch.sub(X, means[:, k, None, :], out=w).mul_(root[:, k, :, None])
+            covariances.append(w.mT @ w / nk[:, k, None, None])
     eye = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
     return torch.stack(covariances, dim=1) + reg * eye  # (B, K, d, d)
 
