@@ -70,22 +70,28 @@ def forward(model: torch.nn.Module, z: Tensor, n_components: int, mask: Tensor |
 
 
 def model_space_responsibilities(
-    z: Tensor, n_kept: int, out: MixtureOutput, mask: Tensor | None
+    z: Tensor, kept: int | Tensor, out: MixtureOutput, mask: Tensor | None
 ) -> Tensor:
     """Posterior (B, N, K) of each point under the transformer's own mixture, in model
     space and in ``z``'s dtype; zero on padded rows.
 
-    Only the first ``n_kept`` coordinates hold data (the rest are zero padding); scoring
-    the padding too would add a -log(scale) per padded coordinate to each component and
-    so favour the narrowest ones.
+    ``kept`` says which coordinates hold data: an int for the first ``kept`` of every
+    dataset, or a bool Tensor (B, d_max) per dataset (training batches mix widths). The
+    others are zero padding in ``z``; there every component is scored at mean 0 with unit
+    variance, which adds the same constant to each and so changes nothing. Scoring them
+    with the model's own scales would add a -log(scale) per padded coordinate to each
+    component and so favour the narrowest ones.
     """
-    dtype = z.dtype
-    z = z[..., :n_kept]  # (B, N, m)
-    variances = out.scales.expand(-1, -1, out.means.shape[-1])[..., :n_kept].to(dtype) ** 2
+    dtype, d_max = z.dtype, z.shape[-1]
+    if isinstance(kept, int):
+        kept = torch.arange(d_max, device=z.device)[None] < kept  # (1, d_max)
+    kept = kept[:, None, :]  # (B | 1, 1, d_max)
+    variances = out.scales.expand(-1, -1, d_max).to(dtype) ** 2
+    variances = torch.where(kept, variances, 1.0)  # (B, K, d_max)
     params = em.MixtureParams(
         weights=out.weights.to(dtype),  # (B, K)
-        means=out.means[..., :n_kept].to(dtype),  # (B, K, m)
-        covariances=variances,  # (B, K, m)
+        means=out.means.to(dtype).masked_fill(~kept, 0.0),  # (B, K, d_max)
+        covariances=variances,
         precisions_cholesky=variances.rsqrt(),
     )
     _, log_resp = em.e_step(z, params, "diag", mask)  # -inf on padded rows

@@ -13,9 +13,10 @@ import torch
 from torch import Tensor
 
 from ..nn import MixtureOutput, MixtureTransformer, ModelConfig
+from ..readout import model_space_responsibilities, weights_and_means_from_responsibilities
 from .config import EVAL_SEED, TrainConfig, k_range
 from .losses import matched_mean_error, mixture_nll, oracle_nll
-from .tasks import PRIORS, TaskBatch, sample_batch
+from .tasks import PRIORS, Task, TaskBatch, sample_batch
 
 
 def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:
@@ -104,10 +105,10 @@ def evaluate(model: MixtureTransformer, batches: list[TaskBatch], device: str) -
             matched_mean_error(t.standardization.inverse_transform_means(m), t.means)
             for t, m in zip(batch.tasks, means, strict=True)
         ]
-        resp = model_space_responsibilities(out, b).cpu().numpy()  # (B, N, K)
+        resp = model_space_responsibilities(b.x, b.dim_mask, out, b.mask).cpu()  # (B, N, K)
         readout = [
-            matched_mean_error(readout_means(t.X, r[: len(t.X)]), t.means)
-            for t, r in zip(batch.tasks, resp, strict=True)
+            matched_mean_error(readout_means(t, r[: len(t.X)], out.weights[i].cpu(), m), t.means)
+            for i, (t, r, m) in enumerate(zip(batch.tasks, resp, means, strict=True))
         ]
         oracle = [matched_mean_error(t.oracle_means(), t.means) for t in batch.tasks]
         rows.append(
@@ -124,21 +125,20 @@ def evaluate(model: MixtureTransformer, batches: list[TaskBatch], device: str) -
     return rows
 
 
-def model_space_responsibilities(out: MixtureOutput, batch: TaskBatch) -> Tensor:
-    """(B, N, K): each point's posterior under the model's own mixture, scored on the
-    coordinates that carry data only, as the estimators do before their readout."""
-    dims = batch.dim_mask[:, None, None, :]  # (B, 1, 1, d_max)
-    scales = out.scales.expand_as(out.means)[:, None]  # (B, 1, K, d_max)
-    z = (batch.x[:, :, None, :] - out.means[:, None]) / scales  # (B, N, K, d_max)
-    log_density = -(0.5 * z**2 + scales.log()).masked_fill(~dims, 0.0).sum(-1)  # (B, N, K)
-    return torch.softmax(log_density + out.log_weights[:, None], dim=-1)
-
-
-def readout_means(X: np.ndarray, resp: np.ndarray) -> np.ndarray:
-    """(K, d): the responsibility-weighted means of the points, as the estimators read them
-    out (a component with no responsibility keeps the mean of all points)."""
-    mass = resp.sum(axis=0)[:, None]  # (K, 1)
-    return np.where(mass > 1e-6, resp.T @ X / np.maximum(mass, 1e-6), X.mean(axis=0))
+def readout_means(
+    task: Task, resp: Tensor, head_weights: Tensor, head_means: np.ndarray
+) -> np.ndarray:
+    """(K, d): the means the estimators read out of the responsibilities ``resp`` (N, K)
+    of ``task``'s points, with the head's estimate for a component that gets none."""
+    fallback_means = task.standardization.inverse_transform_means(head_means)  # (K, d)
+    _, readout = weights_and_means_from_responsibilities(
+        torch.as_tensor(task.X, dtype=torch.float64)[None],
+        resp.to(torch.float64)[None],
+        None,
+        fallback_weights=head_weights[None] / head_weights.sum(),
+        fallback_means=torch.as_tensor(fallback_means, dtype=torch.float64)[None],
+    )
+    return readout[0].numpy()
 
 
 def format_table(rows: list[dict]) -> str:
