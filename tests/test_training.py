@@ -259,6 +259,15 @@ def test_time_limit_stops_and_saves_a_resumable_state(tmp_path):
     assert torch.load(tmp_path / "timed" / "state.pt", weights_only=True)["step"] == 13
 
 
+def test_resume_without_a_saved_state_starts_the_run(tmp_path):
+    fresh = T.train(_tiny(tmp_path, "fresh", max_steps=3, eval_every=100))
+    resumed = T.train(_tiny(tmp_path, "resumed", max_steps=3, eval_every=100, resume=True))
+    a = torch.load(fresh / "state.pt", weights_only=True)
+    b = torch.load(resumed / "state.pt", weights_only=True)
+    assert a["step"] == b["step"] == 3
+    assert all(torch.equal(tensor, b["model"][name]) for name, tensor in a["model"].items())
+
+
 def test_init_from_starts_from_a_checkpoints_weights(tmp_path):
     first = T.train(_tiny(tmp_path, "first", max_steps=3, eval_every=100))
     init = str(first / "checkpoint")

@@ -59,7 +59,8 @@ class TrainConfig:
     stop_at : int or None, default=None
         Stop (and save) at this step, to be resumed later.
     resume : bool, default=False
-        Resume from ``<out_dir>/state.pt``.
+        Resume from ``<out_dir>/state.pt``; when there is none yet, start the run (so one
+        command both starts a run and resumes it after an interruption).
     init_from : str, default=""
         A checkpoint (folder, bundled name or Hub id) whose weights start a new run, for
         fine-tuning; its model must have the same shapes. Ignored when resuming.

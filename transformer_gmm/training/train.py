@@ -228,10 +228,12 @@ def train(cfg: TrainConfig) -> Path:
         model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )
     step, wall_before, rows, eval_step = 0, 0.0, None, 0
-    if cfg.init_from and not cfg.resume:
+    # --resume with no saved state starts the run, so one command both starts and resumes.
+    resuming = cfg.resume and (out_dir / "state.pt").exists()
+    if cfg.init_from and not resuming:
         # Fine-tuning: only the weights; the optimizer and the schedule start afresh.
         model.load_state_dict(load_model(cfg.init_from).state_dict())
-    if cfg.resume:
+    if resuming:
         # weights_only: tensors and plain types only, never arbitrary objects.
         state = torch.load(out_dir / "state.pt", map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
@@ -274,7 +276,7 @@ def train(cfg: TrainConfig) -> Path:
 
     stop = min(cfg.stop_at or cfg.max_steps, cfg.max_steps)
     bar = tqdm(total=cfg.max_steps, initial=step, disable=not master, dynamic_ncols=True)
-    if master and cfg.resume and (out_dir / "log.jsonl").exists():
+    if master and resuming and (out_dir / "log.jsonl").exists():
         # Drop what was logged after the saved step: those steps are about to be redone.
         lines = (out_dir / "log.jsonl").read_text().splitlines(keepends=True)
         kept = [line for line in lines if json.loads(line)["step"] <= step]
