@@ -41,8 +41,9 @@ with tempfile.TemporaryDirectory() as folder:
     rng = np.random.default_rng(0)
     X = np.vstack([rng.normal(c, 1.0, (100, 2)) for c in ([-5, 0], [5, 0], [0, 6])])
     # Forty steps make a poor initialiser: EM from its start can stop in a local optimum.
-    # n_init=2 adds a k-means++ start and keeps the better of the two.
-    for n_init in (1, 2):
+    # n_init=3 adds the transformer's second start (its per-point labels) and a k-means++
+    # start, and keeps the best of the three.
+    for n_init in (1, 3):
         gmm = TransformerGMM(3, checkpoint=str(checkpoint), n_init=n_init, random_state=0)
         gmm.fit(X)
         means = np.round(gmm.means_[np.argsort(gmm.means_[:, 0])], 1).tolist()

@@ -139,8 +139,8 @@ def test_fit_predict_equals_fit_then_predict(three_blobs):
 def test_same_random_state_same_result(checkpoint):
     # 200 points > the tiny model's context of 64: the subsample is seeded too.
     X = make_blobs(50, [[-4.0, 0.0], [0.0, 4.0], [4.0, 0.0], [0.0, -4.0]], seed=5)
-    first = TransformerGMM(4, checkpoint=checkpoint, n_init=2, random_state=7).fit(X)
-    second = TransformerGMM(4, checkpoint=checkpoint, n_init=2, random_state=7).fit(X)
+    first = TransformerGMM(4, checkpoint=checkpoint, n_init=4, random_state=7).fit(X)
+    second = TransformerGMM(4, checkpoint=checkpoint, n_init=4, random_state=7).fit(X)
     np.testing.assert_array_equal(first.means_, second.means_)
     np.testing.assert_array_equal(first.covariances_, second.covariances_)
 
@@ -152,10 +152,37 @@ def test_fit_does_not_depend_on_row_order(three_blobs):
     a = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
     b = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(shuffled)
     np.testing.assert_allclose(a.means_, b.means_, rtol=1e-5, atol=1e-6)
-    a = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=1).fit(X)
-    b = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=1).fit(shuffled)
+    # n_init=2: both of the transformer's starts, still no k-means++.
+    a = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=2).fit(X)
+    b = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=2).fit(shuffled)
     np.testing.assert_allclose(a.means_, b.means_, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(a.covariances_, b.covariances_, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_init", [2, 5])
+def test_more_starts_never_lower_the_kept_lower_bound(three_blobs, n_init):
+    """The first start is the same whatever n_init; the kept one has the best bound."""
+    one = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=1, random_state=0).fit(three_blobs)
+    more = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=n_init, random_state=0)
+    more.fit(three_blobs)
+    assert more.lower_bound_ >= one.lower_bound_ - 1e-12
+    if n_init == 2:  # both starts are the transformer's
+        assert more.init_method_ == "transformer"
+
+
+@pytest.mark.parametrize(
+    "n_init, uses_transformer, starts",
+    [
+        ("auto", True, (2, 2)),
+        ("auto", False, (0, 1)),
+        (1, True, (1, 0)),
+        (2, True, (2, 0)),
+        (5, True, (2, 3)),
+        (3, False, (0, 3)),
+    ],
+)
+def test_n_init_splits_into_transformer_and_kmeans_starts(n_init, uses_transformer, starts):
+    assert TransformerGMM(n_init=n_init)._starts(uses_transformer) == starts
 
 
 @pytest.mark.parametrize("n_features", [2, 7])  # 7 > K - 1 = 2: goes through the projection

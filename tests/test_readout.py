@@ -140,7 +140,7 @@ def test_mixture_inits_match_the_per_dataset_reference(sizes, n_features, n_comp
     backbone = _backend.load_backbone(TINY_CHECKPOINT)  # d_max 4, context 64
     datasets = random_datasets(sizes, n_features, seed=n_components)
     x, mask = padded(datasets)
-    init = readout.mixture_inits(
+    init, from_labels = readout.mixture_inits(
         backbone.model, x, mask, n_components, torch.Generator().manual_seed(3)
     )
     index, read_mask = subsample_rows(
@@ -151,18 +151,32 @@ def test_mixture_inits_match_the_per_dataset_reference(sizes, n_features, n_comp
         if index is not None:
             chosen = index[i] if read_mask is None else index[i][read_mask[i]]
             rows = chosen.numpy()
-        resp, weights, means, _, _ = reference_init(backbone, X, n_components, rows)
+        resp, weights, means, estimate, head_means = reference_init(backbone, X, n_components, rows)
         np.testing.assert_allclose(init.resp[i, : len(X)].numpy(), resp, rtol=1e-5, atol=1e-7)
         assert bool((init.resp[i, len(X) :] == 0).all())
         np.testing.assert_allclose(init.weights[i].numpy(), weights, rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(init.means[i].numpy(), means, rtol=1e-5, atol=1e-6)
+        # The second start: the per-point head's probabilities of the rows read.
+        real = slice(None) if from_labels.mask is None else from_labels.mask[i]
+        np.testing.assert_array_equal(from_labels.x[i][real].numpy(), X[rows])
+        probs = from_labels.resp[i][real].numpy()
+        np.testing.assert_allclose(probs, estimate.point_probs, rtol=1e-5, atol=1e-7)
+        if from_labels.mask is not None:
+            assert bool((from_labels.resp[i][~from_labels.mask[i]] == 0).all())
+        weights, means = reference_weights_and_means(
+            X[rows], estimate.point_probs, estimate.weights / estimate.weights.sum(), head_means
+        )
+        np.testing.assert_allclose(from_labels.weights[i].numpy(), weights, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(from_labels.means[i].numpy(), means, rtol=1e-5, atol=1e-6)
 
 
 def test_cluster_centers_match_the_per_dataset_reference():
     backbone = _backend.load_backbone(TINY_CHECKPOINT)
     X = random_datasets([100], 3, seed=4)[0]  # above the context: one subsample
     x = torch.tensor(X)[None]
-    centers = readout.cluster_centers(backbone.model, x, None, 3, torch.Generator().manual_seed(5))
+    centers, from_mixture = readout.cluster_centers(
+        backbone.model, x, None, 3, torch.Generator().manual_seed(5)
+    )
     index, _ = subsample_rows((1, 100), None, 64, torch.Generator().manual_seed(5))
     rows = index[0].numpy()
     standardization = numpy_standardization(X, backbone.d_max, 3)
@@ -177,6 +191,14 @@ def test_cluster_centers_match_the_per_dataset_reference():
         standardization.inverse_transform_means(estimate.means),
     )
     np.testing.assert_allclose(centers[0].numpy(), expected, rtol=1e-6, atol=1e-8)
+    # The second set: the means of the mixture start, over every row.
+    resp = reference_responsibilities(
+        estimate, standardization.transform(X), standardization.basis.shape[1]
+    )
+    _, expected = reference_weights_and_means(
+        X, resp, np.full(3, 1 / 3), standardization.inverse_transform_means(estimate.means)
+    )
+    np.testing.assert_allclose(from_mixture[0].numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_a_component_without_responsibility_keeps_the_heads_estimate():

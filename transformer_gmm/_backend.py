@@ -192,7 +192,7 @@ class MixtureFits:
     lower_bound: np.ndarray  # (B,) float
     n_iter: np.ndarray  # (B,) int
     converged: np.ndarray  # (B,) bool
-    best_run: np.ndarray  # (B,) int, index of the kept run: 0 is the first initialisation
+    best_run: np.ndarray  # (B,) int, index of the kept run, in the order of the starts
 
 
 @_explain_out_of_memory
@@ -208,16 +208,18 @@ def fit_mixtures(
     seed: int,
     n_kmeans_inits: int,
     backbone: Backbone | None = None,
+    n_transformer_inits: int = 2,
 ) -> MixtureFits:
     """EM on B datasets (padded into one batch) from every initialisation at once; keep
     each dataset's best lower bound.
 
-    Each dataset's runs are, in order: the transformer's start when ``backbone`` is
-    given (see :func:`transformer_gmm.readout.mixture_inits`: its weights and means,
-    covariances from one M-step on its responsibilities), then ``n_kmeans_inits`` starts
-    from k-means++ and Lloyd (scikit-learn's default initialisation). One generator,
-    seeded with ``seed``, draws the rows the backbone reads (only where a dataset is
-    larger than its context), then the k-means++ seeds.
+    Each dataset's runs are, in order: when ``backbone`` is given, the first
+    ``n_transformer_inits`` (1 or 2) of the transformer's starts (see
+    :func:`transformer_gmm.readout.mixture_inits`: from its mixture, then from its
+    per-point head; covariances from one M-step on their responsibilities), then
+    ``n_kmeans_inits`` starts from k-means++ and Lloyd (scikit-learn's default
+    initialisation). One generator, seeded with ``seed``, draws the rows the backbone
+    reads (only where a dataset is larger than its context), then the k-means++ seeds.
     """
     dtype = _dtype(device)
     x, mask = _pad(Xs, device, dtype)  # (B, N, d), (B, N) or None
@@ -226,17 +228,18 @@ def fit_mixtures(
     runs = []  # each (B, R_i, ...) parameters
     if backbone is not None:
         model = _model_on(backbone.model, device)
-        init = readout.mixture_inits(model, x, mask, n_components, generator)
-        params = em.estimate_gaussian_parameters(
-            x,
-            init.resp,
-            covariance_type=covariance_type,
-            reg_covar=reg_covar,
-            means=init.means,
-            mask=mask,
-        )
-        params.weights = init.weights
-        runs.append(_unflatten(params, n_datasets))
+        starts = readout.mixture_inits(model, x, mask, n_components, generator)
+        for init in starts[:n_transformer_inits]:
+            params = em.estimate_gaussian_parameters(
+                init.x,
+                init.resp,
+                covariance_type=covariance_type,
+                reg_covar=reg_covar,
+                means=init.means,
+                mask=init.mask,
+            )
+            params.weights = init.weights
+            runs.append(_unflatten(params, n_datasets))
     if n_kmeans_inits > 0:
         params = em.initialize_kmeans(
             _repeat(x, n_kmeans_inits),
@@ -350,17 +353,20 @@ def fit_kmeans(
     seed: int,
     n_kmeans_inits: int,
     backbone: Backbone | None = None,
+    n_transformer_inits: int = 2,
 ) -> KMeansFit:
-    """Lloyd from the transformer's centres (when ``backbone`` is given, see
-    :func:`transformer_gmm.readout.cluster_centers`) and from ``n_kmeans_inits``
-    k-means++ seedings, all in one batch; keep the lowest inertia. One generator, seeded
-    with ``seed``, draws the rows the backbone reads, then the k-means++ seeds."""
+    """Lloyd from the first ``n_transformer_inits`` (1 or 2) of the transformer's centres
+    (when ``backbone`` is given, see :func:`transformer_gmm.readout.cluster_centers`)
+    and from ``n_kmeans_inits`` k-means++ seedings, all in one batch; keep the lowest
+    inertia. One generator, seeded with ``seed``, draws the rows the backbone reads,
+    then the k-means++ seeds."""
     x = _tensor(X, device)[None]  # (1, n, d)
     generator = _generator(seed, device)
     starts = []
     if backbone is not None:
         model = _model_on(backbone.model, device)
-        starts.append(readout.cluster_centers(model, x, None, n_clusters, generator))
+        centers = readout.cluster_centers(model, x, None, n_clusters, generator)
+        starts += centers[:n_transformer_inits]
     if n_kmeans_inits > 0:
         starts.append(
             em.kmeans_plusplus(x.expand(n_kmeans_inits, -1, -1), n_clusters, generator=generator)

@@ -76,16 +76,22 @@ class _TransformerMixtureBase(BaseEstimator):
     def _n_components(self) -> int:
         raise NotImplementedError
 
-    def _n_kmeans_inits(self, uses_transformer: bool) -> int:
-        """k-means++ starts to run: the transformer, when it runs, is the first of n_init.
+    def _starts(self, uses_transformer: bool) -> tuple[int, int]:
+        """How many starts to run: (from the transformer, from k-means++).
 
-        "auto" is one k-means++ start, beside the transformer's or alone: a poor
-        transformer start (it happens, more often for larger K) can trap EM and Lloyd in
-        a local optimum, and one more start in the same batch costs little.
+        The transformer's one forward pass gives two starts (see
+        :func:`transformer_gmm.readout.mixture_inits`); they are the first of
+        ``n_init``. "auto" runs both and two k-means++ starts, or one k-means++ start
+        alone when no transformer runs (as scikit-learn does). A poor start can trap EM
+        and Lloyd in a local optimum; the transformer's starts and k-means++'s fail on
+        different datasets, and more starts in the same batch cost little next to the
+        forward pass (docs/benchmarks.md compares one k-means++ start with two).
         """
-        if self.n_init == "auto":
-            return 1
-        return self.n_init - 1 if uses_transformer else self.n_init
+        if not uses_transformer:
+            return 0, 1 if self.n_init == "auto" else self.n_init
+        n_init = 4 if self.n_init == "auto" else self.n_init
+        n_transformer = min(n_init, 2)
+        return n_transformer, n_init - n_transformer
 
     # --- input -----------------------------------------------------------------------
 

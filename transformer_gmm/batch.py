@@ -154,12 +154,14 @@ shape (n_datasets, n_samples, n_features)
     random_state = check_random_state(random_state)
     device = _backend.resolve_device(device)
     backbone = template._load_backbone()
+    n_transformer_inits, n_kmeans_inits = template._starts(backbone is not None)
     fits = _backend.fit_mixtures(
         Xs,
         **template._em_options(device),
         seed=draw_seed(random_state),
-        n_kmeans_inits=template._n_kmeans_inits(backbone is not None),
+        n_kmeans_inits=n_kmeans_inits,
         backbone=backbone,
+        n_transformer_inits=n_transformer_inits,
     )
     n_failed = int(np.count_nonzero(~fits.converged))
     if n_failed and max_iter > 0:
@@ -168,9 +170,8 @@ shape (n_datasets, n_samples, n_features)
             "max_iter or tol, or check those datasets for degenerate (collapsed) samples.",
             ConvergenceWarning,
         )
-    used_transformer = backbone is not None
     if estimators is None:
-        won = used_transformer & (fits.best_run == 0)
+        won = fits.best_run < n_transformer_inits  # the transformer's starts come first
         return FittedMixtures(
             weights=fits.weights,
             means=fits.means,
@@ -184,7 +185,7 @@ shape (n_datasets, n_samples, n_features)
             device=device,
         )
     for i, estimator in enumerate(estimators):
-        estimator._store_fit(fits, i, device, used_transformer=used_transformer)
+        estimator._store_fit(fits, i, device, n_transformer_inits=n_transformer_inits)
     return estimators
 
 

@@ -47,10 +47,12 @@ class TransformerClusterer(
         Lloyd stops when the squared shift of the centres falls below ``tol`` times the
         mean variance of the features, or when no label changes.
     n_init : "auto" or int, default="auto"
-        Initialisations to run; the one with the lowest inertia is kept. The first comes
-        from the transformer, the others from k-means++ (all run as one batch).
-        ``"auto"`` runs the transformer's start and one k-means++ start, or a single
-        k-means++ start when no transformer runs, as ``KMeans(n_init="auto")`` does.
+        Initialisations to run, all as one batch; the one with the lowest inertia is
+        kept. The transformer's one forward pass gives the first two: the centres of its
+        per-point labels (``n_init=1`` runs this one alone), then the means of its
+        mixture; the others come from k-means++. ``"auto"`` runs both of the
+        transformer's starts and two k-means++ starts, or a single k-means++ start when
+        no transformer runs, as ``KMeans(n_init="auto")`` does.
     device : str, default="auto"
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
     random_state : int, RandomState instance or None, default=None
@@ -157,6 +159,7 @@ class TransformerClusterer(
         random_state = check_random_state(self.random_state)
         device = _backend.resolve_device(self.device)
         backbone = self._load_backbone()
+        n_transformer_inits, n_kmeans_inits = self._starts(backbone is not None)
         fit = _backend.fit_kmeans(
             X,
             n_clusters=self.n_clusters,
@@ -164,16 +167,16 @@ class TransformerClusterer(
             tol=self.tol,
             device=device,
             seed=draw_seed(random_state),
-            n_kmeans_inits=self._n_kmeans_inits(backbone is not None),
+            n_kmeans_inits=n_kmeans_inits,
             backbone=backbone,
+            n_transformer_inits=n_transformer_inits,
         )
         self.cluster_centers_ = fit.centers
         self.labels_ = fit.labels
         self.inertia_ = fit.inertia
         self.n_iter_ = fit.n_iter
-        self.init_method_ = (
-            "transformer" if backbone is not None and fit.best_run == 0 else "k-means++"
-        )
+        # The transformer's starts come first.
+        self.init_method_ = "transformer" if fit.best_run < n_transformer_inits else "k-means++"
         self.device_ = device
         return self
 

@@ -64,11 +64,14 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
     reg_covar : float, default=1e-6
         Non-negative regularisation added to the diagonal of the covariances.
     n_init : "auto" or int, default="auto"
-        Initialisations to run; the one with the highest lower bound is kept. The first
-        comes from the transformer, the others from k-means++ (all run as one batch).
-        ``"auto"`` runs the transformer's start and one k-means++ start (one poor
-        transformer start can trap EM; a second start costs little), or a single
-        k-means++ start when no transformer runs, as ``GaussianMixture`` does.
+        Initialisations to run, all as one batch; the one with the highest lower bound
+        is kept. The transformer's one forward pass gives the first two: the
+        responsibilities under its own mixture (``n_init=1`` runs this one alone), then
+        its per-point cluster probabilities; the others come from k-means++.
+        ``"auto"`` runs both of the transformer's starts and two k-means++ starts (a poor
+        start can trap EM, and the transformer's and k-means++'s fail on different
+        datasets), or a single k-means++ start when no transformer runs, as
+        ``GaussianMixture`` does.
     device : str, default="auto"
         Where to run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when
         available). Fitting uses float64 on CPU and float32 on CUDA.
@@ -226,14 +229,16 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         random_state = check_random_state(self.random_state)
         device = _backend.resolve_device(self.device)
         backbone = self._load_backbone()
+        n_transformer_inits, n_kmeans_inits = self._starts(backbone is not None)
         fits = _backend.fit_mixtures(
             [X],
             **self._em_options(device),
             seed=draw_seed(random_state),
-            n_kmeans_inits=self._n_kmeans_inits(backbone is not None),
+            n_kmeans_inits=n_kmeans_inits,
             backbone=backbone,
+            n_transformer_inits=n_transformer_inits,
         )
-        self._store_fit(fits, 0, device, used_transformer=backbone is not None)
+        self._store_fit(fits, 0, device, n_transformer_inits=n_transformer_inits)
         if not self.converged_ and self.max_iter > 0:
             warn_user(
                 "EM did not converge for the kept initialisation. Increase max_iter or tol, "
@@ -253,7 +258,7 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         )
 
     def _store_fit(
-        self, fits: _backend.MixtureFits, i: int, device: str, used_transformer: bool
+        self, fits: _backend.MixtureFits, i: int, device: str, n_transformer_inits: int
     ) -> None:
         """Take dataset ``i`` of a batch's fits; copies, so that no estimator keeps the
         whole batch's arrays alive."""
@@ -265,7 +270,7 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         self.converged_ = bool(fits.converged[i])
         self.n_iter_ = int(fits.n_iter[i])
         self.lower_bound_ = float(fits.lower_bound[i])
-        transformer_won = used_transformer and fits.best_run[i] == 0
+        transformer_won = fits.best_run[i] < n_transformer_inits  # its starts come first
         self.init_method_ = "transformer" if transformer_won else "k-means++"
         self.device_ = device
 

@@ -41,9 +41,12 @@ _TOKENS_PER_CHUNK = {"cpu": 1 << 11, "cuda": 1 << 20}
 
 @dataclass(frozen=True)
 class MixtureInit:
-    """The transformer's start for B datasets, in the user's space and ``x``'s dtype."""
+    """One of the transformer's starts for B datasets, in the user's space and ``x``'s
+    dtype: responsibilities of some rows, and the weights and means they give."""
 
-    resp: Tensor  # (B, N, K) responsibilities, zero on padded rows
+    x: Tensor  # (B, M, d) the rows the responsibilities are for: all, or those read
+    mask: Tensor | None  # (B, M) which of those rows are real; None when all are
+    resp: Tensor  # (B, M, K) responsibilities, zero on padded rows
     weights: Tensor  # (B, K)
     means: Tensor  # (B, K, d)
 
@@ -149,9 +152,15 @@ def mixture_inits(
     mask: Tensor | None,
     n_components: int,
     generator: torch.Generator,
-) -> MixtureInit:
-    """The transformer's responsibilities for every row (under its own mixture, in model
-    space), and the weights and means they give in the user's space.
+) -> tuple[MixtureInit, MixtureInit]:
+    """The transformer's two starts, from one forward pass.
+
+    The first scores every row under the transformer's own mixture (its weights, means
+    and scales, in model space); the second takes its per-point head's cluster
+    probabilities for the rows it read. Each gives weights and means in the user's
+    space by one M-step. The two often lead EM to different optima, so running both
+    and keeping the better lower bound helps at no cost in forward passes
+    (docs/benchmarks.md measures it).
 
     Parameters
     ----------
@@ -168,7 +177,9 @@ def mixture_inits(
 
     Returns
     -------
-    MixtureInit
+    from_mixture, from_labels : MixtureInit
+        The start from the transformer's mixture (for all N rows) and the one from its
+        per-point head (for the rows it read).
 
     Examples
     --------
@@ -176,21 +187,27 @@ def mixture_inits(
     >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
     >>> from transformer_gmm.readout import mixture_inits
     >>> model = MixtureTransformer(config_from_preset("tiny")).eval()
-    >>> x = torch.randn(3, 40, 2, dtype=torch.float64)
-    >>> init = mixture_inits(model, x, None, 3, torch.Generator().manual_seed(0))
-    >>> init.resp.shape, init.weights.shape, init.means.shape
-    (torch.Size([3, 40, 3]), torch.Size([3, 3]), torch.Size([3, 3, 2]))
+    >>> x = torch.randn(3, 80, 2, dtype=torch.float64)  # above the context of 64
+    >>> from_mixture, from_labels = mixture_inits(model, x, None, 3, torch.Generator())
+    >>> from_mixture.resp.shape, from_labels.resp.shape, from_labels.means.shape
+    (torch.Size([3, 80, 3]), torch.Size([3, 64, 3]), torch.Size([3, 3, 2]))
     """
-    standardization, z, _, _, out = _read(model, x, mask, n_components, generator)
+    standardization, z, index, read_mask, out = _read(model, x, mask, n_components, generator)
+    fallback_weights = out.weights / out.weights.sum(dim=-1, keepdim=True)
+    fallback_means = standardization.inverse_transform_means(out.means)
+
+    def start(rows: Tensor, rows_mask: Tensor | None, resp: Tensor) -> MixtureInit:
+        weights, means = weights_and_means_from_responsibilities(
+            rows, resp, rows_mask, fallback_weights, fallback_means
+        )
+        if rows_mask is not None:
+            resp = resp.masked_fill(~rows_mask[..., None], 0.0)
+        return MixtureInit(rows, rows_mask, resp, weights, means)
+
     resp = model_space_responsibilities(z.to(x.dtype), standardization.n_kept, out, mask)
-    weights, means = weights_and_means_from_responsibilities(
-        x,
-        resp,
-        mask,
-        fallback_weights=out.weights / out.weights.sum(dim=-1, keepdim=True),
-        fallback_means=standardization.inverse_transform_means(out.means),
-    )
-    return MixtureInit(resp=resp, weights=weights, means=means)
+    x_read = x if index is None else _rows(x, index)  # (B, C, d)
+    point_probs = out.point_logits.softmax(dim=-1).to(x.dtype)  # (B, C, K)
+    return start(x, mask, resp), start(x_read, read_mask, point_probs)
 
 
 def cluster_centers(
@@ -199,12 +216,13 @@ def cluster_centers(
     mask: Tensor | None,
     n_clusters: int,
     generator: torch.Generator,
-) -> Tensor:
-    """Centres (B, K, d) from the per-point head's labels of the rows the model read.
+) -> tuple[Tensor, Tensor]:
+    """The transformer's two sets of centres (B, K, d), from one forward pass.
 
-    Each centre is the mean of the points its label holds; a cluster the head leaves
-    empty starts at the parameter head's mean instead. Arguments as
-    :func:`mixture_inits`.
+    The first from its per-point head: each centre is the mean of the read points its
+    label holds. The second from its mixture: the means of :func:`mixture_inits`'s first
+    start. A cluster left empty starts at the parameter head's mean instead. Arguments
+    as :func:`mixture_inits`.
 
     Examples
     --------
@@ -213,19 +231,21 @@ def cluster_centers(
     >>> from transformer_gmm.readout import cluster_centers
     >>> model = MixtureTransformer(config_from_preset("tiny")).eval()
     >>> x = torch.randn(2, 100, 3, dtype=torch.float64)  # above the context of 64
-    >>> cluster_centers(model, x, None, 4, torch.Generator().manual_seed(0)).shape
-    torch.Size([2, 4, 3])
+    >>> from_labels, from_mixture = cluster_centers(model, x, None, 4, torch.Generator())
+    >>> from_labels.shape, from_mixture.shape
+    (torch.Size([2, 4, 3]), torch.Size([2, 4, 3]))
     """
-    standardization, _, index, read_mask, out = _read(model, x, mask, n_clusters, generator)
+    standardization, z, index, read_mask, out = _read(model, x, mask, n_clusters, generator)
+    fallback_means = standardization.inverse_transform_means(out.means)
     x_read = x if index is None else _rows(x, index)  # (B, C, d)
     labels = out.point_logits.argmax(dim=-1)  # (B, C)
     one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(x.dtype)
     uniform = torch.full_like(out.weights, 1 / n_clusters)
-    _, centers = weights_and_means_from_responsibilities(
-        x_read,
-        one_hot,
-        read_mask,
-        fallback_weights=uniform,
-        fallback_means=standardization.inverse_transform_means(out.means),
+    _, from_labels = weights_and_means_from_responsibilities(
+        x_read, one_hot, read_mask, uniform, fallback_means
     )
-    return centers
+    resp = model_space_responsibilities(z.to(x.dtype), standardization.n_kept, out, mask)
+    _, from_mixture = weights_and_means_from_responsibilities(
+        x, resp, mask, uniform, fallback_means
+    )
+    return from_labels, from_mixture
