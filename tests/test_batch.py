@@ -131,3 +131,20 @@ def test_subsampled_datasets_are_deterministic_and_a_batch_of_one_is_fit():
     first = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1, random_state=4)
     # Another seed reads other rows, so the transformer's start differs.
     assert not np.allclose(other.fit(X).means_, first.fit(X).means_)
+
+
+def test_a_batch_mixing_sizes_above_and_below_the_selection_subsample(monkeypatch):
+    from transformer_gmm import _backend
+
+    monkeypatch.setattr(_backend, "_SELECTION_ROWS", 100)  # 50 rows small, 400 large
+    datasets = _datasets([130, 17, 40])  # 390, 51 and 120 points
+    params = dict(checkpoint=TINY_CHECKPOINT, covariance_type="spherical", random_state=0)
+    fitted = fit_many(datasets, 3, **params)
+    for X, gmm in zip(datasets, fitted, strict=True):
+        # The final EM ran on each dataset's own rows, padding excluded.
+        assert gmm.converged_ and gmm.lower_bound_ == pytest.approx(gmm.score(X), abs=1e-3)
+    # The small dataset's fit is what fitting it alone finds (same optimum).
+    alone = TransformerGMM(3, **params).fit(datasets[1])
+    np.testing.assert_allclose(
+        np.sort(fitted[1].means_, axis=0), np.sort(alone.means_, axis=0), atol=1e-3
+    )

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import TINY_CHECKPOINT, make_blobs
 from scipy.stats import multivariate_normal
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
 from transformer_gmm import CheckpointError, FallbackWarning, TransformerGMM, _backend
@@ -224,3 +225,45 @@ def test_n_init_keeps_the_best_lower_bound(three_blobs):
         single.fit(three_blobs)
         several.fit(three_blobs)
     assert several.lower_bound_ >= single.lower_bound_
+
+
+# --- large datasets: the starts are compared on a subsample -------------------------------
+
+
+@pytest.fixture
+def small_selection(monkeypatch):
+    """Compare starts on 100 rows, so that a dataset of a few hundred counts as large."""
+    monkeypatch.setattr(_backend, "_SELECTION_ROWS", 100)
+
+
+@pytest.mark.parametrize("checkpoint", [TINY_CHECKPOINT, None])
+def test_large_fit_runs_em_on_all_rows_from_the_best_start(small_selection, checkpoint):
+    centers = [[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0], [0.0, -6.0]]
+    X = make_blobs(100, centers, seed=11)  # 400 rows > 100
+    gmm = TransformerGMM(4, checkpoint=checkpoint, n_init=3, random_state=0).fit(X)
+    # The final EM ran on all of X: its lower bound is X's mean log-likelihood, and one
+    # more EM step on X (scikit-learn's) from the fit hardly moves it. A fit to the 100
+    # rows alone would be off by about 0.1 in both.
+    assert gmm.converged_ and gmm.lower_bound_ == pytest.approx(gmm.score(X), abs=1e-3)
+    one_more_step = GaussianMixture(
+        4,
+        weights_init=gmm.weights_,
+        means_init=gmm.means_,
+        precisions_init=gmm.precisions_,
+        max_iter=1,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        one_more_step.fit(X)
+    np.testing.assert_allclose(one_more_step.means_, gmm.means_, atol=0.02)
+    distances = np.linalg.norm(gmm.means_[:, None] - np.array(centers)[None], axis=-1)
+    assert distances.min(axis=0).max() < 0.5  # every true centre found
+
+
+def test_one_start_is_never_subsampled(small_selection):
+    X = make_blobs(100, [[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0]], seed=12)
+    subsampled = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=1, random_state=0).fit(X)
+    _backend._SELECTION_ROWS = 10**9  # undone by monkeypatch
+    whole = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=1, random_state=0).fit(X)
+    np.testing.assert_array_equal(subsampled.means_, whole.means_)
+    assert subsampled.n_iter_ == whole.n_iter_

@@ -18,9 +18,15 @@ import numpy as np
 import torch
 
 from . import checkpoints, em, readout
+from .standardize import subsample_rows, take_rows
 
 # Rows per chunk when scoring: bounds memory at O(chunk * K * d) whatever n_samples is.
 _CHUNK_ROWS = 65536
+
+# Above this many rows, a fit chooses among its starts on a subsample of this many rows,
+# then runs EM on all rows from the best start only (see fit_mixtures). The lower bounds
+# of different local optima differ by far more than a subsample of this size blurs.
+_SELECTION_ROWS = 8192
 
 
 # --- device memory -------------------------------------------------------------------
@@ -218,13 +224,26 @@ def fit_mixtures(
     :func:`transformer_gmm.readout.mixture_inits`: from its mixture, then from its
     per-point head; covariances from one M-step on their responsibilities), then
     ``n_kmeans_inits`` starts from k-means++ and Lloyd (scikit-learn's default
-    initialisation). One generator, seeded with ``seed``, draws the rows the backbone
-    reads (only where a dataset is larger than its context), then the k-means++ seeds.
+    initialisation).
+
+    Datasets of more than ``_SELECTION_ROWS`` rows choose among several starts on a
+    uniform subsample of that many rows: every start is built and run by EM there, and
+    only each dataset's best goes on to EM over all rows. So a large fit costs about one
+    EM run whatever ``n_init`` is, with its memory. ``n_iter`` then counts both stages.
+
+    One generator, seeded with ``seed``, draws that subsample (only where it is taken),
+    the rows the backbone reads (only where they are more than its context), then the
+    k-means++ seeds.
     """
     dtype = _dtype(device)
     x, mask = _pad(Xs, device, dtype)  # (B, N, d), (B, N) or None
     n_datasets = x.shape[0]
     generator = _generator(seed, device)
+    n_runs = (n_transformer_inits if backbone is not None else 0) + n_kmeans_inits
+    x_all, mask_all, index = x, mask, None
+    if n_runs > 1 and x.shape[1] > _SELECTION_ROWS:
+        index, mask = subsample_rows(tuple(x.shape[:2]), mask, _SELECTION_ROWS, generator)
+        x = take_rows(x, index)  # (B, S, d): where the starts are built and compared
     runs = []  # each (B, R_i, ...) parameters
     if backbone is not None:
         model = _model_on(backbone.model, device)
@@ -251,7 +270,6 @@ def fit_mixtures(
         )
         runs.append(_unflatten(params, n_datasets))
     params = _flatten(_concatenate_runs(runs))  # (B * R, ...), dataset-major
-    n_runs = params.weights.shape[0] // n_datasets
     result = em.fit_em(
         _repeat(x, n_runs),
         params,
@@ -263,6 +281,20 @@ def fit_mixtures(
     )
     best = result.lower_bound.view(n_datasets, n_runs).argmax(dim=1)  # (B,)
     kept = best + n_runs * torch.arange(n_datasets, device=best.device)  # rows of the batch
+    if index is not None:  # the chosen starts, now on every row
+        chosen = em.MixtureParams(*(getattr(result.params, f)[kept] for f in _PARAM_FIELDS))
+        n_iter = result.n_iter[kept]
+        result = em.fit_em(
+            x_all,
+            chosen,
+            covariance_type=covariance_type,
+            reg_covar=reg_covar,
+            max_iter=max_iter,
+            tol=tol,
+            mask=mask_all,
+        )
+        result.n_iter.add_(n_iter)
+        kept = torch.arange(n_datasets, device=best.device)
     # One transfer per field for the whole batch: no per-dataset indexing of tensors.
     fields = [result.params.weights, result.params.means, result.params.covariances]
     fields += [result.params.precisions_cholesky, result.lower_bound]

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from . import em
 from .nn.model import MixtureOutput
-from .standardize import Standardization, fit_standardization, subsample_rows
+from .standardize import Standardization, fit_standardization, subsample_rows, take_rows
 
 __all__ = [
     "MixtureInit",
@@ -137,13 +137,8 @@ def _read(
     standardization = fit_standardization(x, mask, config.d_max, n_components)
     index, read_mask = subsample_rows(tuple(x.shape[:2]), mask, config.context_size, generator)
     z = standardization.transform(x)  # (B, N, d_max) float32
-    z_read = z if index is None else _rows(z, index)
+    z_read = z if index is None else take_rows(z, index)
     return standardization, z, index, read_mask, forward(model, z_read, n_components, read_mask)
-
-
-def _rows(t: Tensor, index: Tensor) -> Tensor:
-    """Rows ``index`` (B, C) of each dataset of ``t`` (B, N, F): (B, C, F)."""
-    return t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))
 
 
 def mixture_inits(
@@ -205,7 +200,7 @@ def mixture_inits(
         return MixtureInit(rows, rows_mask, resp, weights, means)
 
     resp = model_space_responsibilities(z.to(x.dtype), standardization.n_kept, out, mask)
-    x_read = x if index is None else _rows(x, index)  # (B, C, d)
+    x_read = x if index is None else take_rows(x, index)  # (B, C, d)
     point_probs = out.point_logits.softmax(dim=-1).to(x.dtype)  # (B, C, K)
     return start(x, mask, resp), start(x_read, read_mask, point_probs)
 
@@ -237,7 +232,7 @@ def cluster_centers(
     """
     standardization, z, index, read_mask, out = _read(model, x, mask, n_clusters, generator)
     fallback_means = standardization.inverse_transform_means(out.means)
-    x_read = x if index is None else _rows(x, index)  # (B, C, d)
+    x_read = x if index is None else take_rows(x, index)  # (B, C, d)
     labels = out.point_logits.argmax(dim=-1)  # (B, C)
     one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(x.dtype)
     uniform = torch.full_like(out.weights, 1 / n_clusters)

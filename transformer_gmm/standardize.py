@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ._preprocessing import n_kept_directions
 
-__all__ = ["Standardization", "fit_standardization", "subsample_rows"]
+__all__ = ["Standardization", "fit_standardization", "subsample_rows", "take_rows"]
 
 
 @dataclass(frozen=True)
@@ -174,3 +174,17 @@ def subsample_rows(
     if read_mask is not None and bool(read_mask.all()):
         read_mask = None
     return index, read_mask
+
+
+def take_rows(t: Tensor, index: Tensor) -> Tensor:
+    """Rows ``index`` (B, C) of each dataset of ``t`` (B, N, F): (B, C, F).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.standardize import take_rows
+    >>> t = torch.arange(12.0).reshape(2, 3, 2)
+    >>> take_rows(t, torch.tensor([[2], [0]])).tolist()
+    [[[4.0, 5.0]], [[6.0, 7.0]]]
+    """
+    return t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))
