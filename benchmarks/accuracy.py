@@ -75,6 +75,8 @@ def methods(checkpoint):
         "transformer alone": transformer_gmm(max_iter=0, n_init=1),
         "TransformerGMM": transformer_gmm(),
         "TransformerGMM n_init=1": transformer_gmm(n_init=1),
+        # The transformer's two starts (its mixture and its labels), no k-means++.
+        "TransformerGMM n_init=2": transformer_gmm(n_init=2),
         "GMM n_init=1": gaussian_mixture(1),
         "GMM n_init=10": gaussian_mixture(10),
         "paper EM": em_paper,
