@@ -104,13 +104,11 @@ def methods(checkpoint) -> dict:
     """Each method maps (task, seed) to (labels, init_method_ or None)."""
 
     def clusterer(max_iter):
-        # max_iter=0 with n_init=1: the transformer's labels alone, no k-means++ start.
-        n_init = 1 if max_iter == 0 else "auto"
-
+        # The default n_init: with max_iter=0 that is the transformer's two starts alone
+        # (the centres of its labels and the means of its mixture), no k-means++ start.
         def fit(task, seed):
             model = TransformerClusterer(len(task.means), checkpoint=checkpoint,
-                                         max_iter=max_iter, n_init=n_init,
-                                         random_state=seed).fit(task.X)
+                                         max_iter=max_iter, random_state=seed).fit(task.X)
             return model.labels_, model.init_method_
         return fit
 

@@ -159,12 +159,11 @@ def methods(checkpoint, covariance_type: str) -> dict:
     """Each method maps (case, seed) to a Fit, or None where it does not apply."""
 
     def transformer_gmm(max_iter):
-        # max_iter=0 with n_init=1: the transformer's estimate alone, no k-means++ start.
-        n_init = 1 if max_iter == 0 else "auto"
-
+        # The default n_init: with max_iter=0 that is the transformer's two starts alone
+        # (its mixture and its labels, the likelier kept), no k-means++ start.
         def fit(case, seed):
             gmm = TransformerGMM(case.task.means.shape[0], covariance_type=covariance_type,
-                                 checkpoint=checkpoint, max_iter=max_iter, n_init=n_init,
+                                 checkpoint=checkpoint, max_iter=max_iter,
                                  random_state=seed).fit(case.task.X)
             return Fit(gmm.weights_, gmm.means_, gmm.covariances_, init=gmm.init_method_)
         return fit

@@ -186,6 +186,13 @@ def test_n_init_splits_into_transformer_and_kmeans_starts(n_init, uses_transform
     assert TransformerGMM(n_init=n_init)._starts(uses_transformer) == starts
 
 
+def test_max_iter_zero_keeps_the_transformers_own_estimate_by_default(three_blobs):
+    assert TransformerGMM(max_iter=0)._starts(True) == (2, 0)  # no k-means++ start
+    assert TransformerGMM(max_iter=0)._starts(False) == (0, 1)
+    gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, random_state=0)
+    assert gmm.fit(three_blobs).init_method_ == "transformer" and gmm.n_iter_ == 0
+
+
 @pytest.mark.parametrize("n_features", [2, 7])  # 7 > K - 1 = 2: goes through the projection
 def test_translation_and_scaling_map_the_means(n_features):
     rng = np.random.default_rng(6)

@@ -85,13 +85,16 @@ class _TransformerMixtureBase(BaseEstimator):
         alone when no transformer runs (as scikit-learn does). A poor start can trap EM
         and Lloyd in a local optimum; the transformer's starts and k-means++'s fail on
         different datasets, and more starts in the same batch cost little next to the
-        forward pass (docs/benchmarks.md compares one k-means++ start with two).
+        forward pass (docs/benchmarks.md compares one k-means++ start with two). With
+        ``max_iter=0``, "auto" runs the transformer's two starts alone: that setting
+        asks for the transformer's own estimate, and a k-means++ start without EM is not.
         """
         if not uses_transformer:
             return 0, 1 if self.n_init == "auto" else self.n_init
-        n_init = 4 if self.n_init == "auto" else self.n_init
-        n_transformer = min(n_init, 2)
-        return n_transformer, n_init - n_transformer
+        if self.n_init == "auto":
+            return (2, 0) if self.max_iter == 0 else (2, 2)
+        n_transformer = min(self.n_init, 2)
+        return n_transformer, self.n_init - n_transformer
 
     # --- input -----------------------------------------------------------------------
 

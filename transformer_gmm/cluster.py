@@ -42,7 +42,9 @@ class TransformerClusterer(
         but cannot be found or loaded raises an error.
     max_iter : int, default=300
         Lloyd iterations that refine the transformer's clustering; ``0`` keeps the
-        centres of its labels (points are then labelled by their nearest centre).
+        transformer's own centres (with ``n_init="auto"``, of the centres of its labels
+        and the means of its mixture, those with the lower inertia; points are then
+        labelled by their nearest centre).
     tol : float, default=1e-4
         Lloyd stops when the squared shift of the centres falls below ``tol`` times the
         mean variance of the features, or when no label changes.
@@ -51,8 +53,9 @@ class TransformerClusterer(
         kept. The transformer's one forward pass gives the first two: the centres of its
         per-point labels (``n_init=1`` runs this one alone), then the means of its
         mixture; the others come from k-means++. ``"auto"`` runs both of the
-        transformer's starts and two k-means++ starts, or a single k-means++ start when
-        no transformer runs, as ``KMeans(n_init="auto")`` does.
+        transformer's starts and two k-means++ starts (with ``max_iter=0``, the
+        transformer's two alone), or a single k-means++ start when no transformer runs,
+        as ``KMeans(n_init="auto")`` does.
     device : str, default="auto"
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
     random_state : int, RandomState instance or None, default=None

@@ -56,8 +56,9 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         checkpoint that is named but cannot be found or loaded raises an error.
     max_iter : int, default=100
         EM iterations that polish the transformer's estimate. ``0`` returns the
-        transformer's own weights and means, with covariances from one M-step on its
-        responsibilities.
+        transformer's own estimate: weights and means from one M-step on its
+        responsibilities, and covariances from the same M-step (with ``n_init="auto"``,
+        of its two starts the one with the higher likelihood).
     tol : float, default=1e-3
         EM stops when the gain in the lower bound (mean log-likelihood per sample) is
         below this threshold.
@@ -70,8 +71,8 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
         its per-point cluster probabilities; the others come from k-means++.
         ``"auto"`` runs both of the transformer's starts and two k-means++ starts (a poor
         start can trap EM, and the transformer's and k-means++'s fail on different
-        datasets), or a single k-means++ start when no transformer runs, as
-        ``GaussianMixture`` does.
+        datasets); with ``max_iter=0``, the transformer's two starts alone; and a single
+        k-means++ start when no transformer runs, as ``GaussianMixture`` does.
     device : str, default="auto"
         Where to run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when
         available). Fitting uses float64 on CPU and float32 on CUDA.
