@@ -83,3 +83,17 @@ def test_n_init_keeps_the_lowest_inertia():
     first = TransformerClusterer(4, checkpoint=TINY_CHECKPOINT, n_init=1).fit(X)
     both = TransformerClusterer(4, checkpoint=TINY_CHECKPOINT, n_init=2).fit(X)
     assert both.inertia_ <= first.inertia_ + 1e-9 and both.init_method_ == "transformer"
+
+
+def test_large_fit_compares_starts_on_a_subsample_then_runs_lloyd_on_all_rows(monkeypatch):
+    monkeypatch.setattr(_backend, "_SELECTION_ROWS", 100)  # 400 rows count as large
+    centers = [[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0], [0.0, -6.0]]
+    X = make_blobs(100, centers, seed=13)
+    km = TransformerClusterer(4, checkpoint=TINY_CHECKPOINT, random_state=0).fit(X)
+    # Lloyd's fixed point on all of X: each centre is the mean of its points there.
+    assert km.labels_.shape == (400,)
+    for k in range(4):
+        np.testing.assert_allclose(km.cluster_centers_[k], X[km.labels_ == k].mean(axis=0))
+    assert km.inertia_ == pytest.approx(((X - km.cluster_centers_[km.labels_]) ** 2).sum())
+    distances = np.linalg.norm(km.cluster_centers_[:, None] - np.array(centers)[None], axis=-1)
+    assert distances.min(axis=0).max() < 0.5

@@ -390,10 +390,17 @@ def fit_kmeans(
     """Lloyd from the first ``n_transformer_inits`` (1 or 2) of the transformer's centres
     (when ``backbone`` is given, see :func:`transformer_gmm.readout.cluster_centers`)
     and from ``n_kmeans_inits`` k-means++ seedings, all in one batch; keep the lowest
-    inertia. One generator, seeded with ``seed``, draws the rows the backbone reads,
-    then the k-means++ seeds."""
+    inertia. As in :func:`fit_mixtures`, a dataset of more than ``_SELECTION_ROWS`` rows
+    compares its starts on a subsample of that many and runs Lloyd on all rows from the
+    best only. One generator, seeded with ``seed``, draws that subsample (where it is
+    taken), the rows the backbone reads, then the k-means++ seeds."""
     x = _tensor(X, device)[None]  # (1, n, d)
     generator = _generator(seed, device)
+    x_all, subsampled = x, False
+    n_runs = (n_transformer_inits if backbone is not None else 0) + n_kmeans_inits
+    if n_runs > 1 and x.shape[1] > _SELECTION_ROWS:
+        index, _ = subsample_rows(tuple(x.shape[:2]), None, _SELECTION_ROWS, generator)
+        x, subsampled = take_rows(x, index), True  # (1, S, d)
     starts = []
     if backbone is not None:
         model = _model_on(backbone.model, device)
@@ -408,10 +415,17 @@ def fit_kmeans(
         x.expand(centers.shape[0], -1, -1), centers, max_iter=max_iter, tol=tol
     )
     best = int(torch.argmin(inertia))
+    if subsampled:  # the chosen start, now on every row
+        first_stage = n_iter[best]
+        centers, labels, inertia, n_iter = em.lloyd(
+            x_all, centers[best : best + 1], max_iter=max_iter, tol=tol
+        )
+        n_iter = n_iter + first_stage
+    kept = 0 if subsampled else best
     return KMeansFit(
-        centers=_numpy(centers[best]),
-        labels=labels[best].cpu().numpy().astype(np.int32),
-        inertia=float(inertia[best]),
-        n_iter=int(n_iter[best]),
+        centers=_numpy(centers[kept]),
+        labels=labels[kept].cpu().numpy().astype(np.int32),
+        inertia=float(inertia[kept]),
+        n_iter=int(n_iter[kept]),
         best_run=best,
     )
