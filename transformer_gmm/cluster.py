@@ -71,7 +71,8 @@ class TransformerClusterer(
     inertia_ : float
         Sum of squared distances of the training samples to their nearest centre.
     n_iter_ : int
-        Lloyd iterations run for the kept initialisation.
+        Lloyd iterations run for the kept initialisation. Above 8,192 samples, where the
+        initialisations are compared on a subsample, those there plus those on all of X.
     init_method_ : {"transformer", "k-means++"}
         Where the kept clustering started.
     device_ : str

@@ -101,7 +101,8 @@ class TransformerGMM(DensityMixin, _TransformerMixtureBase):
     converged_ : bool
         Whether EM converged (False when ``max_iter=0``).
     n_iter_ : int
-        EM iterations run for the kept initialisation.
+        EM iterations run for the kept initialisation. Above 8,192 samples, where the
+        initialisations are compared on a subsample, those there plus those on all of X.
     lower_bound_ : float
         Mean log-likelihood per sample at the last E-step of the kept initialisation.
     init_method_ : {"transformer", "k-means++"}
