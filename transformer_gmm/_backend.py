@@ -201,6 +201,21 @@ class MixtureFits:
     best_run: np.ndarray  # (B,) int, index of the kept run, in the order of the starts
 
 
+def _selection_rows(
+    x: torch.Tensor, mask: torch.Tensor | None, n_runs: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Where the starts are built and compared: every row, or, for several starts on
+    datasets of more than ``_SELECTION_ROWS`` rows, a uniform subsample of that many.
+
+    Returns those rows (B, S, d), which of them are real (or None), and their index
+    (B, S), None when every row is kept.
+    """
+    if n_runs == 1 or x.shape[1] <= _SELECTION_ROWS:
+        return x, mask, None
+    index, sub_mask = subsample_rows(tuple(x.shape[:2]), mask, _SELECTION_ROWS, generator)
+    return take_rows(x, index), sub_mask, index
+
+
 @_explain_out_of_memory
 def fit_mixtures(
     Xs: list[np.ndarray] | np.ndarray,
@@ -214,13 +229,13 @@ def fit_mixtures(
     seed: int,
     n_kmeans_inits: int,
     backbone: Backbone | None = None,
-    n_transformer_inits: int = 2,
+    n_transformer_inits: int = 0,
 ) -> MixtureFits:
     """EM on B datasets (padded into one batch) from every initialisation at once; keep
     each dataset's best lower bound.
 
-    Each dataset's runs are, in order: when ``backbone`` is given, the first
-    ``n_transformer_inits`` (1 or 2) of the transformer's starts (see
+    Each dataset's runs are, in order: the first ``n_transformer_inits`` (0, 1 or 2)
+    of the starts of ``backbone``'s transformer (see
     :func:`transformer_gmm.readout.mixture_inits`: from its mixture, then from its
     per-point head; covariances from one M-step on their responsibilities), then
     ``n_kmeans_inits`` starts from k-means++ and Lloyd (scikit-learn's default
@@ -239,16 +254,16 @@ def fit_mixtures(
     x, mask = _pad(Xs, device, dtype)  # (B, N, d), (B, N) or None
     n_datasets = x.shape[0]
     generator = _generator(seed, device)
-    n_runs = (n_transformer_inits if backbone is not None else 0) + n_kmeans_inits
-    x_all, mask_all, index = x, mask, None
-    if n_runs > 1 and x.shape[1] > _SELECTION_ROWS:
-        index, mask = subsample_rows(tuple(x.shape[:2]), mask, _SELECTION_ROWS, generator)
-        x = take_rows(x, index)  # (B, S, d): where the starts are built and compared
+    n_runs = n_transformer_inits + n_kmeans_inits
+    x_all, mask_all = x, mask
+    x, mask, index = _selection_rows(x, mask, n_runs, generator)  # (B, S, d)
     runs = []  # each (B, R_i, ...) parameters
-    if backbone is not None:
+    if n_transformer_inits > 0:
         model = _model_on(backbone.model, device)
-        starts = readout.mixture_inits(model, x, mask, n_components, generator)
-        for init in starts[:n_transformer_inits]:
+        starts = readout.mixture_inits(
+            model, x, mask, n_components, generator, n_starts=n_transformer_inits
+        )
+        for init in starts:
             params = em.estimate_gaussian_parameters(
                 init.x,
                 init.resp,
@@ -385,10 +400,10 @@ def fit_kmeans(
     seed: int,
     n_kmeans_inits: int,
     backbone: Backbone | None = None,
-    n_transformer_inits: int = 2,
+    n_transformer_inits: int = 0,
 ) -> KMeansFit:
-    """Lloyd from the first ``n_transformer_inits`` (1 or 2) of the transformer's centres
-    (when ``backbone`` is given, see :func:`transformer_gmm.readout.cluster_centers`)
+    """Lloyd from the first ``n_transformer_inits`` (0, 1 or 2) of the centres of
+    ``backbone``'s transformer (see :func:`transformer_gmm.readout.cluster_centers`)
     and from ``n_kmeans_inits`` k-means++ seedings, all in one batch; keep the lowest
     inertia. As in :func:`fit_mixtures`, a dataset of more than ``_SELECTION_ROWS`` rows
     compares its starts on a subsample of that many and runs Lloyd on all rows from the
@@ -396,16 +411,15 @@ def fit_kmeans(
     taken), the rows the backbone reads, then the k-means++ seeds."""
     x = _tensor(X, device)[None]  # (1, n, d)
     generator = _generator(seed, device)
-    x_all, subsampled = x, False
-    n_runs = (n_transformer_inits if backbone is not None else 0) + n_kmeans_inits
-    if n_runs > 1 and x.shape[1] > _SELECTION_ROWS:
-        index, _ = subsample_rows(tuple(x.shape[:2]), None, _SELECTION_ROWS, generator)
-        x, subsampled = take_rows(x, index), True  # (1, S, d)
+    x_all = x
+    x, _, index = _selection_rows(x, None, n_transformer_inits + n_kmeans_inits, generator)
+    subsampled = index is not None
     starts = []
-    if backbone is not None:
+    if n_transformer_inits > 0:
         model = _model_on(backbone.model, device)
-        centers = readout.cluster_centers(model, x, None, n_clusters, generator)
-        starts += centers[:n_transformer_inits]
+        starts += readout.cluster_centers(
+            model, x, None, n_clusters, generator, n_starts=n_transformer_inits
+        )
     if n_kmeans_inits > 0:
         starts.append(
             em.kmeans_plusplus(x.expand(n_kmeans_inits, -1, -1), n_clusters, generator=generator)

@@ -141,14 +141,41 @@ def _read(
     return standardization, z, index, read_mask, forward(model, z_read, n_components, read_mask)
 
 
+def _mixture_start(
+    x: Tensor, mask: Tensor | None, z: Tensor, standardization: Standardization, out: MixtureOutput
+) -> MixtureInit:
+    """Every row scored under the transformer's own mixture, and one M-step on that."""
+    resp = model_space_responsibilities(z.to(x.dtype), standardization.n_kept, out, mask)
+    return _start(x, mask, resp, standardization, out)
+
+
+def _start(
+    rows: Tensor,
+    rows_mask: Tensor | None,
+    resp: Tensor,
+    standardization: Standardization,
+    out: MixtureOutput,
+) -> MixtureInit:
+    """One M-step on ``resp`` (zero on padded rows); an empty component keeps the head's."""
+    weights, means = weights_and_means_from_responsibilities(
+        rows,
+        resp,
+        rows_mask,
+        fallback_weights=out.weights / out.weights.sum(dim=-1, keepdim=True),
+        fallback_means=standardization.inverse_transform_means(out.means),
+    )
+    return MixtureInit(rows, rows_mask, resp, weights, means)
+
+
 def mixture_inits(
     model: torch.nn.Module,
     x: Tensor,
     mask: Tensor | None,
     n_components: int,
     generator: torch.Generator,
-) -> tuple[MixtureInit, MixtureInit]:
-    """The transformer's two starts, from one forward pass.
+    n_starts: int = 2,
+) -> tuple[MixtureInit, ...]:
+    """The transformer's starts, from one forward pass.
 
     The first scores every row under the transformer's own mixture (its weights, means
     and scales, in model space); the second takes its per-point head's cluster
@@ -169,12 +196,14 @@ def mixture_inits(
         K, which the model must have a head for.
     generator : torch.Generator
         Draws the rows read where a dataset has more than ``context_size``.
+    n_starts : {1, 2}, default=2
+        How many of the two starts to build, in order.
 
     Returns
     -------
     from_mixture, from_labels : MixtureInit
         The start from the transformer's mixture (for all N rows) and the one from its
-        per-point head (for the rows it read).
+        per-point head (for the rows it read); the first ``n_starts`` of them.
 
     Examples
     --------
@@ -188,21 +217,14 @@ def mixture_inits(
     (torch.Size([3, 80, 3]), torch.Size([3, 64, 3]), torch.Size([3, 3, 2]))
     """
     standardization, z, index, read_mask, out = _read(model, x, mask, n_components, generator)
-    fallback_weights = out.weights / out.weights.sum(dim=-1, keepdim=True)
-    fallback_means = standardization.inverse_transform_means(out.means)
-
-    def start(rows: Tensor, rows_mask: Tensor | None, resp: Tensor) -> MixtureInit:
-        weights, means = weights_and_means_from_responsibilities(
-            rows, resp, rows_mask, fallback_weights, fallback_means
-        )
-        if rows_mask is not None:
-            resp = resp.masked_fill(~rows_mask[..., None], 0.0)
-        return MixtureInit(rows, rows_mask, resp, weights, means)
-
-    resp = model_space_responsibilities(z.to(x.dtype), standardization.n_kept, out, mask)
-    x_read = x if index is None else take_rows(x, index)  # (B, C, d)
-    point_probs = out.point_logits.softmax(dim=-1).to(x.dtype)  # (B, C, K)
-    return start(x, mask, resp), start(x_read, read_mask, point_probs)
+    starts = [_mixture_start(x, mask, z, standardization, out)]
+    if n_starts > 1:
+        x_read = x if index is None else take_rows(x, index)  # (B, C, d)
+        point_probs = out.point_logits.softmax(dim=-1).to(x.dtype)  # (B, C, K)
+        if read_mask is not None:
+            point_probs = point_probs.masked_fill(~read_mask[..., None], 0.0)
+        starts.append(_start(x_read, read_mask, point_probs, standardization, out))
+    return tuple(starts)
 
 
 def cluster_centers(
@@ -211,13 +233,14 @@ def cluster_centers(
     mask: Tensor | None,
     n_clusters: int,
     generator: torch.Generator,
-) -> tuple[Tensor, Tensor]:
-    """The transformer's two sets of centres (B, K, d), from one forward pass.
+    n_starts: int = 2,
+) -> tuple[Tensor, ...]:
+    """The transformer's sets of centres (B, K, d), from one forward pass.
 
     The first from its per-point head: each centre is the mean of the read points its
     label holds. The second from its mixture: the means of :func:`mixture_inits`'s first
     start. A cluster left empty starts at the parameter head's mean instead. Arguments
-    as :func:`mixture_inits`.
+    as :func:`mixture_inits`; the first ``n_starts`` of the two are returned.
 
     Examples
     --------
@@ -231,16 +254,10 @@ def cluster_centers(
     (torch.Size([2, 4, 3]), torch.Size([2, 4, 3]))
     """
     standardization, z, index, read_mask, out = _read(model, x, mask, n_clusters, generator)
-    fallback_means = standardization.inverse_transform_means(out.means)
     x_read = x if index is None else take_rows(x, index)  # (B, C, d)
     labels = out.point_logits.argmax(dim=-1)  # (B, C)
     one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(x.dtype)
-    uniform = torch.full_like(out.weights, 1 / n_clusters)
-    _, from_labels = weights_and_means_from_responsibilities(
-        x_read, one_hot, read_mask, uniform, fallback_means
-    )
-    resp = model_space_responsibilities(z.to(x.dtype), standardization.n_kept, out, mask)
-    _, from_mixture = weights_and_means_from_responsibilities(
-        x, resp, mask, uniform, fallback_means
-    )
-    return from_labels, from_mixture
+    centers = [_start(x_read, read_mask, one_hot, standardization, out).means]
+    if n_starts > 1:
+        centers.append(_mixture_start(x, mask, z, standardization, out).means)
+    return tuple(centers)
