@@ -473,6 +473,22 @@ def test_lloyd_keeps_empty_cluster_centre():
     assert set(labels[0].tolist()) == {0, 1}
 
 
+def test_lloyd_inertia_read_in_row_chunks_is_the_whole_sum(monkeypatch):
+    # The final inertia reads rows in chunks (no (B, N, d) temporary at large N): chunks
+    # that do not divide N, and padding across a chunk boundary, must not change it.
+    datasets = [gaussian_blobs(*spec)[0] for spec in (SEPARATED, OVERLAPPING)]
+    datasets[1] = datasets[1][:137]
+    padded, mask = padded_batch(datasets)
+    init = torch.stack([t(data[:3]) for data in datasets])
+    whole = em.lloyd(padded, init, max_iter=100, mask=mask)
+    monkeypatch.setattr(kmeans, "_INERTIA_CHUNK_ROWS", 7)
+    chunked = em.lloyd(padded, init, max_iter=100, mask=mask)
+    for i, data in enumerate(datasets):
+        direct = ((t(data) - whole[0][i][whole[1][i, : len(data)]]) ** 2).sum()
+        np.testing.assert_allclose(float(chunked[2][i]), float(direct), rtol=1e-12)
+    np.testing.assert_allclose(chunked[2], whole[2], rtol=1e-12)
+
+
 # --- 6. ill-defined covariances --------------------------------------------------------
 
 

@@ -74,6 +74,9 @@ def _take(t: Tensor | None, index: Tensor) -> Tensor | None:
 # running; a gather copies X once, far less than the iteration it saves.
 _SHRINK_WHEN_STOPPED = 0.25
 
+# The final inertia reads this many rows at a time (a few MB of temporaries at d = 16).
+_INERTIA_CHUNK_ROWS = 65_536
+
 
 class _ShrinkingBatch:
     """The rows of a batch that a loop still works on, and the results of those it left.
@@ -209,14 +212,38 @@ def kmeans_plusplus(
 # --- Lloyd -----------------------------------------------------------------------------
 
 
-def _assign(X: Tensor, centers: Tensor, x_norms: Tensor) -> Tensor:
-    """Index of the closest centre: (B|1, N, d), (B, K, d) -> (B, N)."""
-    return _squared_distances(X, centers, x_norms).argmin(-1)
+def _assign(X: Tensor, centers: Tensor) -> Tensor:
+    """Index of the closest centre: (B|1, N, d), (B, K, d) -> (B, N).
+
+    ||x||^2 is the same for every centre, so the argmin needs only ||c||^2 - 2 x.c: one
+    fused matmul-and-add over (B, N, K), as in scikit-learn's Lloyd step.
+    """
+    scores = torch.baddbmm(
+        centers.square().sum(-1)[:, None, :],  # (B, 1, K)
+        X.expand(centers.shape[0], -1, -1),
+        centers.mT,
+        alpha=-2.0,
+    )  # (B, N, K)
+    return scores.argmin(-1)
+
+
+def _inertia(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor) -> Tensor:
+    """Sum of squared distances of real points to their centre, (B,), from differences
+    rather than the expanded form (which loses digits), in row chunks so that no
+    (B, N, d) temporary is ever made."""
+    n_batch, n_points, n_features = labels.shape[0], X.shape[1], X.shape[2]
+    inertia = X.new_zeros(n_batch)
+    for start in range(0, n_points, _INERTIA_CHUNK_ROWS):
+        rows = slice(start, start + _INERTIA_CHUNK_ROWS)
+        chunk_labels = labels[:, rows, None].expand(-1, -1, n_features)  # (B, n, d)
+        nearest = centers.gather(1, chunk_labels)  # (B, n, d)
+        squared = (X[:, rows] - nearest).square_().sum(-1)  # (B, n)
+        inertia += (squared * weights[:, rows, 0]).sum(-1)
+    return inertia
 
 
 def _lloyd_loop(
     X: Tensor,
-    x_norms: Tensor,
     centers: Tensor,
     offset: Tensor,
     weights: Tensor,
@@ -232,10 +259,11 @@ def _lloyd_loop(
     batch = _ShrinkingBatch(n_batch, X.device)
     for iteration in range(1, max_iter + 1):
         active = ~converged  # (A,) over the working batch of A <= B datasets
-        labels = _assign(X, centers - offset, x_norms)  # (A, N)
-        one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(X.dtype) * weights
-        counts = one_hot.sum(1)[..., None]  # (A, K, 1)
-        # A matmul rather than scatter_add: deterministic on CUDA too.
+        labels = _assign(X, centers - offset)  # (A, N)
+        one_hot = X.new_zeros(*labels.shape, n_clusters).scatter_(2, labels[..., None], 1.0)
+        # Matmuls rather than scatter_add: deterministic on CUDA too. Padded rows of X
+        # are zero, so only the counts need the weights.
+        counts = one_hot.mT @ weights  # (A, K, 1)
         sums = one_hot.mT @ X  # (A, K, d)
         new_centers = torch.where(counts > 0, sums / counts.clamp_min(1.0) + offset, centers)
         shift = (new_centers - centers).square().sum((1, 2))  # (A,)
@@ -250,8 +278,8 @@ def _lloyd_loop(
             break
         if iteration < max_iter and batch.should_shrink(n_running):
             keep = batch.shrink(converged, n_running, (centers, n_iter))
-            X, x_norms, offset, weights, threshold, padded = (
-                _take(t, keep) for t in (X, x_norms, offset, weights, threshold, padded)
+            X, offset, weights, threshold, padded = (
+                _take(t, keep) for t in (X, offset, weights, threshold, padded)
             )
             centers, labels_old, n_iter = centers[keep], labels_old[keep], n_iter[keep]
             converged = converged[keep]
@@ -320,9 +348,11 @@ def lloyd(
     # rounding; the variance of the real points scales the tolerance.
     n_real = weights.sum(1, keepdim=True)  # (B|1, 1, 1)
     offset = X.sum(1, keepdim=True) / n_real  # (B|1, 1, d)
-    X = (X - offset) * weights  # (B|1, N, d), padding stays at 0
-    variance = X.square().sum(1, keepdim=True) / n_real  # (B|1, 1, d)
-    threshold = (tol * variance.mean(-1)).reshape(-1)  # (B|1,)
+    X = X - offset if mask is None else (X - offset) * weights  # (B|1, N, d), padding at 0
+    # The mean over features of the variance is the total sum of squares over n_real * d:
+    # one contiguous reduction, with no (N, d) temporary.
+    total = torch.linalg.vector_norm(X.flatten(1), dim=1).square()  # (B|1,)
+    threshold = tol * total / (n_real.reshape(-1) * X.shape[-1])  # (B|1,)
 
     # Centres stay in X's coordinates, so kept ones come back bit for bit.
     centers = centers.expand(n_batch, -1, -1)
@@ -330,15 +360,11 @@ def lloyd(
         torch.zeros(1, X.shape[1], dtype=torch.bool, device=X.device) if mask is None else ~mask
     )
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
-    x_norms = _squared_norms(X)
     if max_iter > 0:
-        centers, n_iter = _lloyd_loop(
-            X, x_norms, centers, offset, weights, threshold, padded, max_iter
-        )
+        centers, n_iter = _lloyd_loop(X, centers, offset, weights, threshold, padded, max_iter)
 
     # Final assignment, so that labels and inertia belong to the returned centres.
     centered = centers - offset
-    labels = _assign(X, centered, x_norms)  # (B, N)
-    nearest = centered.gather(1, labels[..., None].expand(-1, -1, X.shape[-1]))  # (B, N, d)
-    inertia = ((X - nearest).square().sum(-1, keepdim=True) * weights).sum((1, 2))  # (B,)
+    labels = _assign(X, centered)  # (B, N)
+    inertia = _inertia(X, centered, labels, weights)  # (B,)
     return centers, labels.masked_fill(padded, -1), inertia, n_iter
