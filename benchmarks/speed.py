@@ -12,8 +12,9 @@ scikit-learn measured in the same run (machines here are noisy; ratios travel be
    fits, with the backbone's model FLOPs utilisation (MFU): the forward pass's FLOPs per
    dataset (from the model config) times datasets/s, over ``--peak-tflops``;
 3. one fit of 1,000,000 points (d = 16, K = 5, full covariances) against
-   ``GaussianMixture(n_init=1)``: time and mean error, and our peak memory growth
-   (measured in a fresh process, so that the figure is this fit's own).
+   ``GaussianMixture(n_init=1)``: time, mean error and peak memory growth over the
+   memory resident before the fit (in a fresh process); then
+   ``TransformerClusterer`` against ``KMeans(n_init=1)`` on the same points.
 
     python benchmarks/speed.py --quick      # small batches, 100,000 points: about a minute
     python benchmarks/speed.py --device cuda --only throughput --batches 1000 10000 100000
@@ -35,12 +36,18 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from sklearn.cluster import KMeans
 from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, mean_error, sample_tgmm_task, single_threaded, write_csv  # noqa: E402
 
-from transformer_gmm import FallbackWarning, TransformerGMM, fit_many  # noqa: E402
+from transformer_gmm import (  # noqa: E402
+    FallbackWarning,
+    TransformerClusterer,
+    TransformerGMM,
+    fit_many,
+)
 
 
 def median_ms(fit, repeats: int) -> float:
@@ -121,9 +128,30 @@ def throughput(checkpoint, device, batch_sizes, peak_tflops):
     return rows
 
 
+def reset_peak_resident() -> None:
+    """Start the peak below from the memory resident now (Linux 4.0+; elsewhere a no-op,
+    and the peak is then the process's own so far)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        pass
+
+
 def peak_resident_mb() -> float:
-    """The process's peak resident memory so far (Linux reports ru_maxrss in KB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+    """The peak resident memory of this process's address space (VmHWM), in MB.
+
+    Not ru_maxrss: Linux carries it across fork and exec, so a child process started
+    by a parent larger than the child's own peak reports the parent's size (which is
+    what once read 1.3 GB of growth for a fit that grows by 0.4 GB)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1e3  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # KB on Linux
 
 
 def resident_mb() -> float:
@@ -149,21 +177,31 @@ def large_n(checkpoint, device, n_samples):
         "GMM n_init=1": lambda: GaussianMixture(5, random_state=0),
     }.items():
         before = resident_mb()
+        reset_peak_resident()
         start = time.perf_counter()
         gmm = make().fit(X)
         seconds = time.perf_counter() - start
         grown = peak_resident_mb() - before
         rows.append(dict(measure=f"fit N={n_samples} d=16 K=5", method=name, value=seconds,
                          unit="s", error=mean_error(gmm.means_, means), mfu=np.nan))
-        if name == "TransformerGMM":  # runs first, in a fresh process: the peak is its own
-            rows.append(dict(measure=f"peak RSS growth N={n_samples}", method=name,
-                             value=grown, unit="MB", error=np.nan, mfu=np.nan))
+        rows.append(dict(measure=f"peak RSS growth N={n_samples}", method=name,
+                         value=grown, unit="MB", error=np.nan, mfu=np.nan))
+    for name, make in {
+        "TransformerClusterer": lambda: TransformerClusterer(5, checkpoint=checkpoint,
+                                                             device=device, random_state=0),
+        "KMeans n_init=1": lambda: KMeans(5, n_init=1, random_state=0),
+    }.items():
+        start = time.perf_counter()
+        model = make().fit(X)
+        seconds = time.perf_counter() - start
+        rows.append(dict(measure=f"cluster N={n_samples} d=16 K=5", method=name, value=seconds,
+                         unit="s", error=mean_error(model.cluster_centers_, means), mfu=np.nan))
     return rows
 
 
 def large_n_in_a_fresh_process(checkpoint, device, n_samples):
-    """large_n in a child process: peak RSS is a high-water mark, so in this process it
-    would read 0 MB whenever the throughput batches had grown it further first."""
+    """large_n in a child process, whose heap holds nothing of the throughput batches:
+    memory they freed would otherwise be reused by the fit and hide part of its growth."""
     command = [sys.executable, __file__, "--large-n-worker", str(n_samples),
                "--checkpoint", "none" if checkpoint is None else str(checkpoint),
                "--device", device]
@@ -209,16 +247,18 @@ def main(argv=None):
         if "large_n" in args.only:
             n_samples = 100_000 if args.quick else 1_000_000
             rows += large_n_in_a_fresh_process(checkpoint, args.device, n_samples)
-    reference = {r["measure"]: r["value"] for r in rows if r["method"] == "GMM n_init=1"}
     print(f"{'measure':<34} {'method':<23} {'value':>12} {'unit':<11} {'error':>8} {'MFU':>8}")
     for row in rows:
         mfu = "" if np.isnan(row["mfu"]) else f"{100 * row['mfu']:.3f}%"
         print(f"{row['measure']:<34} {row['method']:<23} {row['value']:>12.2f} "
               f"{row['unit']:<11} {row['error']:>8.4f} {mfu:>8}")
-    ours = {r["measure"]: r["value"] for r in rows if r["method"] == "TransformerGMM"}
-    for measure in ours.keys() & reference.keys():
-        print(f"ratio TransformerGMM / GMM n_init=1, {measure}: "
-              f"{ours[measure] / reference[measure]:.2f}")
+    for ours, theirs in [("TransformerGMM", "GMM n_init=1"),
+                         ("TransformerClusterer", "KMeans n_init=1")]:
+        ours_by = {r["measure"]: r["value"] for r in rows if r["method"] == ours}
+        theirs_by = {r["measure"]: r["value"] for r in rows if r["method"] == theirs}
+        for measure in sorted(ours_by.keys() & theirs_by.keys()):
+            print(f"ratio {ours} / {theirs}, {measure}: "
+                  f"{ours_by[measure] / theirs_by[measure]:.2f}")
     path = write_csv(rows, args.results / "speed.csv")
     print(f"wrote {path}")
     return rows
