@@ -289,6 +289,37 @@ def test_batches_depend_on_seed_step_and_rank_only():
     assert a.x.shape != other_rank.x.shape or not torch.equal(a.x, other_rank.x)
 
 
+def test_focus_prior_draws_that_fraction_of_the_batches():
+    # "small" has heads for K = 2..10 and d_max = 8; tgmm-2d draws d = 2 and K <= 5 only,
+    # so a focused batch fills two input columns, and a broad one almost never does.
+    cfg = T.TrainConfig(model="small", batch_size=4, focus_prior="tgmm-2d", focus_prob=0.3)
+    mc = T.model_config(cfg)
+    focused = []
+    for step in range(200):
+        batch = T.get_batch(cfg, mc, step, 0)
+        columns = int((batch.x.abs().sum((0, 1)) > 0).sum())
+        focused.append(columns == 2 and batch.n_components <= 5)
+    assert 0.2 < np.mean(focused) < 0.45
+    # Without a focus, K is the first draw of the step's generator, as it always was, so
+    # runs begun before the option existed resume onto the same batches.
+    plain = T.TrainConfig(model="small", batch_size=4)
+    for step in range(20):
+        K = int(np.random.default_rng([plain.seed, step]).integers(2, 11))
+        assert T.get_batch(plain, mc, step, 0).n_components == K
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(focus_prob=1.5, focus_prior="tgmm-2d"), "in \\[0, 1\\]"),
+        (dict(focus_prob=0.5), "needs"),
+    ],
+)
+def test_focus_options_are_checked(options, message):
+    with pytest.raises(ValueError, match=message):
+        T.TrainConfig(**options)
+
+
 def test_command_line_overrides_the_preset():
     cfg = T.parse_args(
         [

@@ -37,6 +37,12 @@ class TrainConfig:
         Model fields to replace.
     prior : str, default="broad"
         A task prior of :data:`transformer_gmm.training.PRIORS`.
+    focus_prior : str, default=""
+        A second prior, drawn instead of ``prior`` for a fraction ``focus_prob`` of the
+        steps (with its own K range): fine-tuning toward one regime while the rest of
+        ``prior`` keeps being seen. The held-out evaluation stays on ``prior``.
+    focus_prob : float, default=0.0
+        That fraction, in [0, 1]; 0 draws every batch from ``prior``.
     parameter_loss : {"hungarian", "nll"}, default="hungarian"
         Match then regress, or the mixture NLL (no matching).
     point_weight : float, default=1.0
@@ -96,6 +102,8 @@ class TrainConfig:
     n_head: int | None = None
     context_size: int | None = None
     prior: str = "broad"  # a task prior of transformer_gmm.training.tasks.PRIORS
+    focus_prior: str = ""  # drawn instead of prior for a fraction focus_prob of the steps
+    focus_prob: float = 0.0
     parameter_loss: str = "hungarian"  # "hungarian" (match, then regress) or "nll" (no matching)
     point_weight: float = 1.0  # weight of the per-point cross-entropy
     batch_size: int = 64  # tasks per step and per process, all with one K
@@ -119,6 +127,15 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (CUDA; recompiles per K and batch shape)
     threads: int = 0  # torch CPU threads, 0 for torch's default
     preset: str = ""  # the preset this config started from, for the model card
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.focus_prob <= 1.0:
+            raise ValueError(f"focus_prob must be in [0, 1], got {self.focus_prob}.")
+        if self.focus_prob > 0 and self.focus_prior not in PRIORS:
+            raise ValueError(
+                f"focus_prob={self.focus_prob} needs a focus_prior among {sorted(PRIORS)}, "
+                f"got {self.focus_prior!r}."
+            )
 
 
 # fmt: off
@@ -164,8 +181,8 @@ def model_config(cfg: TrainConfig) -> ModelConfig:
     return config_from_preset(cfg.model, **overrides)
 
 
-def k_range(cfg: TrainConfig, mc: ModelConfig) -> tuple[int, int]:
-    """The K the prior asks for that the model has a head for.
+def k_range(cfg: TrainConfig, mc: ModelConfig, prior: str | None = None) -> tuple[int, int]:
+    """The K the prior (``cfg.prior`` unless named) asks for that the model has a head for.
 
     Examples
     --------
@@ -176,10 +193,10 @@ def k_range(cfg: TrainConfig, mc: ModelConfig) -> tuple[int, int]:
     >>> k_range(cfg, mc)
     (2, 4)
     """
-    prior = PRIORS[cfg.prior]
-    low, high = max(prior.k_range[0], mc.k_min), min(prior.k_range[1], mc.k_max)
+    name = cfg.prior if prior is None else prior
+    low, high = max(PRIORS[name].k_range[0], mc.k_min), min(PRIORS[name].k_range[1], mc.k_max)
     if low > high:
-        raise ValueError(f"Prior {cfg.prior!r} and model heads {mc.k_min}..{mc.k_max} share no K.")
+        raise ValueError(f"Prior {name!r} and model heads {mc.k_min}..{mc.k_max} share no K.")
     return low, high
 
 
@@ -216,7 +233,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         ),
     )
     choices = dict(
-        model=sorted(MODEL_PRESETS), prior=sorted(PRIORS), parameter_loss=sorted(PARAMETER_LOSSES)
+        model=sorted(MODEL_PRESETS),
+        prior=sorted(PRIORS),
+        focus_prior=sorted(PRIORS),
+        parameter_loss=sorted(PARAMETER_LOSSES),
     )
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
     hints = typing.get_type_hints(TrainConfig)

@@ -202,12 +202,15 @@ def model_card(
     True
     """
     low, high = k_range(cfg, mc)
+    focus = ""
+    if cfg.focus_prob > 0:
+        focus = f" Prior `{cfg.focus_prior}` replaced it for {cfg.focus_prob:.0%} of the steps."
     table = format_table(rows) if rows else "Not evaluated yet."
     return (
         "---\nlibrary_name: transformer_gmm\ntags: [gaussian-mixture, clustering]\n---\n\n"
         f"# transformer_gmm checkpoint (preset `{cfg.preset or 'custom'}`)\n\n"
         f"Trained on prior `{cfg.prior}` (K = {low}..{high}) with the "
-        f"`{cfg.parameter_loss}` parameter loss.\n\n"
+        f"`{cfg.parameter_loss}` parameter loss.{focus}\n\n"
         "| preset | steps | tasks seen | hardware | wall time |\n|---|---|---|---|---|\n"
         f"| {cfg.preset or 'custom'} | {step} | {step * cfg.batch_size * world_size} | {hw} | "
         f"{wall / 60:.1f} min |\n\n"

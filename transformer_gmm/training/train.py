@@ -65,10 +65,14 @@ def get_batch(cfg: TrainConfig, mc: ModelConfig, step: int, rank: int) -> TaskBa
     >>> torch.equal(batch.x, get_batch(cfg, mc, step=0, rank=0).x)
     True
     """
-    low, high = k_range(cfg, mc)
-    K = int(np.random.default_rng([cfg.seed, step]).integers(low, high + 1))  # same on all ranks
+    step_rng = np.random.default_rng([cfg.seed, step])  # the same on all ranks
+    # Drawn only when focusing, so that runs without a focus prior keep their batches.
+    focused = cfg.focus_prob > 0 and step_rng.random() < cfg.focus_prob
+    prior = cfg.focus_prior if focused else cfg.prior
+    low, high = k_range(cfg, mc, prior)
+    K = int(step_rng.integers(low, high + 1))
     rng = np.random.default_rng([cfg.seed, step, rank])  # different tasks on each rank
-    return sample_batch(rng, PRIORS[cfg.prior], K, cfg.batch_size, mc.d_max, mc.context_size)
+    return sample_batch(rng, PRIORS[prior], K, cfg.batch_size, mc.d_max, mc.context_size)
 
 
 class _StepBatches(torch.utils.data.Dataset):
