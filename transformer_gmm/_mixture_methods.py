@@ -1,0 +1,266 @@
+"""What a fitted Gaussian mixture computes from its parameters alone: densities, labels,
+probabilities, samples and information criteria.
+
+:class:`~transformer_gmm.TransformerGMM` takes these methods from
+:class:`FittedMixtureMixin`; fitting them is :mod:`transformer_gmm.gmm`'s work.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+
+import numpy as np
+from scipy.special import logsumexp
+from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
+
+from . import _backend
+
+# Free parameters of the covariances, by type (for bic and aic).
+_N_COVARIANCE_PARAMETERS = {
+    "full": lambda k, d: k * d * (d + 1) / 2,
+    "tied": lambda k, d: d * (d + 1) / 2,
+    "diag": lambda k, d: k * d,
+    "spherical": lambda k, d: k,
+}
+
+
+def _precisions(precisions_cholesky: np.ndarray, covariance_type: str) -> np.ndarray:
+    if covariance_type == "full":
+        return precisions_cholesky @ np.swapaxes(precisions_cholesky, -1, -2)
+    if covariance_type == "tied":
+        return precisions_cholesky @ precisions_cholesky.T
+    return precisions_cholesky**2
+
+
+class FittedMixtureMixin:
+    """Methods of a fitted mixture: they read ``weights_``, ``means_``, ``covariances_``,
+    ``precisions_cholesky_``, ``covariance_type``, ``n_components`` and ``random_state``,
+    and validate input with the estimator's ``_validate_predict_data``."""
+
+    def _estimate_weighted_log_prob(self, X: np.ndarray) -> np.ndarray:
+        return _backend.estimate_weighted_log_prob(
+            X, self.weights_, self.means_, self.precisions_cholesky_, self.covariance_type
+        )
+
+    def score_samples(self, X):
+        """Log-likelihood of each sample under the fitted mixture.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        log_prob : ndarray of shape (n_samples,)
+            ``log p(x)`` for each sample.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> gmm.score_samples([[-5.0, -5.0], [0.0, 0.0]]).shape
+        (2,)
+        >>> bool(gmm.score_samples([[-5.0, -5.0]])[0] > gmm.score_samples([[0.0, 0.0]])[0])
+        True
+        """
+        check_is_fitted(self)
+        X = self._validate_predict_data(X)
+        return logsumexp(self._estimate_weighted_log_prob(X), axis=1)
+
+    def score(self, X, y=None):
+        """Mean log-likelihood per sample (higher is better).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+        y : Ignored
+            Not used, present for API consistency.
+
+        Returns
+        -------
+        log_likelihood : float
+            Mean of :meth:`score_samples`.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> round(gmm.score(X), 1)
+        -3.4
+        """
+        return float(self.score_samples(X).mean())
+
+    def predict(self, X):
+        """The most probable component of each sample.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,)
+            Component labels.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> labels = gmm.predict([[-5.0, -5.0], [-4.0, -6.0], [5.0, 5.0]])
+        >>> bool(labels[0] == labels[1]), bool(labels[0] != labels[2])
+        (True, True)
+        """
+        check_is_fitted(self)
+        X = self._validate_predict_data(X)
+        return self._estimate_weighted_log_prob(X).argmax(axis=1)
+
+    def predict_proba(self, X):
+        """Posterior probability of each component for each sample.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        resp : ndarray of shape (n_samples, n_components)
+            Responsibilities; each row sums to 1.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> proba = gmm.predict_proba([[-5.0, -5.0], [5.0, 5.0]])
+        >>> proba.shape, np.allclose(proba.sum(axis=1), 1.0)
+        ((2, 2), True)
+        >>> proba.max(axis=1).round(3)
+        array([1., 1.])
+        """
+        check_is_fitted(self)
+        X = self._validate_predict_data(X)
+        weighted = self._estimate_weighted_log_prob(X)
+        return np.exp(weighted - logsumexp(weighted, axis=1, keepdims=True))
+
+    def sample(self, n_samples=1):
+        """Draw samples from the fitted mixture.
+
+        Parameters
+        ----------
+        n_samples : int, default=1
+            Number of samples to draw.
+
+        Returns
+        -------
+        X : ndarray of shape (n_samples, n_features)
+            Samples, grouped by component.
+        y : ndarray of shape (n_samples,)
+            The component each sample came from.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> X_new, y_new = gmm.sample(6)
+        >>> X_new.shape, y_new.shape
+        ((6, 2), (6,))
+        """
+        check_is_fitted(self)
+        if not isinstance(n_samples, Integral) or n_samples < 1:
+            raise ValueError(
+                f"Invalid value for 'n_samples': {n_samples!r}. It must be a positive integer."
+            )
+        rng = check_random_state(self.random_state)
+        counts = rng.multinomial(n_samples, self.weights_)
+        if self.covariance_type == "full":
+            draws = [
+                rng.multivariate_normal(mean, cov, int(count))
+                for mean, cov, count in zip(self.means_, self.covariances_, counts, strict=True)
+            ]
+        elif self.covariance_type == "tied":
+            draws = [
+                rng.multivariate_normal(mean, self.covariances_, int(count))
+                for mean, count in zip(self.means_, counts, strict=True)
+            ]
+        else:
+            draws = [
+                mean + rng.standard_normal((count, mean.shape[0])) * np.sqrt(cov)
+                for mean, cov, count in zip(self.means_, self.covariances_, counts, strict=True)
+            ]
+        labels = np.concatenate([np.full(count, k, dtype=int) for k, count in enumerate(counts)])
+        return np.vstack(draws), labels
+
+    def _n_parameters(self) -> int:
+        n_features = self.means_.shape[1]
+        covariance = _N_COVARIANCE_PARAMETERS[self.covariance_type](self.n_components, n_features)
+        return int(covariance + self.n_components * n_features + self.n_components - 1)
+
+    def bic(self, X):
+        """Bayesian information criterion on ``X`` (lower is better).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        bic : float
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> gmm1 = TransformerGMM(n_components=1, checkpoint=None).fit(X)
+        >>> bool(gmm.bic(X) < gmm1.bic(X))
+        True
+        """
+        n_samples = np.shape(X)[0]
+        return -2 * self.score(X) * n_samples + self._n_parameters() * np.log(n_samples)
+
+    def aic(self, X):
+        """Akaike information criterion on ``X`` (lower is better).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        aic : float
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
+        >>> gmm1 = TransformerGMM(n_components=1, checkpoint=None).fit(X)
+        >>> bool(gmm.aic(X) < gmm1.aic(X))
+        True
+        """
+        return -2 * self.score(X) * np.shape(X)[0] + 2 * self._n_parameters()
