@@ -12,9 +12,9 @@ scikit-learn measured in the same run (machines here are noisy; ratios travel be
    fits, with the backbone's model FLOPs utilisation (MFU): the forward pass's FLOPs per
    dataset (from the model config) times datasets/s, over ``--peak-tflops``;
 3. one fit of 1,000,000 points (d = 16, K = 5, full covariances) against
-   ``GaussianMixture(n_init=1)``: time, mean error and peak memory growth over the
-   memory resident before the fit (in a fresh process); then
-   ``TransformerClusterer`` against ``KMeans(n_init=1)`` on the same points.
+   ``GaussianMixture(n_init=1)``, and ``TransformerClusterer`` against
+   ``KMeans(n_init=1)`` on the same points: time, mean error, and peak memory growth
+   over the memory resident before the fit, each method in a fresh process.
 
     python benchmarks/speed.py --quick      # small batches, 100,000 points: about a minute
     python benchmarks/speed.py --device cuda --only throughput --batches 1000 10000 100000
@@ -164,51 +164,52 @@ def resident_mb() -> float:
         return peak_resident_mb()
 
 
-def large_n(checkpoint, device, n_samples):
+LARGE_N_METHODS = ("TransformerGMM", "GMM n_init=1", "TransformerClusterer", "KMeans n_init=1")
+
+
+def large_n(checkpoint, device, n_samples, method):
+    """One fit of ``method`` on the large data: its time, error and peak memory growth."""
     rng = np.random.default_rng(2)
     means = rng.uniform(-5, 5, (5, 16))
     X = means[rng.choice(5, n_samples)] + rng.standard_normal((n_samples, 16))
-    # Warm-up on a few points: loads the checkpoint, so the time below is the fit's alone.
-    TransformerGMM(5, checkpoint=checkpoint, device=device, random_state=0).fit(X[:1000])
-    rows = []
-    for name, make in {
-        "TransformerGMM": lambda: TransformerGMM(5, checkpoint=checkpoint, device=device,
-                                                 random_state=0),
+    ours = dict(checkpoint=checkpoint, device=device, random_state=0)
+    make = {
+        "TransformerGMM": lambda: TransformerGMM(5, **ours),
         "GMM n_init=1": lambda: GaussianMixture(5, random_state=0),
-    }.items():
-        before = resident_mb()
-        reset_peak_resident()
-        start = time.perf_counter()
-        gmm = make().fit(X)
-        seconds = time.perf_counter() - start
-        grown = peak_resident_mb() - before
-        rows.append(dict(measure=f"fit N={n_samples} d=16 K=5", method=name, value=seconds,
-                         unit="s", error=mean_error(gmm.means_, means), mfu=np.nan))
-        rows.append(dict(measure=f"peak RSS growth N={n_samples}", method=name,
-                         value=grown, unit="MB", error=np.nan, mfu=np.nan))
-    for name, make in {
-        "TransformerClusterer": lambda: TransformerClusterer(5, checkpoint=checkpoint,
-                                                             device=device, random_state=0),
+        "TransformerClusterer": lambda: TransformerClusterer(5, **ours),
         "KMeans n_init=1": lambda: KMeans(5, n_init=1, random_state=0),
-    }.items():
-        start = time.perf_counter()
-        model = make().fit(X)
-        seconds = time.perf_counter() - start
-        rows.append(dict(measure=f"cluster N={n_samples} d=16 K=5", method=name, value=seconds,
-                         unit="s", error=mean_error(model.cluster_centers_, means), mfu=np.nan))
+    }[method]
+    # Warm-up on a few points (loads the checkpoint), so the time below is the fit's alone.
+    make().fit(X[:1000])
+    before = resident_mb()
+    reset_peak_resident()
+    start = time.perf_counter()
+    model = make().fit(X)
+    seconds = time.perf_counter() - start
+    grown = peak_resident_mb() - before
+    clustering = method in ("TransformerClusterer", "KMeans n_init=1")
+    estimated = model.cluster_centers_ if clustering else model.means_
+    task = "cluster" if clustering else "fit"
+    return [dict(measure=f"{task} N={n_samples} d=16 K=5", method=method, value=seconds,
+                 unit="s", error=mean_error(estimated, means), mfu=np.nan),
+            dict(measure=f"peak RSS growth, {task} N={n_samples}", method=method, value=grown,
+                 unit="MB", error=np.nan, mfu=np.nan)]
+
+
+def large_n_in_fresh_processes(checkpoint, device, n_samples):
+    """large_n, each method in a process of its own: memory that an earlier fit (or the
+    throughput batches) freed stays resident for the next one to reuse, which would hide
+    part of that one's growth."""
+    rows = []
+    for method in LARGE_N_METHODS:
+        command = [sys.executable, __file__, "--large-n-worker", str(n_samples), method,
+                   "--checkpoint", "none" if checkpoint is None else str(checkpoint),
+                   "--device", device]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the large_n measurement of {method} failed:\n{done.stderr}")
+        rows += json.loads(done.stdout.strip().splitlines()[-1])
     return rows
-
-
-def large_n_in_a_fresh_process(checkpoint, device, n_samples):
-    """large_n in a child process, whose heap holds nothing of the throughput batches:
-    memory they freed would otherwise be reused by the fit and hide part of its growth."""
-    command = [sys.executable, __file__, "--large-n-worker", str(n_samples),
-               "--checkpoint", "none" if checkpoint is None else str(checkpoint),
-               "--device", device]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"the large_n measurement failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 MEASUREMENTS = ("latency", "throughput", "large_n")
@@ -228,7 +229,8 @@ def main(argv=None):
                         help="the device's peak, for the MFU column (default: 989, an "
                              "H100 SXM's dense bf16 tensor-core TFLOP/s)")
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--large-n-worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--large-n-worker", nargs=2, metavar=("N", "METHOD"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     checkpoint = None if args.checkpoint.lower() == "none" else args.checkpoint
     batches = args.batches or ([10, 100] if args.quick else [100, 1_000, 10_000])
@@ -237,7 +239,8 @@ def main(argv=None):
     with warnings.catch_warnings(), single_threaded():
         warnings.simplefilter("ignore", FallbackWarning)
         if args.large_n_worker:
-            rows = large_n(checkpoint, args.device, args.large_n_worker)
+            n_samples, method = args.large_n_worker
+            rows = large_n(checkpoint, args.device, int(n_samples), method)
             print(json.dumps(rows))
             return rows
         if "latency" in args.only:
@@ -246,7 +249,7 @@ def main(argv=None):
             rows += throughput(checkpoint, args.device, batches, args.peak_tflops)
         if "large_n" in args.only:
             n_samples = 100_000 if args.quick else 1_000_000
-            rows += large_n_in_a_fresh_process(checkpoint, args.device, n_samples)
+            rows += large_n_in_fresh_processes(checkpoint, args.device, n_samples)
     print(f"{'measure':<34} {'method':<23} {'value':>12} {'unit':<11} {'error':>8} {'MFU':>8}")
     for row in rows:
         mfu = "" if np.isnan(row["mfu"]) else f"{100 * row['mfu']:.3f}%"
