@@ -164,7 +164,15 @@ def resident_mb() -> float:
         return peak_resident_mb()
 
 
-LARGE_N_METHODS = ("TransformerGMM", "GMM n_init=1", "TransformerClusterer", "KMeans n_init=1")
+def large_n_estimators(checkpoint, device) -> dict:
+    """The large-N methods by name, each a function that makes a fresh estimator."""
+    ours = dict(checkpoint=checkpoint, device=device, random_state=0)
+    return {
+        "TransformerGMM": lambda: TransformerGMM(5, **ours),
+        "GMM n_init=1": lambda: GaussianMixture(5, random_state=0),
+        "TransformerClusterer": lambda: TransformerClusterer(5, **ours),
+        "KMeans n_init=1": lambda: KMeans(5, n_init=1, random_state=0),
+    }
 
 
 def large_n(checkpoint, device, n_samples, method):
@@ -172,13 +180,7 @@ def large_n(checkpoint, device, n_samples, method):
     rng = np.random.default_rng(2)
     means = rng.uniform(-5, 5, (5, 16))
     X = means[rng.choice(5, n_samples)] + rng.standard_normal((n_samples, 16))
-    ours = dict(checkpoint=checkpoint, device=device, random_state=0)
-    make = {
-        "TransformerGMM": lambda: TransformerGMM(5, **ours),
-        "GMM n_init=1": lambda: GaussianMixture(5, random_state=0),
-        "TransformerClusterer": lambda: TransformerClusterer(5, **ours),
-        "KMeans n_init=1": lambda: KMeans(5, n_init=1, random_state=0),
-    }[method]
+    make = large_n_estimators(checkpoint, device)[method]
     # Warm-up on a few points (loads the checkpoint), so the time below is the fit's alone.
     make().fit(X[:1000])
     before = resident_mb()
@@ -187,7 +189,7 @@ def large_n(checkpoint, device, n_samples, method):
     model = make().fit(X)
     seconds = time.perf_counter() - start
     grown = peak_resident_mb() - before
-    clustering = method in ("TransformerClusterer", "KMeans n_init=1")
+    clustering = hasattr(model, "cluster_centers_")
     estimated = model.cluster_centers_ if clustering else model.means_
     task = "cluster" if clustering else "fit"
     return [dict(measure=f"{task} N={n_samples} d=16 K=5", method=method, value=seconds,
@@ -201,7 +203,7 @@ def large_n_in_fresh_processes(checkpoint, device, n_samples):
     throughput batches) freed stays resident for the next one to reuse, which would hide
     part of that one's growth."""
     rows = []
-    for method in LARGE_N_METHODS:
+    for method in large_n_estimators(checkpoint, device):
         command = [sys.executable, __file__, "--large-n-worker", str(n_samples), method,
                    "--checkpoint", "none" if checkpoint is None else str(checkpoint),
                    "--device", device]

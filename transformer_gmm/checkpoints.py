@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from .checkpoint_io import (
     CARD_FILE,
+    CHECKPOINT_FILES,
     CONFIG_FILE,
     FORMAT_VERSION,
     MODEL_TYPE,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CARD_FILE",
+    "CHECKPOINT_FILES",
     "CONFIG_FILE",
     "FORMAT_VERSION",
     "MODEL_TYPE",

@@ -1,4 +1,4 @@
-"""Checkpoints on the Hugging Face Hub: download, cache, offline use, integrity, publishing.
+"""Checkpoints from the Hugging Face Hub: download, cache, offline use, integrity.
 
 Everything goes through ``huggingface_hub``, so its settings apply unchanged: ``HF_HOME``
 and ``HF_HUB_CACHE`` choose the cache, ``HF_ENDPOINT`` the server (a mirror or a private
@@ -8,6 +8,7 @@ is also honoured when it is set later, as a notebook might.
 
 A Hub checkpoint is resolved once per process: the first :func:`resolve` downloads (or
 finds in the cache) and verifies the files, later calls reuse that folder with no request.
+Publishing is :mod:`transformer_gmm.hub_publish`; :func:`push_to_hub` is re-exported here.
 """
 
 from __future__ import annotations
@@ -15,24 +16,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .checkpoints import (
-    CARD_FILE,
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    CheckpointError,
-    export_checkpoint,
-    save_checkpoint,
-)
+from .checkpoints import CARD_FILE, CHECKPOINT_FILES, WEIGHTS_FILE, CheckpointError
+from .hub_publish import push_to_hub  # noqa: F401  (re-exported: hub.push_to_hub)
 
-if TYPE_CHECKING:
-    from .nn import MixtureTransformer
-
-CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")  # the Hub's ETag of an LFS file: its sha256
 _GIT_SHA1 = re.compile(r"^[0-9a-f]{40}$")  # the ETag of a file kept in git: its blob sha1
 
@@ -367,75 +356,3 @@ def redownload_hint(repo_id: str, revision: str | None) -> str:
     True
     """
     return f"The files came from the Hugging Face Hub cache. {_redownload(repo_id, revision)}"
-
-
-# --- publishing --------------------------------------------------------------------------
-
-
-def push_to_hub(
-    source: MixtureTransformer | str | os.PathLike,
-    repo_id: str,
-    *,
-    token: str | None = None,
-    private: bool | None = None,
-    commit_message: str | None = None,
-    model_card: str | None = None,
-):
-    """Upload a model, or a checkpoint (bundled name, folder or Hub id), to ``repo_id``.
-
-    The repository is created if needed. The checkpoint is written to a temporary folder
-    first (config, weights and model card, exactly as :func:`save_checkpoint` writes
-    them), so what is uploaded loads back through ``checkpoint="<repo_id>"``. Needs a
-    token with write access: ``token=``, ``HF_TOKEN``, or ``hf auth login``.
-
-    Returns the ``huggingface_hub`` commit info (its ``commit_url`` links to the commit).
-
-    Parameters
-    ----------
-    source : MixtureTransformer, str or path
-        A model, or a checkpoint as ``checkpoint=`` accepts it.
-    repo_id : str
-        The Hub repository, ``"org/name"``.
-    token : str, optional
-        A token with write access; by default the one ``huggingface_hub`` finds.
-    private : bool, optional
-        Whether to create the repository as private.
-    commit_message : str, optional
-        The commit message.
-    model_card : str, optional
-        The ``README.md`` text.
-
-    Returns
-    -------
-    commit_info : huggingface_hub.CommitInfo
-
-    Examples
-    --------
-    Uploading needs the network and a write token, so this example is not run:
-
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> model = MixtureTransformer(config_from_preset("tiny"))
-    >>> push_to_hub(model, "me/tiny-gmm", private=True)  # doctest: +SKIP
-    >>> push_to_hub("./my-checkpoint", "me/my-gmm")  # doctest: +SKIP
-    """
-    import huggingface_hub
-
-    token = token or huggingface_hub.get_token()
-    if not token:
-        raise CheckpointError(
-            f"Pushing to {repo_id!r} needs a Hugging Face token with write access: run "
-            "`hf auth login`, set HF_TOKEN, or pass token=."
-        )
-    api = huggingface_hub.HfApi(token=token)
-    with tempfile.TemporaryDirectory(prefix="transformer_gmm_push_") as tmp:
-        if isinstance(source, (str, os.PathLike)):
-            folder = export_checkpoint(source, Path(tmp) / "checkpoint", model_card=model_card)
-        else:
-            folder = save_checkpoint(source, Path(tmp) / "checkpoint", model_card=model_card)
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        return api.upload_folder(
-            repo_id=repo_id,
-            folder_path=str(folder),
-            allow_patterns=list(CHECKPOINT_FILES),
-            commit_message=commit_message or "Upload transformer_gmm checkpoint",
-        )
