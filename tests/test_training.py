@@ -16,12 +16,14 @@ import torch
 from transformer_gmm import TransformerGMM
 from transformer_gmm._preprocessing import fit_standardization
 from transformer_gmm.checkpoints import load_checkpoint
-from transformer_gmm.nn import MixtureOutput, MixtureTransformer
+from transformer_gmm.nn import MixtureOutput, MixtureTransformer, config_from_preset
+from transformer_gmm.readout import mixture_inits
 from transformer_gmm.training import (
     PRIORS,
     Prior,
     collate,
     hungarian_loss,
+    m_step_mean_loss,
     match_components,
     matched_mean_error,
     mixture_nll,
@@ -31,6 +33,7 @@ from transformer_gmm.training import (
     training_loss,
 )
 from transformer_gmm.training import train as T
+from transformer_gmm.training.losses import m_step_means
 
 pytest.importorskip("tqdm")
 
@@ -128,7 +131,13 @@ def _permute_truth(batch, perm):
 
 
 @pytest.mark.parametrize(
-    "loss", [hungarian_loss, mixture_nll, lambda o, b: point_cross_entropy(o.point_logits, b)]
+    "loss",
+    [
+        hungarian_loss,
+        mixture_nll,
+        m_step_mean_loss,
+        lambda o, b: point_cross_entropy(o.point_logits, b),
+    ],
 )
 def test_losses_ignore_the_numbering_of_true_components(loss):
     batch, out = _batch_and_output()
@@ -163,6 +172,32 @@ def test_losses_are_minimised_by_the_truth():
     moved = truth._replace(means=truth.means + 0.3 * batch.dim_mask[:, None, :])
     assert mixture_nll(moved, batch) > mixture_nll(truth, batch)
     assert hungarian_loss(moved, batch) > 0.1
+
+
+@pytest.mark.parametrize("seed", [0, 1])  # d of 1 to 8 around d_max = 4: some projected
+def test_m_step_loss_reads_out_what_the_estimator_returns(seed):
+    # The starts TransformerGMM(max_iter=0) chooses from, mapped into model space.
+    model = MixtureTransformer(config_from_preset("tiny")).eval()
+    batch = sample_batch(np.random.default_rng(seed), PRIORS["tiny"], 3, 6, 4, 64)
+    with torch.no_grad():
+        trained_on = m_step_means(model(batch.x, 3, batch.mask), batch)
+    for b, task in enumerate(batch.tasks):
+        starts = mixture_inits(model, torch.from_numpy(task.X)[None], None, 3, torch.Generator())
+        for start, means in zip(starts, trained_on, strict=True):
+            expected = task.standardization.transform(start.means[0].numpy())
+            np.testing.assert_allclose(means[b].numpy(), expected, atol=2e-4)
+
+
+def test_m_step_loss_trains_the_scales_through_the_responsibilities():
+    batch, out = _batch_and_output()
+    scales = out.scales.clone().requires_grad_(True)
+    m_step_mean_loss(out._replace(scales=scales), batch).backward()
+    assert scales.grad is not None and scales.grad.abs().sum() > 0
+    assert training_loss(out, batch, "hungarian", 1.0)[1].keys() == {"params", "points"}
+    loss, parts = training_loss(out, batch, "hungarian", 1.0, m_step_weight=2.0)
+    assert loss.item() == pytest.approx(
+        parts["params"] + parts["points"] + 2.0 * parts["m_step"], rel=1e-5
+    )
 
 
 def test_matching_is_the_least_cost_permutation():

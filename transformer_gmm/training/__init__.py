@@ -6,6 +6,7 @@ transformer-gmm[train]``). Importing this package does not import tqdm.
 
 from .losses import (
     hungarian_loss,
+    m_step_mean_loss,
     match_components,
     matched_mean_error,
     mixture_nll,
@@ -21,6 +22,7 @@ __all__ = [
     "TaskBatch",
     "collate",
     "hungarian_loss",
+    "m_step_mean_loss",
     "match_components",
     "matched_mean_error",
     "mixture_nll",

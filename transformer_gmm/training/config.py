@@ -47,6 +47,9 @@ class TrainConfig:
         Match then regress, or the mixture NLL (no matching).
     point_weight : float, default=1.0
         Weight of the per-point cross-entropy.
+    m_step_weight : float, default=0.0
+        Weight of the squared error of the means one M-step on the model's own
+        responsibilities gives (what ``TransformerGMM(max_iter=0)`` returns); 0 for none.
     batch_size : int, default=64
         Tasks per step and per process, all with one K.
     max_steps : int, default=20000
@@ -106,6 +109,7 @@ class TrainConfig:
     focus_prob: float = 0.0
     parameter_loss: str = "hungarian"  # "hungarian" (match, then regress) or "nll" (no matching)
     point_weight: float = 1.0  # weight of the per-point cross-entropy
+    m_step_weight: float = 0.0  # weight of the error of the means one M-step reads out
     batch_size: int = 64  # tasks per step and per process, all with one K
     max_steps: int = 20_000
     lr: float = 5e-4  # peak, after a linear warmup; cosine decay to min_lr at max_steps
@@ -129,6 +133,8 @@ class TrainConfig:
     preset: str = ""  # the preset this config started from, for the model card
 
     def __post_init__(self) -> None:
+        if self.m_step_weight < 0:
+            raise ValueError(f"m_step_weight must be >= 0, got {self.m_step_weight}.")
         if not 0.0 <= self.focus_prob <= 1.0:
             raise ValueError(f"focus_prob must be in [0, 1], got {self.focus_prob}.")
         if self.focus_prob > 0 and self.focus_prior not in PRIORS:

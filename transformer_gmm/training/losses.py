@@ -186,6 +186,63 @@ def mixture_nll(out: MixtureOutput, batch: TaskBatch) -> Tensor:
     return nll.mean() + padded.sum(-1).mean()
 
 
+def m_step_mean_loss(out: MixtureOutput, batch: TaskBatch) -> Tensor:
+    """Squared error of the means that one M-step on the model's own responsibilities gives,
+    under the matching of least error, averaged over the model's two starts.
+
+    ``TransformerGMM(max_iter=0)`` returns exactly those means: the responsibilities of
+    the model's mixture (its first start) and its per-point probabilities (its second),
+    each followed by one M-step. The parameter losses train the heads; this trains what
+    the estimator reads out of them. Responsibilities computed with the true parameters
+    and one M-step land closer to the true means than the true clusters' own averages
+    (on TGMM's d = 2, K = 2 tasks), so it asks for calibrated responsibilities, not only
+    for good head means.
+
+    Parameters
+    ----------
+    out : MixtureOutput
+        The model's output on ``batch.x``.
+    batch : TaskBatch
+        The tasks and their model-space targets.
+
+    Returns
+    -------
+    loss : Tensor
+        A scalar.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
+    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
+    >>> from transformer_gmm.training import m_step_mean_loss
+    >>> loss = m_step_mean_loss(out, batch)
+    >>> loss.shape, bool(torch.isfinite(loss))
+    (torch.Size([]), True)
+    """
+    losses = []
+    for means in m_step_means(out, batch):
+        sq = ((means[:, :, None, :] - batch.means[:, None, :, :]) ** 2).sum(-1)  # (B, K, K)
+        matched = _gather(batch.means, match_components(sq))  # (B, K, d_max)
+        losses.append(((means - matched) ** 2).sum(-1).mean())
+    return (losses[0] + losses[1]) / 2
+
+
+def m_step_means(out: MixtureOutput, batch: TaskBatch) -> tuple[Tensor, Tensor]:
+    """The means of the model's two starts in model space, each of shape (B, K, d_max): one
+    M-step on the responsibilities of its mixture, and one on its per-point probabilities."""
+    rows = batch.mask[..., None]  # (B, N, 1)
+    starts = []
+    for resp in (_component_log_prob(out, batch).softmax(-1), out.point_logits.softmax(-1)):
+        resp = resp * rows  # (B, N, K); padded rows weigh nothing
+        # An empty component would divide by zero; its mean is then just pulled to zero.
+        starts.append(resp.mT @ batch.x / resp.sum(1).clamp_min(1e-6)[..., None])
+    return starts[0], starts[1]
+
+
 def oracle_nll(batch: TaskBatch) -> Tensor:
     """:func:`mixture_nll` under the true parameters (scales: root mean variance over the
     data coordinates, i.e. the spherical model closest to the truth). A floor to compare
@@ -267,9 +324,14 @@ PARAMETER_LOSSES = {"hungarian": hungarian_loss, "nll": mixture_nll}
 
 
 def training_loss(
-    out: MixtureOutput, batch: TaskBatch, parameter_loss: str, point_weight: float
+    out: MixtureOutput,
+    batch: TaskBatch,
+    parameter_loss: str,
+    point_weight: float,
+    m_step_weight: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The parameter loss plus ``point_weight`` times the per-point loss, in float32.
+    """The parameter loss, plus ``point_weight`` times the per-point loss, plus
+    ``m_step_weight`` times :func:`m_step_mean_loss`, in float32.
 
     Returns the loss to minimise and its parts, as floats, for logging.
 
@@ -283,13 +345,16 @@ def training_loss(
         :func:`hungarian_loss` or :func:`mixture_nll`.
     point_weight : float
         Weight of :func:`point_cross_entropy`.
+    m_step_weight : float, default=0.0
+        Weight of :func:`m_step_mean_loss`; at 0 it is not computed.
 
     Returns
     -------
     loss : Tensor
         A scalar, to minimise.
     parts : dict
-        ``"params"`` and ``"points"``, the two losses as floats.
+        ``"params"`` and ``"points"`` (and ``"m_step"`` when weighted), the losses as
+        floats.
 
     Examples
     --------
@@ -308,4 +373,9 @@ def training_loss(
     params = PARAMETER_LOSSES[parameter_loss](out, batch)
     points = point_cross_entropy(out.point_logits, batch)
     loss = params + point_weight * points
-    return loss, {"params": params.item(), "points": points.item()}
+    parts = {"params": params.item(), "points": points.item()}
+    if m_step_weight > 0:
+        m_step = m_step_mean_loss(out, batch)
+        loss = loss + m_step_weight * m_step
+        parts["m_step"] = m_step.item()
+    return loss, parts

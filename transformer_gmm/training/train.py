@@ -294,7 +294,9 @@ def train(cfg: TrainConfig) -> Path:
         batch = batch.to(device)
         with autocast(device):
             out = model(batch.x, batch.n_components, batch.mask)
-        loss, parts = training_loss(out, batch, cfg.parameter_loss, cfg.point_weight)
+        loss, parts = training_loss(
+            out, batch, cfg.parameter_loss, cfg.point_weight, cfg.m_step_weight
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
