@@ -250,6 +250,13 @@ def test_training_lowers_the_loss_and_writes_a_usable_checkpoint(tmp_path):
     assert gmm.means_.shape == (3, 6)
 
 
+def test_m_step_loss_is_trained_logged_and_on_the_card(tmp_path):
+    out_dir = T.train(_tiny(tmp_path, "m_step", max_steps=4, eval_every=100, m_step_weight=0.5))
+    records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and all(record["m_step"] > 0 for record in records)
+    assert "error with weight 0.5." in (out_dir / "checkpoint" / "README.md").read_text()
+
+
 def test_resuming_gives_the_same_weights_as_training_straight_through(tmp_path):
     straight = T.train(_tiny(tmp_path, "straight", max_steps=12, eval_every=100))
     T.train(_tiny(tmp_path, "resumed", max_steps=12, eval_every=100, stop_at=5))
@@ -348,9 +355,10 @@ def test_focus_prior_draws_that_fraction_of_the_batches():
     [
         (dict(focus_prob=1.5, focus_prior="tgmm-2d"), "in \\[0, 1\\]"),
         (dict(focus_prob=0.5), "needs"),
+        (dict(m_step_weight=-1.0), "m_step_weight must be >= 0"),
     ],
 )
-def test_focus_options_are_checked(options, message):
+def test_focus_and_loss_options_are_checked(options, message):
     with pytest.raises(ValueError, match=message):
         T.TrainConfig(**options)
 

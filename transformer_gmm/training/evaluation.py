@@ -205,6 +205,11 @@ def model_card(
     focus = ""
     if cfg.focus_prob > 0:
         focus = f" Prior `{cfg.focus_prior}` replaced it for {cfg.focus_prob:.0%} of the steps."
+    if cfg.m_step_weight > 0:
+        focus += (
+            f" The means one M-step reads out of the model's responsibilities added their "
+            f"error with weight {cfg.m_step_weight:g}."
+        )
     table = format_table(rows) if rows else "Not evaluated yet."
     return (
         "---\nlibrary_name: transformer_gmm\ntags: [gaussian-mixture, clustering]\n---\n\n"
