@@ -25,6 +25,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
 from ..nn.model import MixtureOutput
+from ..readout import model_space_responsibilities, weights_and_means_from_responsibilities
 from .tasks import TaskBatch
 
 # --- matching ------------------------------------------------------------------------
@@ -232,14 +233,18 @@ def m_step_mean_loss(out: MixtureOutput, batch: TaskBatch) -> Tensor:
 
 
 def m_step_means(out: MixtureOutput, batch: TaskBatch) -> tuple[Tensor, Tensor]:
-    """The means of the model's two starts in model space, each of shape (B, K, d_max): one
-    M-step on the responsibilities of its mixture, and one on its per-point probabilities."""
-    rows = batch.mask[..., None]  # (B, N, 1)
+    """The means of the model's two starts in model space, each of shape (B, K, d_max), by
+    the estimator's own readout: one M-step on the responsibilities of its mixture, and one
+    on its per-point probabilities (an empty component keeps the head's mean)."""
     starts = []
-    for resp in (_component_log_prob(out, batch).softmax(-1), out.point_logits.softmax(-1)):
-        resp = resp * rows  # (B, N, K); padded rows weigh nothing
-        # An empty component would divide by zero; its mean is then just pulled to zero.
-        starts.append(resp.mT @ batch.x / resp.sum(1).clamp_min(1e-6)[..., None])
+    for resp in (
+        model_space_responsibilities(batch.x, batch.dim_mask, out, batch.mask),
+        out.point_logits.softmax(-1),
+    ):
+        _, means = weights_and_means_from_responsibilities(
+            batch.x, resp, batch.mask, out.weights, out.means
+        )
+        starts.append(means)
     return starts[0], starts[1]
 
 
