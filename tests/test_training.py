@@ -322,6 +322,37 @@ def test_init_from_starts_from_a_checkpoints_weights(tmp_path):
     assert all(torch.equal(tensor, b[name]) for name, tensor in a.items())
 
 
+def test_only_k_trains_that_ks_head_and_embedding_row_alone(tmp_path):
+    first = T.train(_tiny(tmp_path, "first", max_steps=3, eval_every=100))
+    init = str(first / "checkpoint")
+    tuned = T.train(_tiny(tmp_path, "only3", max_steps=4, eval_every=100, init_from=init, only_k=3))
+    records = [json.loads(line) for line in (tuned / "log.jsonl").read_text().splitlines()]
+    assert [record["K"] for record in records] == [3] * 4
+    a = load_checkpoint(first / "checkpoint").state_dict()
+    b = load_checkpoint(tuned / "checkpoint").state_dict()
+    changed = {name for name, tensor in a.items() if not torch.equal(tensor, b[name])}
+    assert changed and all(
+        name.startswith("heads.3.") or name == "k_embedding.weight" for name in changed
+    )
+    row = 3 - T.model_config(T.TrainConfig(**T.PRESETS["tiny"])).k_min
+    others = [i for i in range(a["k_embedding.weight"].shape[0]) if i != row]
+    assert torch.equal(a["k_embedding.weight"][others], b["k_embedding.weight"][others])
+    assert not torch.equal(a["k_embedding.weight"][row], b["k_embedding.weight"][row])
+    assert (
+        "Only K = 3's head and task embedding trained"
+        in (tuned / "checkpoint" / "README.md").read_text()
+    )
+
+
+def test_only_k_needs_a_model_to_fine_tune_and_a_k_it_has(tmp_path):
+    with pytest.raises(ValueError, match="name that model with init_from"):
+        _tiny(tmp_path, "bare", max_steps=1, only_k=3)
+    first = T.train(_tiny(tmp_path, "first", max_steps=1, eval_every=100))
+    cfg = _tiny(tmp_path, "k9", max_steps=1, init_from=str(first / "checkpoint"), only_k=9)
+    with pytest.raises(ValueError, match=r"only_k=9 is outside the K .* \(2\.\.4\)"):
+        T.train(cfg)
+
+
 def test_batches_depend_on_seed_step_and_rank_only():
     cfg = T.TrainConfig(**T.PRESETS["tiny"])
     mc = T.model_config(cfg)

@@ -50,6 +50,11 @@ class TrainConfig:
     m_step_weight : float, default=0.0
         Weight of the squared error of the means one M-step on the model's own
         responsibilities gives (what ``TransformerGMM(max_iter=0)`` returns); 0 for none.
+    only_k : int, default=0
+        Fine-tune one K alone: every batch has ``only_k`` components, and only that K's
+        own weights train (its readout head and its row of the K embedding), so what
+        the model does for every other K stays bit for bit as ``init_from`` has it.
+        Needs ``init_from``; 0 trains every weight on every K of the priors.
     batch_size : int, default=64
         Tasks per step and per process, all with one K.
     max_steps : int, default=20000
@@ -110,6 +115,7 @@ class TrainConfig:
     parameter_loss: str = "hungarian"  # "hungarian" (match, then regress) or "nll" (no matching)
     point_weight: float = 1.0  # weight of the per-point cross-entropy
     m_step_weight: float = 0.0  # weight of the error of the means one M-step reads out
+    only_k: int = 0  # train only this K's head and embedding, on tasks of this K; 0: all
     batch_size: int = 64  # tasks per step and per process, all with one K
     max_steps: int = 20_000
     lr: float = 5e-4  # peak, after a linear warmup; cosine decay to min_lr at max_steps
@@ -133,6 +139,11 @@ class TrainConfig:
     preset: str = ""  # the preset this config started from, for the model card
 
     def __post_init__(self) -> None:
+        if self.only_k and not self.init_from:
+            raise ValueError(
+                f"only_k={self.only_k} fine-tunes one K of a trained model: name that model "
+                "with init_from."
+            )
         if self.m_step_weight < 0:
             raise ValueError(f"m_step_weight must be >= 0, got {self.m_step_weight}.")
         if not 0.0 <= self.focus_prob <= 1.0:
@@ -203,6 +214,13 @@ def k_range(cfg: TrainConfig, mc: ModelConfig, prior: str | None = None) -> tupl
     low, high = max(PRIORS[name].k_range[0], mc.k_min), min(PRIORS[name].k_range[1], mc.k_max)
     if low > high:
         raise ValueError(f"Prior {name!r} and model heads {mc.k_min}..{mc.k_max} share no K.")
+    if cfg.only_k:
+        if not low <= cfg.only_k <= high:
+            raise ValueError(
+                f"only_k={cfg.only_k} is outside the K that prior {name!r} and the model's "
+                f"heads share ({low}..{high})."
+            )
+        return cfg.only_k, cfg.only_k
     return low, high
 
 

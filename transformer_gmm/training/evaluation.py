@@ -210,6 +210,11 @@ def model_card(
             f" The means one M-step reads out of the model's responsibilities added their "
             f"error with weight {cfg.m_step_weight:g}."
         )
+    if cfg.only_k:
+        focus += (
+            f" Only K = {cfg.only_k}'s head and task embedding trained, from "
+            f"`{cfg.init_from}`; every other weight is that checkpoint's."
+        )
     table = format_table(rows) if rows else "Not evaluated yet."
     return (
         "---\nlibrary_name: transformer_gmm\ntags: [gaussian-mixture, clustering]\n---\n\n"

@@ -117,6 +117,23 @@ def batches(cfg: TrainConfig, mc: ModelConfig, start: int, stop: int, rank: int)
     )
 
 
+def param_groups(model: MixtureTransformer, cfg: TrainConfig) -> list[dict]:
+    """The weights the optimizer updates: all of them, or with ``cfg.only_k`` that K's own.
+
+    With ``only_k``, every other weight is frozen (``requires_grad=False``). The K
+    embedding is one matrix whose other rows belong to the other K: they get a zero
+    gradient, which leaves AdamW's moments at zero, and the matrix gets no weight decay,
+    so those rows stay bit for bit as they were.
+    """
+    if not cfg.only_k:
+        return [{"params": list(model.parameters())}]
+    head = list(model.heads[str(cfg.only_k)].parameters())
+    trained = {id(p) for p in head} | {id(model.k_embedding.weight)}
+    for parameter in model.parameters():
+        parameter.requires_grad_(id(parameter) in trained)
+    return [{"params": head}, {"params": [model.k_embedding.weight], "weight_decay": 0.0}]
+
+
 def get_lr(step: int, cfg: TrainConfig) -> float:
     """Linear warmup, then cosine decay to min_lr: a function of the step, nothing to save.
 
@@ -226,10 +243,12 @@ def train(cfg: TrainConfig) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
 
     mc = model_config(cfg)
+    for prior in (cfg.prior, cfg.focus_prior) if cfg.focus_prob > 0 else (cfg.prior,):
+        k_range(cfg, mc, prior)  # before any work: a K the model or a prior lacks is an error
     torch.manual_seed(cfg.seed)  # same init on every rank (DDP also broadcasts rank 0's)
     model = MixtureTransformer(mc).to(device)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
+        param_groups(model, cfg), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )
     step, wall_before, rows, eval_step = 0, 0.0, None, 0
     # --resume with no saved state starts the run, so one command both starts and resumes.
