@@ -322,6 +322,24 @@ def test_init_from_starts_from_a_checkpoints_weights(tmp_path):
     assert all(torch.equal(tensor, b[name]) for name, tensor in a.items())
 
 
+def test_init_from_a_shallower_model_starts_deeper_with_the_same_outputs(tmp_path):
+    first = T.train(_tiny(tmp_path, "first", max_steps=3, eval_every=100))
+    source = load_checkpoint(first / "checkpoint")
+    deeper_cfg = _tiny(
+        tmp_path, "deeper", max_steps=1, eval_every=100, lr=0.0, min_lr=0.0,
+        init_from=str(first / "checkpoint"), n_layer=source.config.n_layer + 2,
+    )  # fmt: skip
+    deeper = load_checkpoint(T.train(deeper_cfg) / "checkpoint")
+    assert deeper.config.n_layer == source.config.n_layer + 2
+    x = torch.randn(3, 40, source.config.d_max, generator=torch.Generator().manual_seed(0))
+    for k in source.supported_n_components:
+        a, b = source(x, k), deeper(x, k)
+        assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a, b, strict=True))
+    wider = _tiny(tmp_path, "wider", max_steps=1, init_from=str(first / "checkpoint"), d_model=32)
+    with pytest.raises(ValueError, match="only n_layer may differ, and only upward"):
+        T.train(wider)
+
+
 def test_only_k_trains_that_ks_head_and_embedding_row_alone(tmp_path):
     first = T.train(_tiny(tmp_path, "first", max_steps=3, eval_every=100))
     init = str(first / "checkpoint")

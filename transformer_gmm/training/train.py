@@ -117,6 +117,31 @@ def batches(cfg: TrainConfig, mc: ModelConfig, start: int, stop: int, rank: int)
     )
 
 
+def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) -> None:
+    """Copy ``source``'s weights into ``model``, which may have more blocks than it.
+
+    The source's blocks come first. Each extra block starts as a copy of the source's last
+    block with its two output projections (attention's and the MLP's) zeroed: it adds
+    nothing to the residual stream, so the deeper model computes exactly what the source
+    did, and training then decides what the extra depth does. The copy, rather than fresh
+    random weights, gives the projections' first gradients features that already mean
+    something. Every other shape must match.
+    """
+    have, want = source.config.n_layer, model.config.n_layer
+    if dataclasses.replace(source.config, n_layer=want) != model.config or want < have:
+        raise ValueError(
+            f"init_from's model ({source.config}) does not fit this run's ({model.config}): "
+            "only n_layer may differ, and only upward."
+        )
+    state = source.state_dict()
+    last = {k.split(".", 2)[2]: v for k, v in state.items() if k.startswith(f"blocks.{have - 1}.")}
+    for index in range(have, want):
+        for name, tensor in last.items():
+            zeroed = name.startswith(("attn.proj.", "mlp.proj."))
+            state[f"blocks.{index}.{name}"] = torch.zeros_like(tensor) if zeroed else tensor
+    model.load_state_dict(state)
+
+
 def param_groups(model: MixtureTransformer, cfg: TrainConfig) -> list[dict]:
     """The weights the optimizer updates: all of them, or with ``cfg.only_k`` that K's own.
 
@@ -255,7 +280,7 @@ def train(cfg: TrainConfig) -> Path:
     resuming = cfg.resume and (out_dir / "state.pt").exists()
     if cfg.init_from and not resuming:
         # Fine-tuning: only the weights; the optimizer and the schedule start afresh.
-        model.load_state_dict(load_model(cfg.init_from).state_dict())
+        load_initial_weights(model, load_model(cfg.init_from))
     if resuming:
         # weights_only: tensors and plain types only, never arbitrary objects.
         state = torch.load(out_dir / "state.pt", map_location=device, weights_only=True)
