@@ -374,6 +374,9 @@ def train(cfg: TrainConfig) -> Path:
     if log is not None:
         log.close()
     if world_size > 1:
+        # Wait for rank 0's evaluation and save: a rank that tears gloo down while its peer
+        # is still connected can abort ("terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
     return out_dir
 
