@@ -1,4 +1,5 @@
-"""tgmm.py and clustering.py run in quick mode, and the helpers they share hold."""
+"""tgmm.py and clustering.py run in quick mode, stages.py accounts for a whole fit, and the
+helpers the scripts share hold."""
 
 from __future__ import annotations
 
@@ -95,3 +96,25 @@ def test_anisotropic_tasks_and_held_out_samples_follow_the_truth():
     heldout = common.sample_like(task, rng, 20_000)
     expected_mean = task.weights @ task.means
     np.testing.assert_allclose(heldout.mean(axis=0), expected_mean, atol=0.1)
+
+
+def test_stages_account_for_the_whole_fit(tmp_path):
+    stages = _load("stages")
+    from transformer_gmm import readout
+
+    forward = readout.forward
+    rows = stages.main(["--repeats", "2", "--results", str(tmp_path)])
+    assert readout.forward is forward  # every wrapped function is put back
+    assert len(_csv(tmp_path / "stages.csv")) == len(rows) == 5 * (len(stages.STAGES) + 2)
+    by_config: dict[str, dict[str, float]] = {}
+    for row in rows:
+        by_config.setdefault(row["configuration"], {})[row["stage"]] = row["ms_per_fit"]
+    for config, ms in by_config.items():
+        assert all(value >= 0 for value in ms.values()), (config, ms)
+        parts = sum(value for stage, value in ms.items() if stage != "fit")
+        assert parts == pytest.approx(ms["fit"]), config
+    assert by_config["TransformerGMM(n_init=1, max_iter=0)"]["forward pass"] > 0
+    assert by_config["TransformerGMM(n_init=1, max_iter=0)"]["k-means++ starts"] == 0
+    assert by_config["TransformerGMM(checkpoint=None, n_init=1)"]["forward pass"] == 0
+    sklearn_fit = by_config["GaussianMixture(n_init=1)"]
+    assert sklearn_fit["other"] == sklearn_fit["fit"]  # none of our stages runs there
