@@ -15,12 +15,12 @@ from transformer_gmm.checkpoints import save_checkpoint
 from transformer_gmm.nn import MixtureTransformer, config_from_preset
 
 
-def make_tiny_checkpoint(folder: Path, seed: int = 0) -> Path:
+def make_tiny_checkpoint(folder: Path, seed: int = 0, **config_changes) -> Path:
     """Save an untrained model of the "tiny" preset (heads for K = 2..4, d_max = 4,
-    context 64) to ``folder``. Its estimates are poor, which is what the tests want: EM
-    must still polish them into a good fit."""
+    context 64), with ``config_changes``, to ``folder``. Its estimates are poor, which is
+    what the tests want: EM must still polish them into a good fit."""
     torch.manual_seed(seed)
-    model = MixtureTransformer(config_from_preset("tiny"))
+    model = MixtureTransformer(config_from_preset("tiny", **config_changes))
     # The training initialisation is deliberately small (every slot starts near the data
     # mean); unit-variance weights give components that differ, like a trained model's.
     with torch.no_grad():
@@ -34,6 +34,8 @@ _TINY_ROOT = Path(tempfile.mkdtemp(prefix="transformer_gmm_tests_"))
 atexit.register(shutil.rmtree, _TINY_ROOT, ignore_errors=True)
 # Built at import: sklearn's parametrize_with_checks needs the path at collection time.
 TINY_CHECKPOINT = str(make_tiny_checkpoint(_TINY_ROOT / "tiny"))
+# The same weights, reading one principal direction beyond the K - 1 where the data has it.
+TINY_NOISE_CHECKPOINT = str(make_tiny_checkpoint(_TINY_ROOT / "tiny-noise", noise_directions=1))
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ def test_max_iter_zero_uses_the_heads_labels(three_blobs):
     X = three_blobs[:60]  # within the tiny model's context: the head reads every point
     km = TransformerClusterer(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
     backbone = _backend.load_backbone(TINY_CHECKPOINT)
-    standardization = fit_standardization(X, backbone.d_max, 3)
+    standardization = fit_standardization(X, backbone.d_max, 3, backbone.noise_directions)
     estimate = _backend.transformer_estimates(backbone, [standardization.transform(X)], 3, "cpu")[0]
     head_labels = estimate.point_probs.argmax(axis=1)
     lifted_means = standardization.inverse_transform_means(estimate.means)

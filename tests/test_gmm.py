@@ -59,7 +59,7 @@ def test_max_iter_zero_returns_the_transformers_estimate(three_blobs):
     X = three_blobs[:60]  # within the tiny model's context: the backbone reads every point
     gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
     backbone = _backend.load_backbone(TINY_CHECKPOINT)
-    standardization = fit_standardization(X, backbone.d_max, 3)
+    standardization = fit_standardization(X, backbone.d_max, 3, backbone.noise_directions)
     Z = standardization.transform(X).astype(np.float64)
     estimate = _backend.transformer_estimates(backbone, [Z], 3, "cpu")[0]
     # The transformer's responsibilities under its own mixture (scored on the two real

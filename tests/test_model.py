@@ -167,6 +167,8 @@ def test_config_from_preset_overrides_and_errors():
         (dict(n_layer=0), "n_layer"),
         (dict(d_max=4.0), "d_max"),
         (dict(context_size=True), "context_size"),
+        (dict(noise_directions=-1), "noise_directions"),
+        (dict(noise_directions=1.0), "noise_directions"),
     ],
 )
 def test_config_validation(kwargs, field):
@@ -187,3 +189,12 @@ def test_config_round_trip_and_strict_from_dict():
         ModelConfig.from_dict(partial)
     with pytest.raises(ValueError, match="dict"):
         ModelConfig.from_dict([1, 2])
+
+
+def test_configs_written_before_noise_directions_read_as_zero():
+    # Checkpoints saved before the field existed read K - 1 directions: so must they now.
+    written_before = ModelConfig().to_dict()
+    del written_before["noise_directions"]
+    assert ModelConfig.from_dict(written_before).noise_directions == 0
+    reads_one_more = ModelConfig(noise_directions=1)
+    assert ModelConfig.from_dict(reads_one_more.to_dict()) == reads_one_more

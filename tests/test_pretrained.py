@@ -76,7 +76,9 @@ def test_pinned_network_output(name):
     make_data, n_components = DATA[name]
     X = make_data()
     backbone = _backend.load_backbone("default")
-    standardization = fit_standardization(X, backbone.d_max, n_components)
+    standardization = fit_standardization(
+        X, backbone.d_max, n_components, backbone.noise_directions
+    )
     (estimate,) = _backend.transformer_estimates(
         backbone, [standardization.transform(X)], n_components, "cpu"
     )

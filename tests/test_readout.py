@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_CHECKPOINT
+from conftest import TINY_CHECKPOINT, TINY_NOISE_CHECKPOINT
 from scipy.special import logsumexp
 
 from transformer_gmm import _backend, readout
@@ -45,7 +45,9 @@ def reference_weights_and_means(X, resp, fallback_weights, fallback_means):
 
 def reference_init(backbone, X: np.ndarray, n_components: int, rows: np.ndarray):
     """The old per-dataset path: standardize, read ``rows``, score all rows, one M-step."""
-    standardization = numpy_standardization(X, backbone.d_max, n_components)
+    standardization = numpy_standardization(
+        X, backbone.d_max, n_components, backbone.noise_directions
+    )
     (estimate,) = _backend.transformer_estimates(
         backbone, [standardization.transform(X[rows])], n_components, "cpu"
     )
@@ -72,29 +74,34 @@ def random_datasets(sizes, n_features, seed=0):
 
 # --- standardization ---------------------------------------------------------------------
 
-CASES = {  # (n_features, n_components, d_max): a few kept directions, all, and capped
-    "d > K - 1": (6, 3, 4),
-    "d < K - 1": (2, 6, 9),
-    "d > d_max": (12, 10, 9),
-    "d = K - 1": (3, 4, 9),
+CASES = {  # (n_features, n_components, d_max, noise_directions)
+    "d > K - 1": (6, 3, 4, 0),
+    "d < K - 1": (2, 6, 9, 0),
+    "d > d_max": (12, 10, 9, 0),
+    "d = K - 1": (3, 4, 9, 0),
+    "d > K, one noise direction": (6, 3, 4, 1),
+    "d = K, one noise direction": (2, 2, 9, 1),
+    "d > d_max, one noise direction": (12, 10, 9, 1),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("sizes", [[40, 40, 40], [13, 70, 41]], ids=["equal n", "unequal n"])
 def test_standardization_matches_the_numpy_reference(case, sizes):
-    n_features, n_components, d_max = CASES[case]
+    n_features, n_components, d_max, noise_directions = CASES[case]
     datasets = random_datasets(sizes, n_features)
     x, mask = padded(datasets)
     if mask is not None:
         x = x.masked_fill(~mask[..., None], float("nan"))  # padding never leaks in
-    batched = fit_standardization(x, mask, d_max, n_components)
+    batched = fit_standardization(x, mask, d_max, n_components, noise_directions)
+    expected_kept = min(n_features, d_max, n_components - 1 + noise_directions)
+    assert batched.n_kept == expected_kept
     Z = batched.transform(x)
     assert Z.dtype == torch.float32 and Z.shape == (3, max(sizes), d_max)
     means = torch.randn(3, 5, d_max, generator=torch.Generator().manual_seed(1))
     lifted = batched.inverse_transform_means(means)
     for i, X in enumerate(datasets):
-        reference = numpy_standardization(X, d_max, n_components)
+        reference = numpy_standardization(X, d_max, n_components, noise_directions)
         np.testing.assert_allclose(batched.center[i].numpy(), reference.center, rtol=1e-12)
         assert batched.scale[i].item() == pytest.approx(reference.scale, rel=1e-12)
         np.testing.assert_allclose(batched.basis[i].numpy(), reference.basis, atol=1e-10)
@@ -132,12 +139,15 @@ def test_subsample_reads_each_datasets_own_rows_in_order():
 
 
 @pytest.mark.parametrize(
+    "checkpoint", [TINY_CHECKPOINT, TINY_NOISE_CHECKPOINT], ids=["K - 1", "K - 1 + noise"]
+)
+@pytest.mark.parametrize(
     "sizes, n_features, n_components",
     [([20, 45, 63], 3, 3), ([30, 64, 50], 2, 4), ([40, 41], 7, 2), ([150, 20, 90], 5, 3)],
     ids=["unequal n", "d < K - 1", "d > d_max", "n > context"],
 )
-def test_mixture_inits_match_the_per_dataset_reference(sizes, n_features, n_components):
-    backbone = _backend.load_backbone(TINY_CHECKPOINT)  # d_max 4, context 64
+def test_mixture_inits_match_the_per_dataset_reference(sizes, n_features, n_components, checkpoint):
+    backbone = _backend.load_backbone(checkpoint)  # d_max 4, context 64
     datasets = random_datasets(sizes, n_features, seed=n_components)
     x, mask = padded(datasets)
     init, from_labels = readout.mixture_inits(

@@ -70,16 +70,19 @@ def test_sample_batch_shapes_ranges_and_seeding():
     assert not torch.equal(batch.x[:, : other.x.shape[1]], other.x[:, : batch.x.shape[1]])
 
 
+@pytest.mark.parametrize("noise_directions", [0, 1])
 @pytest.mark.parametrize("d", [1, 2, 3, 4, 9, 40])  # d below, at and above K - 1 = 2
-def test_inputs_and_targets_are_fits_standardization(d):
+def test_inputs_and_targets_are_fits_standardization(d, noise_directions):
     d_max, K = 4, 3
     rng = np.random.default_rng(d)
-    tasks = [sample_task(rng, PRIORS["tiny"], K, d, 50, d_max) for _ in range(3)]
+    tasks = [
+        sample_task(rng, PRIORS["tiny"], K, d, 50, d_max, noise_directions) for _ in range(3)
+    ]
     batch = collate(tasks, d_max)
     for b, task in enumerate(tasks):
-        st = fit_standardization(task.X, d_max, K)
+        st = fit_standardization(task.X, d_max, K, noise_directions)
         assert np.array_equal(batch.x[b].numpy(), st.transform(task.X))  # exactly fit's map
-        kept = min(d, K - 1)
+        kept = min(d, K - 1 + noise_directions)
         mu = (task.means - st.center) @ st.basis / st.scale  # (K, kept)
         np.testing.assert_allclose(batch.means[b, :, :kept].numpy(), mu, rtol=1e-5, atol=1e-5)
         assert torch.all(batch.means[b, :, kept:] == 0)
@@ -336,8 +339,27 @@ def test_init_from_a_shallower_model_starts_deeper_with_the_same_outputs(tmp_pat
         a, b = source(x, k), deeper(x, k)
         assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a, b, strict=True))
     wider = _tiny(tmp_path, "wider", max_steps=1, init_from=str(first / "checkpoint"), d_model=32)
-    with pytest.raises(ValueError, match="only n_layer may differ, and only upward"):
+    with pytest.raises(ValueError, match=r"only n_layer \(upward\) and noise_directions"):
         T.train(wider)
+
+
+def test_init_from_a_model_that_read_fewer_directions(tmp_path):
+    first = T.train(_tiny(tmp_path, "first", max_steps=3, eval_every=100))
+    reads_more_cfg = _tiny(
+        tmp_path, "reads_more", max_steps=2, eval_every=100, init_from=str(first / "checkpoint"),
+        noise_directions=1,
+    )  # fmt: skip
+    reads_more = load_checkpoint(T.train(reads_more_cfg) / "checkpoint")
+    assert reads_more.config.noise_directions == 1
+    assert load_checkpoint(first / "checkpoint").config.noise_directions == 0
+    # Its batches hold one direction more where the data has it (the tiny prior's d reaches
+    # past K), and the estimators read as many.
+    batch = T.get_batch(reads_more_cfg, reads_more.config, step=0, rank=0)
+    d_max, K = reads_more.config.d_max, batch.n_components
+    assert int(batch.dim_mask.sum(dim=1).max()) == min(d_max, K)
+    X = np.random.default_rng(0).normal(size=(60, 6))  # d = 6 > d_max = 4
+    gmm = TransformerGMM(2, checkpoint=str(reads_more_cfg.out_dir) + "/checkpoint", max_iter=0)
+    assert gmm.fit(X).init_method_ == "transformer"
 
 
 def test_only_k_trains_that_ks_head_and_embedding_row_alone(tmp_path):

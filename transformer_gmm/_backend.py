@@ -113,13 +113,20 @@ class Backbone:
     d_max: int
     context_size: int
     supported_n_components: range
+    noise_directions: int = 0  # principal directions read beyond the K - 1
 
 
 def load_backbone(checkpoint: str | os.PathLike) -> Backbone:
     """Load (once per process) the checkpoint the user named; errors are CheckpointError."""
     model = checkpoints.load_model(checkpoint)
     config = model.config
-    return Backbone(model, config.d_max, config.context_size, model.supported_n_components)
+    return Backbone(
+        model,
+        config.d_max,
+        config.context_size,
+        model.supported_n_components,
+        config.noise_directions,
+    )
 
 
 def has_bundled(name: str) -> bool:

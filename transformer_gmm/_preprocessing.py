@@ -50,24 +50,34 @@ class Standardization:
         return self.center + self.scale * kept @ self.basis.T
 
 
-def n_kept_directions(n_features: int, n_components: int, d_max: int) -> int:
+def n_kept_directions(
+    n_features: int, n_components: int, d_max: int, noise_directions: int = 0
+) -> int:
     """How many coordinates the model reads: all of them, or the top principal directions.
 
     The means of K components span an affine subspace of at most K - 1 dimensions, so
-    when the data has more features than that, only the top ``K - 1`` principal directions
-    (at most ``d_max``) are kept: every task then looks alike to the model, whatever its
-    number of features, and the rest is noise that the EM polish handles in full space.
+    when the data has more features than that, only the top ``K - 1 + noise_directions``
+    principal directions (at most ``d_max``) are kept: every task then looks alike to the
+    model, whatever its number of features, and the rest is noise that the EM polish
+    handles in full space. A direction beyond the K - 1 holds (almost) only noise, and so
+    shows the model how wide the components are, which the K - 1 alone confound with how
+    far apart they lie; a checkpoint's config says how many such directions its model
+    was trained to read.
 
     Examples
     --------
     >>> from transformer_gmm._preprocessing import n_kept_directions
     >>> n_kept_directions(2, 5, 9), n_kept_directions(128, 5, 9), n_kept_directions(8, 2, 9)
     (2, 4, 1)
+    >>> n_kept_directions(2, 2, 9, noise_directions=1), n_kept_directions(128, 10, 9, 1)
+    (2, 9)
     """
-    return min(n_features, d_max, max(n_components - 1, 1))
+    return min(n_features, d_max, max(n_components - 1, 1) + noise_directions)
 
 
-def fit_standardization(X: np.ndarray, d_max: int, n_components: int) -> Standardization:
+def fit_standardization(
+    X: np.ndarray, d_max: int, n_components: int, noise_directions: int = 0
+) -> Standardization:
     """Fit the translation, projection and global scale that bring ``X`` to model space.
 
     Parameters
@@ -77,8 +87,10 @@ def fit_standardization(X: np.ndarray, d_max: int, n_components: int) -> Standar
     d_max : int
         Width of the model's input.
     n_components : int
-        K. Data with more than ``n_kept_directions(n_features, K, d_max)`` features is
-        projected onto that many principal directions.
+        K. Data with more than ``n_kept_directions(n_features, K, d_max,
+        noise_directions)`` features is projected onto that many principal directions.
+    noise_directions : int, default=0
+        Principal directions kept beyond the K - 1 (see :func:`n_kept_directions`).
 
     Returns
     -------
@@ -91,7 +103,7 @@ def fit_standardization(X: np.ndarray, d_max: int, n_components: int) -> Standar
     n_features = X.shape[1]
     center = X.mean(axis=0)
     Xc = X - center
-    n_kept = n_kept_directions(n_features, n_components, d_max)
+    n_kept = n_kept_directions(n_features, n_components, d_max, noise_directions)
     # The principal axes even when every feature is kept: the backbone is not rotation
     # equivariant, and a canonical orientation (largest variance first) is one thing less
     # for it to learn. Eigenvectors of the d x d covariance: O(n d^2) time and O(d^2)

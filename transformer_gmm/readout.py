@@ -134,7 +134,9 @@ def _read(
     (B, C) or None for all, which of them are real (B, C) or None, and the output.
     """
     config = model.config
-    standardization = fit_standardization(x, mask, config.d_max, n_components)
+    standardization = fit_standardization(
+        x, mask, config.d_max, n_components, config.noise_directions
+    )
     index, read_mask = subsample_rows(tuple(x.shape[:2]), mask, config.context_size, generator)
     z = standardization.transform(x)  # (B, N, d_max) float32
     z_read = z if index is None else take_rows(z, index)

@@ -70,7 +70,7 @@ class Standardization:
 
 
 def fit_standardization(
-    x: Tensor, mask: Tensor | None, d_max: int, n_components: int
+    x: Tensor, mask: Tensor | None, d_max: int, n_components: int, noise_directions: int = 0
 ) -> Standardization:
     """Fit, for each dataset of the batch, the map that brings it to model space.
 
@@ -83,7 +83,11 @@ def fit_standardization(
     d_max : int
         Width of the model's input.
     n_components : int
-        K: ``n_kept_directions(n_features, K, d_max)`` principal directions are kept.
+        K: ``n_kept_directions(n_features, K, d_max, noise_directions)`` principal
+        directions are kept.
+    noise_directions : int, default=0
+        Directions kept beyond the K - 1 that can hold the means (the model's config says
+        how many it reads).
 
     Returns
     -------
@@ -102,7 +106,7 @@ def fit_standardization(
     """
     x = x.to(torch.float64)
     n_features = x.shape[-1]
-    n_kept = n_kept_directions(n_features, n_components, d_max)
+    n_kept = n_kept_directions(n_features, n_components, d_max, noise_directions)
     if mask is None:
         counts = x.new_full((x.shape[0], 1), x.shape[1])  # (B, 1)
         center = x.mean(dim=1)  # (B, d)

@@ -34,6 +34,10 @@ class ModelConfig:
         Hidden width of each block's MLP, as a multiple of ``d_model``.
     scale_type : {"spherical", "diag"}, default="spherical"
         One standard deviation per component, or one per coordinate.
+    noise_directions : int, default=0
+        Principal directions the model reads beyond the K - 1 that can hold the means,
+        when the data has them: they hold only noise, so they show how wide the
+        components are. It changes what the model reads, not any weight's shape.
 
     Examples
     --------
@@ -57,6 +61,7 @@ class ModelConfig:
     d_model: int = 128
     mlp_ratio: int = 4
     scale_type: str = "spherical"  # "spherical": one std per component; "diag": one per coordinate
+    noise_directions: int = 0  # principal directions read beyond the K - 1 the means span
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -65,7 +70,11 @@ class ModelConfig:
                 if value not in SCALE_TYPES:
                     raise ValueError(f"scale_type must be one of {SCALE_TYPES}, got {value!r}.")
             # bool is an int subclass; a JSON 128.0 is not an int: both are rejected.
-            elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            elif not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"{field.name} must be an int, got {value!r}.")
+            elif field.name == "noise_directions" and value < 0:
+                raise ValueError(f"noise_directions must be >= 0, got {value!r}.")
+            elif field.name != "noise_directions" and value < 1:
                 raise ValueError(f"{field.name} must be a positive int, got {value!r}.")
         if self.k_min > self.k_max:
             raise ValueError(
@@ -96,6 +105,8 @@ class ModelConfig:
 
         A config written by a newer or foreign model must not be half-understood, and a
         missing field must not silently take a default that disagrees with the weights.
+        The one exception is a field added later whose default is what every checkpoint
+        written before it did (``noise_directions``: 0).
 
         Examples
         --------
@@ -111,8 +122,13 @@ class ModelConfig:
         """
         if not isinstance(d, dict):
             raise ValueError(f"A ModelConfig is read from a dict, got {type(d).__name__}.")
-        _check_names(d, require_all=True)
-        return cls(**d)
+        _check_names({**_ADDED_LATER, **d}, require_all=True)
+        return cls(**{**_ADDED_LATER, **d})
+
+
+# Fields added after the first checkpoints, with the value that reproduces what those
+# checkpoints' models were trained to read.
+_ADDED_LATER: dict[str, Any] = {"noise_directions": 0}
 
 
 def _check_names(d: dict[str, Any], *, require_all: bool) -> None:

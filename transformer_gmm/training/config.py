@@ -30,11 +30,12 @@ class TrainConfig:
     Parameters
     ----------
     model : str, default="small"
-        A model preset of :data:`transformer_gmm.nn.PRESETS`, with ``d_max``, ``k_max``,
-        ``n_layer``, ``d_model``, ``n_head`` and ``context_size`` replaced when they are not
-        None.
+        A model preset of :data:`transformer_gmm.nn.PRESETS`, with the model fields below
+        replaced when they are not None.
     d_max, k_max, n_layer, d_model, n_head, context_size : int or None, default=None
         Model fields to replace.
+    noise_directions : int or None, default=None
+        Model field to replace: principal directions read beyond the K - 1 the means span.
     prior : str, default="broad"
         A task prior of :data:`transformer_gmm.training.PRIORS`.
     focus_prior : str, default=""
@@ -109,6 +110,7 @@ class TrainConfig:
     d_model: int | None = None
     n_head: int | None = None
     context_size: int | None = None
+    noise_directions: int | None = None
     prior: str = "broad"  # a task prior of transformer_gmm.training.tasks.PRIORS
     focus_prior: str = ""  # drawn instead of prior for a fraction focus_prob of the steps
     focus_prob: float = 0.0
@@ -194,6 +196,7 @@ def model_config(cfg: TrainConfig) -> ModelConfig:
     6
     """
     names = ("d_max", "k_max", "n_layer", "d_model", "n_head", "context_size")
+    names += ("noise_directions",)
     overrides = {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
     return config_from_preset(cfg.model, **overrides)
 

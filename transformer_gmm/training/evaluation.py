@@ -40,6 +40,7 @@ def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:
             cfg.eval_tasks,
             mc.d_max,
             mc.context_size,
+            mc.noise_directions,
         )
         for K in range(low, high + 1)
     ]

@@ -239,7 +239,15 @@ def _draw_weights(rng: np.random.Generator, prior: Prior, K: int) -> np.ndarray:
     return w / w.sum()
 
 
-def sample_task(rng: np.random.Generator, prior: Prior, K: int, d: int, n: int, d_max: int) -> Task:
+def sample_task(
+    rng: np.random.Generator,
+    prior: Prior,
+    K: int,
+    d: int,
+    n: int,
+    d_max: int,
+    noise_directions: int = 0,
+) -> Task:
     """Draw one task of K components, d features and n points from ``prior``.
 
     Every component gets at least one point (so the oracle and the per-point loss are
@@ -255,6 +263,8 @@ def sample_task(rng: np.random.Generator, prior: Prior, K: int, d: int, n: int, 
         Components, features and points; ``n >= K``.
     d_max : int
         The model's input width, for the standardization.
+    noise_directions : int, default=0
+        Principal directions kept beyond the K - 1, as the model's config says.
 
     Returns
     -------
@@ -282,7 +292,8 @@ def sample_task(rng: np.random.Generator, prior: Prior, K: int, d: int, n: int, 
     else:
         noise = rng.standard_normal((n, d))
     X = means[labels] + stds[labels] * noise  # (n, d)
-    return Task(X, labels, means, weights, stds, fit_standardization(X, d_max, K))
+    standardization = fit_standardization(X, d_max, K, noise_directions)
+    return Task(X, labels, means, weights, stds, standardization)
 
 
 def _draw_d(rng: np.random.Generator, d_range: tuple[int, int]) -> int:
@@ -297,6 +308,7 @@ def sample_batch(
     batch_size: int,
     d_max: int,
     context_size: int,
+    noise_directions: int = 0,
 ) -> TaskBatch:
     """Draw ``batch_size`` tasks with ``n_components`` components; each draws its own d and n.
 
@@ -312,6 +324,8 @@ def sample_batch(
         B, the number of tasks.
     d_max, context_size : int
         The model's input width and the most points it reads; n is clipped to the latter.
+    noise_directions : int, default=0
+        Principal directions kept beyond the K - 1, as the model's config says.
 
     Returns
     -------
@@ -340,6 +354,7 @@ def sample_batch(
             _draw_d(rng, prior.d_range),
             max(int(rng.integers(n_low, n_high + 1)), n_components),
             d_max,
+            noise_directions,
         )
         for _ in range(batch_size)
     ]

@@ -72,7 +72,9 @@ def get_batch(cfg: TrainConfig, mc: ModelConfig, step: int, rank: int) -> TaskBa
     low, high = k_range(cfg, mc, prior)
     K = int(step_rng.integers(low, high + 1))
     rng = np.random.default_rng([cfg.seed, step, rank])  # different tasks on each rank
-    return sample_batch(rng, PRIORS[prior], K, cfg.batch_size, mc.d_max, mc.context_size)
+    return sample_batch(
+        rng, PRIORS[prior], K, cfg.batch_size, mc.d_max, mc.context_size, mc.noise_directions
+    )
 
 
 class _StepBatches(torch.utils.data.Dataset):
@@ -125,13 +127,17 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
     nothing to the residual stream, so the deeper model computes exactly what the source
     did, and training then decides what the extra depth does. The copy, rather than fresh
     random weights, gives the projections' first gradients features that already mean
-    something. Every other shape must match.
+    something. Every other shape must match; ``noise_directions`` may differ too (it
+    changes what the model reads, not a weight), for fine-tuning a model to read more.
     """
     have, want = source.config.n_layer, model.config.n_layer
-    if dataclasses.replace(source.config, n_layer=want) != model.config or want < have:
+    reads = model.config.noise_directions
+    if dataclasses.replace(source.config, n_layer=want, noise_directions=reads) != model.config or (
+        want < have
+    ):
         raise ValueError(
             f"init_from's model ({source.config}) does not fit this run's ({model.config}): "
-            "only n_layer may differ, and only upward."
+            "only n_layer (upward) and noise_directions may differ."
         )
     state = source.state_dict()
     last = {k.split(".", 2)[2]: v for k, v in state.items() if k.startswith(f"blocks.{have - 1}.")}
