@@ -113,20 +113,18 @@ class Backbone:
     d_max: int
     context_size: int
     supported_n_components: range
-    noise_directions: int = 0  # principal directions read beyond the K - 1
+
+    @property
+    def noise_directions(self) -> int:
+        """Principal directions the model reads beyond the K - 1 (its config says)."""
+        return self.model.config.noise_directions
 
 
 def load_backbone(checkpoint: str | os.PathLike) -> Backbone:
     """Load (once per process) the checkpoint the user named; errors are CheckpointError."""
     model = checkpoints.load_model(checkpoint)
     config = model.config
-    return Backbone(
-        model,
-        config.d_max,
-        config.context_size,
-        model.supported_n_components,
-        config.noise_directions,
-    )
+    return Backbone(model, config.d_max, config.context_size, model.supported_n_components)
 
 
 def has_bundled(name: str) -> bool:

@@ -72,10 +72,9 @@ class ModelConfig:
             # bool is an int subclass; a JSON 128.0 is not an int: both are rejected.
             elif not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{field.name} must be an int, got {value!r}.")
-            elif field.name == "noise_directions" and value < 0:
-                raise ValueError(f"noise_directions must be >= 0, got {value!r}.")
-            elif field.name != "noise_directions" and value < 1:
-                raise ValueError(f"{field.name} must be a positive int, got {value!r}.")
+            elif value < _SMALLEST.get(field.name, 1):
+                kind = "a positive int" if field.name not in _SMALLEST else ">= 0"
+                raise ValueError(f"{field.name} must be {kind}, got {value!r}.")
         if self.k_min > self.k_max:
             raise ValueError(
                 f"k_min and k_max must satisfy 1 <= k_min <= k_max, "
@@ -122,13 +121,16 @@ class ModelConfig:
         """
         if not isinstance(d, dict):
             raise ValueError(f"A ModelConfig is read from a dict, got {type(d).__name__}.")
-        _check_names({**_ADDED_LATER, **d}, require_all=True)
-        return cls(**{**_ADDED_LATER, **d})
+        fields = {**_ADDED_LATER, **d}
+        _check_names(fields, require_all=True)
+        return cls(**fields)
 
 
 # Fields added after the first checkpoints, with the value that reproduces what those
 # checkpoints' models were trained to read.
 _ADDED_LATER: dict[str, Any] = {"noise_directions": 0}
+# The int fields that may be 0; every other must be positive.
+_SMALLEST = {"noise_directions": 0}
 
 
 def _check_names(d: dict[str, Any], *, require_all: bool) -> None:

@@ -195,8 +195,7 @@ def model_config(cfg: TrainConfig) -> ModelConfig:
     >>> model_config(TrainConfig(model="tiny", k_max=6)).k_max
     6
     """
-    names = ("d_max", "k_max", "n_layer", "d_model", "n_head", "context_size")
-    names += ("noise_directions",)
+    names = ("d_max", "k_max", "n_layer", "d_model", "n_head", "context_size", "noise_directions")
     overrides = {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
     return config_from_preset(cfg.model, **overrides)
 

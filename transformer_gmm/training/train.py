@@ -131,10 +131,8 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
     changes what the model reads, not a weight), for fine-tuning a model to read more.
     """
     have, want = source.config.n_layer, model.config.n_layer
-    reads = model.config.noise_directions
-    if dataclasses.replace(source.config, n_layer=want, noise_directions=reads) != model.config or (
-        want < have
-    ):
+    changeable = dict(n_layer=want, noise_directions=model.config.noise_directions)
+    if dataclasses.replace(source.config, **changeable) != model.config or want < have:
         raise ValueError(
             f"init_from's model ({source.config}) does not fit this run's ({model.config}): "
             "only n_layer (upward) and noise_directions may differ."
