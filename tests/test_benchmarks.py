@@ -53,6 +53,27 @@ def test_accuracy_quick_runs(tmp_path):
     assert min(r["ari"] for r in oracle) > 0.5
 
 
+def test_accuracy_targets_tell_ties_from_wins():
+    accuracy = _load("accuracy")
+    errors = np.array([0.010, 0.020, 0.030, 0.040])
+    # Equal to rounding on every task: a tie, whatever the last digit says.
+    assert accuracy.compare(errors, errors * (1 + 1e-12)) == ("tie", 0.0)
+    verdict, z = accuracy.compare(errors - 0.001, errors)
+    assert verdict == "lower" and z < -1e6  # the same gap on every task
+    verdict, z = accuracy.compare(errors + [0.002, -0.001, 0.002, 0.001], errors)
+    assert verdict == "higher" and 0 < z < 3
+    cells = [(2, 2), (8, 2), (32, 2)]
+    task_errors = {
+        (2, 2, "a"): errors - 0.001, (2, 2, "b"): errors,
+        (8, 2, "a"): errors + [0.002, -0.001, 0.002, 0.001], (8, 2, "b"): errors,
+        (32, 2, "a"): errors, (32, 2, "b"): errors.copy(),
+    }
+    strict = accuracy._count(task_errors, cells, "a", "b", {"lower"})
+    assert strict.startswith("1/3 cells") and "tied to rounding in (32, 2)" in strict
+    assert "missed in (8, 2) z=+" in strict
+    assert accuracy._count(task_errors, cells, "a", "b", {"lower", "tie"}).startswith("2/3")
+
+
 def test_speed_quick_runs(tmp_path):
     # Runs the script, checks its figures are finite and its errors small; the timings
     # themselves are reported by the script, never asserted here.

@@ -41,9 +41,11 @@ pytest.importorskip("tqdm")
 
 
 def test_priors_cover_tgmm_and_beyond():
-    tgmm = PRIORS["tgmm-2d"]
-    assert (tgmm.k_range, tgmm.n_range, tgmm.half_width) == ((2, 5), (64, 128), (5.0, 5.0))
-    assert tgmm.scale_range == (1.0, 1.0) and tgmm.diag_prob == tgmm.heavy_prob == 0.0
+    for name, d_range in (("tgmm-2d", (2, 2)), ("tgmm", (2, 128))):
+        tgmm = PRIORS[name]
+        assert (tgmm.k_range, tgmm.n_range, tgmm.half_width) == ((2, 5), (64, 128), (5.0, 5.0))
+        assert tgmm.scale_range == (1.0, 1.0) and tgmm.diag_prob == tgmm.heavy_prob == 0.0
+        assert tgmm.d_range == d_range
     broad = PRIORS["broad"]
     assert broad.k_range[0] <= 2 and broad.k_range[1] >= 10
     assert broad.d_range[0] == 1 and broad.d_range[1] >= 128 and broad.n_range[1] >= 256

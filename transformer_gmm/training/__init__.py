@@ -13,7 +13,8 @@ from .losses import (
     point_cross_entropy,
     training_loss,
 )
-from .tasks import PRIORS, Prior, Task, TaskBatch, collate, sample_batch, sample_task
+from .task_batch import TaskBatch, collate
+from .tasks import PRIORS, Prior, Task, sample_batch, sample_task
 
 __all__ = [
     "PRIORS",

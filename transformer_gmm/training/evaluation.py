@@ -16,7 +16,8 @@ from ..nn import MixtureOutput, MixtureTransformer, ModelConfig
 from ..readout import model_space_responsibilities, weights_and_means_from_responsibilities
 from .config import EVAL_SEED, TrainConfig, k_range
 from .losses import matched_mean_error, mixture_nll, oracle_nll
-from .tasks import PRIORS, Task, TaskBatch, sample_batch
+from .task_batch import TaskBatch
+from .tasks import PRIORS, Task, sample_batch
 
 
 def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..nn.model import MixtureOutput
 from ..readout import model_space_responsibilities, weights_and_means_from_responsibilities
-from .tasks import TaskBatch
+from .task_batch import TaskBatch
 
 # --- matching ------------------------------------------------------------------------
 

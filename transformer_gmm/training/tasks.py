@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from .._preprocessing import Standardization, fit_standardization
+from .task_batch import TaskBatch, collate
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class Prior:
     >>> Prior(k_range=(2, 3), d_range=(2, 2)).n_range
     (64, 256)
     >>> sorted(PRIORS)
-    ['broad', 'tgmm-2d', 'tiny']
+    ['broad', 'tgmm', 'tgmm-2d', 'tiny']
     """
 
     k_range: tuple[int, int] = (2, 10)  # K, uniform (clipped to the model's heads)
@@ -76,6 +75,9 @@ class Prior:
 PRIORS: dict[str, Prior] = {
     # TGMM (Chen, Wu & Fang 2025) at d = 2, the overlapping regime where a learned prior helps.
     "tgmm-2d": Prior(k_range=(2, 5), d_range=(2, 2), n_range=(64, 128)),
+    # TGMM across the widths its experiments use: as many tasks with d in 2..16 as in
+    # 16..128, where the projection leaves the model the same K - 1 (+ noise) directions.
+    "tgmm": Prior(k_range=(2, 5), d_range=(2, 128), n_range=(64, 128)),
     # Far beyond it: K to 10, d to 128, up to the context, overlapping to separated,
     # unequal and diagonal scales, some heavy tails.
     "broad": Prior(
@@ -142,85 +144,6 @@ class Task:
         sums = np.zeros_like(self.means)
         np.add.at(sums, self.labels, self.X)
         return sums / counts
-
-
-@dataclass
-class TaskBatch:
-    """B tasks with the same K, padded to the longest, as model inputs and model-space targets.
-
-    Attributes
-    ----------
-    x : Tensor of shape (B, N, d_max)
-        float32 model inputs; padding rows are zero.
-    mask : bool Tensor of shape (B, N)
-        True for real points.
-    labels : int64 Tensor of shape (B, N)
-        True component of each point, 0 on padding.
-    means : Tensor of shape (B, K, d_max)
-        True means in model space, zero-padded.
-    weights : Tensor of shape (B, K)
-        True mixing weights.
-    scales : Tensor of shape (B, K, d_max)
-        Noise std per coordinate in model space, 1 on padding.
-    dim_mask : bool Tensor of shape (B, d_max)
-        True for the coordinates that carry data.
-    tasks : list of Task
-        The same tasks in the original space, for evaluation.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from transformer_gmm.training import PRIORS, sample_batch
-    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 5, 4, 64)
-    >>> batch.x.shape[0], batch.x.shape[2], batch.means.shape, len(batch.tasks)
-    (5, 4, torch.Size([5, 3, 4]), 5)
-    """
-
-    x: Tensor  # (B, N, d_max) float32, fit_standardization(X, d_max).transform(X), zero rows pad
-    mask: Tensor  # (B, N) bool, True for real points
-    labels: Tensor  # (B, N) int64 true component, 0 on padding
-    means: Tensor  # (B, K, d_max) true means in model space, zero-padded
-    weights: Tensor  # (B, K) true mixing weights
-    scales: Tensor  # (B, K, d_max) noise std per coordinate in model space, 1 on padding
-    dim_mask: Tensor  # (B, d_max) bool, True for the coordinates that carry data
-    tasks: list[Task]  # the same tasks in the original space, for evaluation
-
-    @property
-    def n_components(self) -> int:
-        """K, the number of components of every task in the batch.
-
-        Examples
-        --------
-        >>> import numpy as np
-        >>> from transformer_gmm.training import PRIORS, sample_batch
-        >>> sample_batch(np.random.default_rng(0), PRIORS["tiny"], 4, 2, 4, 64).n_components
-        4
-        """
-        return self.means.shape[1]
-
-    def to(self, device: str | torch.device) -> TaskBatch:
-        """The batch with its tensors on ``device``; the tasks are shared, not copied.
-
-        Parameters
-        ----------
-        device : str or torch.device
-
-        Returns
-        -------
-        TaskBatch
-
-        Examples
-        --------
-        >>> import numpy as np
-        >>> from transformer_gmm.training import PRIORS, sample_batch
-        >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 2, 2, 4, 64)
-        >>> moved = batch.to("cpu")
-        >>> moved.x.device.type, moved.tasks is batch.tasks
-        ('cpu', True)
-        """
-        names = ("x", "mask", "labels", "means", "weights", "scales", "dim_mask")
-        moved = {name: getattr(self, name).to(device, non_blocking=True) for name in names}
-        return TaskBatch(**moved, tasks=self.tasks)
 
 
 # --- sampling ------------------------------------------------------------------------
@@ -359,51 +282,3 @@ def sample_batch(
         for _ in range(batch_size)
     ]
     return collate(tasks, d_max)
-
-
-def collate(tasks: list[Task], d_max: int) -> TaskBatch:
-    """Stack tasks of one K into padded model-space tensors.
-
-    Parameters
-    ----------
-    tasks : list of Task
-        Tasks with the same number of components K.
-    d_max : int
-        The model's input width.
-
-    Returns
-    -------
-    TaskBatch
-        CPU tensors, padded to the longest task.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from transformer_gmm.training import PRIORS, collate, sample_task
-    >>> rng = np.random.default_rng(0)
-    >>> tasks = [sample_task(rng, PRIORS["tiny"], K=2, d=3, n=n, d_max=4) for n in (10, 15)]
-    >>> batch = collate(tasks, d_max=4)
-    >>> batch.x.shape, batch.mask.sum(-1).tolist()
-    (torch.Size([2, 15, 4]), [10, 15])
-    """
-    B, K, N = len(tasks), tasks[0].means.shape[0], max(len(t.X) for t in tasks)
-    x = np.zeros((B, N, d_max), np.float32)
-    mask = np.zeros((B, N), bool)
-    labels = np.zeros((B, N), np.int64)
-    means = np.zeros((B, K, d_max), np.float32)
-    scales = np.ones((B, K, d_max), np.float32)
-    dim_mask = np.zeros((B, d_max), bool)
-    for b, task in enumerate(tasks):
-        st, n, kept = task.standardization, len(task.X), task.standardization.basis.shape[1]
-        x[b, :n] = st.transform(task.X)
-        mask[b, :n] = True
-        labels[b, :n] = task.labels
-        means[b] = st.transform(task.means)  # (mu - center) @ basis / scale, zero-padded
-        # Covariance basis.T diag(std^2) basis / scale^2; its diagonal, per coordinate.
-        scales[b, :, :kept] = np.sqrt(task.stds**2 @ st.basis**2) / st.scale
-        dim_mask[b, :kept] = True
-    weights = np.stack([t.weights for t in tasks]).astype(np.float32)  # (B, K)
-    as_tensor = torch.from_numpy
-    return TaskBatch(
-        *map(as_tensor, (x, mask, labels, means, weights, scales, dim_mask)), tasks=tasks
-    )

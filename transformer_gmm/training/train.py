@@ -42,7 +42,8 @@ from .config import (  # noqa: F401  (re-exported: the loop's public names live 
 )
 from .evaluation import autocast, eval_set, evaluate, format_table, hardware, model_card
 from .losses import training_loss
-from .tasks import PRIORS, TaskBatch, sample_batch
+from .task_batch import TaskBatch
+from .tasks import PRIORS, sample_batch
 
 # -----------------------------------------------------------------------------
 # batches, evaluation, learning rate
