@@ -73,7 +73,8 @@ class ModelConfig:
             elif not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{field.name} must be an int, got {value!r}.")
             elif value < _SMALLEST.get(field.name, 1):
-                kind = "a positive int" if field.name not in _SMALLEST else ">= 0"
+                smallest = _SMALLEST.get(field.name)
+                kind = "a positive int" if smallest is None else f">= {smallest}"
                 raise ValueError(f"{field.name} must be {kind}, got {value!r}.")
         if self.k_min > self.k_max:
             raise ValueError(

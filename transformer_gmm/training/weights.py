@@ -1,0 +1,55 @@
+"""Which weights a training run starts from (``--init-from``, grown deeper if asked) and
+which it trains (all, or one K's own with ``--only-k``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..nn import MixtureTransformer
+from .config import TrainConfig
+
+
+def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) -> None:
+    """Copy ``source``'s weights into ``model``, which may have more blocks than it.
+
+    The source's blocks come first. Each extra block starts as a copy of the source's last
+    block with its two output projections (attention's and the MLP's) zeroed: it adds
+    nothing to the residual stream, so the deeper model computes exactly what the source
+    did, and training then decides what the extra depth does. The copy, rather than fresh
+    random weights, gives the projections' first gradients features that already mean
+    something. Every other shape must match; ``noise_directions`` may differ too (it
+    changes what the model reads, not a weight), for fine-tuning a model to read more.
+    """
+    have, want = source.config.n_layer, model.config.n_layer
+    changeable = dict(n_layer=want, noise_directions=model.config.noise_directions)
+    if dataclasses.replace(source.config, **changeable) != model.config or want < have:
+        raise ValueError(
+            f"init_from's model ({source.config}) does not fit this run's ({model.config}): "
+            "only n_layer (upward) and noise_directions may differ."
+        )
+    state = source.state_dict()
+    last = {k.split(".", 2)[2]: v for k, v in state.items() if k.startswith(f"blocks.{have - 1}.")}
+    for index in range(have, want):
+        for name, tensor in last.items():
+            zeroed = name.startswith(("attn.proj.", "mlp.proj."))
+            state[f"blocks.{index}.{name}"] = torch.zeros_like(tensor) if zeroed else tensor
+    model.load_state_dict(state)
+
+
+def param_groups(model: MixtureTransformer, cfg: TrainConfig) -> list[dict]:
+    """The weights the optimizer updates: all of them, or with ``cfg.only_k`` that K's own.
+
+    With ``only_k``, every other weight is frozen (``requires_grad=False``). The K
+    embedding is one matrix whose other rows belong to the other K: they get a zero
+    gradient, which leaves AdamW's moments at zero, and the matrix gets no weight decay,
+    so those rows stay bit for bit as they were.
+    """
+    if not cfg.only_k:
+        return [{"params": list(model.parameters())}]
+    head = list(model.heads[str(cfg.only_k)].parameters())
+    trained = {id(p) for p in head} | {id(model.k_embedding.weight)}
+    for parameter in model.parameters():
+        parameter.requires_grad_(id(parameter) in trained)
+    return [{"params": head}, {"params": [model.k_embedding.weight], "weight_decay": 0.0}]
