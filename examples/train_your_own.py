@@ -42,7 +42,7 @@ with tempfile.TemporaryDirectory() as folder:
     X = np.vstack([rng.normal(c, 1.0, (100, 2)) for c in ([-5, 0], [5, 0], [0, 6])])
     # Forty steps make a poor initialiser: EM from its start can stop in a local optimum.
     # n_init=3 adds the transformer's second start (its per-point labels) and a k-means++
-    # start, and keeps the best of the three.
+    # start; a fit from k-means++ is kept where it is likelier by more than 5 nats.
     for n_init in (1, 3):
         gmm = TransformerGMM(3, checkpoint=str(checkpoint), n_init=n_init, random_state=0)
         gmm.fit(X)

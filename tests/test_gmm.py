@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 from conftest import TINY_CHECKPOINT, make_blobs
 from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
@@ -173,6 +174,39 @@ def test_more_starts_never_lower_the_kept_lower_bound(three_blobs, n_init):
     assert more.lower_bound_ >= one.lower_bound_ - 1e-12
     if n_init == 2:  # both starts are the transformer's
         assert more.init_method_ == "transformer"
+
+
+def test_a_kmeans_start_must_beat_the_transformers_by_the_margin():
+    n = 128  # rows per dataset: the gain in total log-likelihood is n times the bound's
+    margin = _backend._KMEANS_MARGIN_NATS
+    small, large = (margin - 1) / n, (margin + 1) / n
+    bounds = torch.tensor(
+        [
+            [-1.0, -1.2, -1.0 + small, -3.0],  # k-means++ likelier, not by the margin
+            [-1.0, -0.9, -0.9 + large, -3.0],  # by more than the margin over the best
+            [float("nan"), -2.0, -2.0, -2.0 + large],  # a broken run never wins
+            [-float("inf"), -float("inf"), -5.0, -4.0],  # no finite transformer bound
+        ],
+        dtype=torch.float64,
+    )
+    assert _backend._choose_runs(bounds, 2, n).tolist() == [0, 2, 3, 3]
+    # Per dataset: the same gains over 10 times fewer rows fall short of the margin.
+    rows = torch.tensor([n, n // 10, n, n])
+    assert _backend._choose_runs(bounds, 2, rows).tolist() == [0, 1, 3, 3]
+    # Starts of one kind: the highest bound, as in scikit-learn.
+    assert _backend._choose_runs(bounds[:, 2:], 0, n).tolist() == [0, 0, 1, 1]
+    assert _backend._choose_runs(bounds[:, :2], 2, n).tolist() == [0, 1, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "margin, kept", [(float("inf"), "transformer"), (-float("inf"), "k-means++")]
+)
+def test_fit_keeps_the_start_the_margin_says(three_blobs, monkeypatch, margin, kept):
+    """fit reads the margin: an infinite one always keeps the transformer's start, one of
+    minus infinity a k-means++ start."""
+    monkeypatch.setattr(_backend, "_KMEANS_MARGIN_NATS", margin)
+    gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=6, random_state=0)
+    assert gmm.fit(three_blobs).init_method_ == kept
 
 
 @pytest.mark.parametrize(

@@ -47,10 +47,14 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
     reg_covar : float, default=1e-6
         Non-negative regularisation added to the diagonal of the covariances.
     n_init : "auto" or int, default="auto"
-        Initialisations to run, all as one batch; the one with the highest lower bound
-        is kept. The transformer's one forward pass gives the first two: the
-        responsibilities under its own mixture (``n_init=1`` runs this one alone), then
-        its per-point cluster probabilities; the others come from k-means++.
+        Initialisations to run, all as one batch. The transformer's one forward pass
+        gives the first two: the responsibilities under its own mixture (``n_init=1``
+        runs this one alone), then its per-point cluster probabilities; the others come
+        from k-means++. The run with the highest lower bound among the transformer's is
+        kept, unless a k-means++ run's log-likelihood over the data is higher by more
+        than 5 nats (on a few hundred overlapping points, optima closer than that are
+        noise, and the likelier is often the worse estimate); among k-means++ starts
+        alone, the highest lower bound, as in ``GaussianMixture``.
         ``"auto"`` runs both of the transformer's starts and two k-means++ starts (a poor
         start can trap EM, and the transformer's and k-means++'s fail on different
         datasets); with ``max_iter=0``, the transformer's two starts alone; and a single
