@@ -8,13 +8,13 @@ index of the labels against the true components (higher is better).
 
     python benchmarks/accuracy.py            # 200 tasks per cell
     python benchmarks/accuracy.py --quick    # 10 tasks per cell, d in {2, 8}: under a minute
+    python benchmarks/accuracy.py --seed 1 --results /tmp/fresh   # the same cells, fresh tasks
 
 Prints a table and writes benchmarks/results/accuracy.csv and accuracy.png.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -26,13 +26,13 @@ from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
-    RESULTS,
     bayes_labels,
     mean_error,
     oracle_means,
     paper_em,
     sample_tgmm_task,
     single_threaded,
+    standard_parser,
     summarise,
     timed,
     write_csv,
@@ -249,19 +249,14 @@ def plot(rows, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="10 tasks per cell, d in {2, 8}")
-    parser.add_argument("--tasks", type=int, default=None, help="tasks per cell (default 200)")
-    parser.add_argument("--checkpoint", default="default", help="the transformer to evaluate")
-    parser.add_argument("--out", default="accuracy", help="file stem of the CSV and PNG")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for CSV and PNG")
+    parser = standard_parser(__doc__, "accuracy", "10 tasks per cell, d in {2, 8}")
     args = parser.parse_args(argv)
     dims = [2, 8] if args.quick else [2, 8, 32, 128]
     n_tasks = args.tasks or (10 if args.quick else 200)
     with warnings.catch_warnings(), single_threaded():
         # The fallback's warning is reported once below instead of on every fit.
         warnings.simplefilter("ignore", FallbackWarning)
-        rows, task_errors = run(dims, [2, 3, 4, 5], n_tasks, args.checkpoint)
+        rows, task_errors = run(dims, [2, 3, 4, 5], n_tasks, args.checkpoint, args.seed)
     print_table(rows, task_errors)
     csv_path = write_csv(rows, args.results / f"{args.out}.csv")
     png_path = args.results / f"{args.out}.png"

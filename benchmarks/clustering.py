@@ -205,7 +205,8 @@ def main(argv=None):
         warnings.simplefilter("ignore", ConvergenceWarning)
         for name in names:
             _, full, quick, _, _ = EXPERIMENTS[name]
-            rows += run(name, quick if args.quick else full, n_tasks, args.checkpoint)
+            rows += run(name, quick if args.quick else full, n_tasks, args.checkpoint,
+                        args.seed)
     report(rows)
     print("\nDepth experiment (He et al.: backbones of 1..L layers against Lloyd and EM "
           "iterations): skipped, as checkpoints of several depths do not exist yet.")

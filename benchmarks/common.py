@@ -219,6 +219,10 @@ def standard_parser(doc: str, out: str, quick_help: str) -> argparse.ArgumentPar
     parser.add_argument("--checkpoint", default="default", help="the transformer to evaluate")
     parser.add_argument("--out", default=out, help="file stem of the CSV and PNG files")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for CSV and PNG")
+    parser.add_argument(
+        "--seed", type=int, default=0,
+        help="draws the tasks (default 0, the published tables); another seed draws fresh "
+             "tasks, to check that a difference is not an accident of one draw")
     return parser
 
 

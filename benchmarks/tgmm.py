@@ -284,7 +284,7 @@ def main(argv=None):
             # initialisations); non-convergence within max_iter is part of the result.
             warnings.simplefilter("ignore", FallbackWarning)
             warnings.simplefilter("ignore", ConvergenceWarning)
-            rows = run(name, settings, n_tasks, args.checkpoint)
+            rows = run(name, settings, n_tasks, args.checkpoint, args.seed)
         report(name, rows)
         csv_path = write_csv(rows, args.results / f"{args.out}_{name}.csv")
         png_path = plot(name, rows, args.results / f"{args.out}_{name}.png")

@@ -53,6 +53,19 @@ def test_accuracy_quick_runs(tmp_path):
     assert min(r["ari"] for r in oracle) > 0.5
 
 
+def test_accuracy_seed_draws_fresh_tasks(tmp_path):
+    accuracy = _load("accuracy")
+
+    def oracle_errors(seed):
+        main_args = ["--quick", "--tasks", "2", "--results", str(tmp_path), "--seed", str(seed)]
+        rows = accuracy.main(main_args)
+        return [r["error"] for r in rows if r["method"] == "oracle"]
+
+    published = oracle_errors(0)
+    assert oracle_errors(0) == published  # the same tasks again
+    assert all(a != b for a, b in zip(oracle_errors(1), published, strict=True))
+
+
 def test_accuracy_targets_tell_ties_from_wins():
     accuracy = _load("accuracy")
     errors = np.array([0.010, 0.020, 0.030, 0.040])
