@@ -79,6 +79,9 @@ def methods(checkpoint):
         "TransformerGMM n_init=1": transformer_gmm(n_init=1),
         # The transformer's two starts (its mixture and its labels), no k-means++.
         "TransformerGMM n_init=2": transformer_gmm(n_init=2),
+        # Four readings of the data (it and three reflections), two starts from each.
+        "transformer alone, 4 views": transformer_gmm(max_iter=0, n_views=4),
+        "TransformerGMM n_views=4": transformer_gmm(n_views=4),
         "GMM n_init=1": gaussian_mixture(1),
         "GMM n_init=10": gaussian_mixture(10),
         "paper EM": em_paper,
@@ -206,6 +209,19 @@ def print_targets(rows, task_errors):
           f" {sum(g <= 0.005 for g in gaps)}/{len(cells)} cells within 0.005")
     print("  stretch, transformer alone <= GMM n_init=10: "
           f" {_count(task_errors, cells, 'transformer alone', 'GMM n_init=10', as_good)}")
+    views = "transformer alone, 4 views"
+    if any((cells[0][0], cells[0][1], views) == key for key in task_errors):
+        print("With n_views=4 (four readings of the data):")
+        print("  transformer alone < paper EM:                "
+              f" {_count(task_errors, cells, views, 'paper EM', beats)}")
+        print("  TransformerGMM() <= GMM n_init=1:            "
+              f" {_count(task_errors, cells, 'TransformerGMM n_views=4', 'GMM n_init=1', as_good)}")
+        ratio = [value(d, k, "TransformerGMM n_views=4") / value(d, k, "GMM n_init=10")
+                 for d, k in cells]
+        print(f"  TransformerGMM() / GMM n_init=10, mean:       {np.mean(ratio):.3f}"
+              f" (worst {max(ratio):.3f})")
+        print("  stretch, transformer alone <= GMM n_init=10: "
+              f" {_count(task_errors, cells, views, 'GMM n_init=10', as_good)}")
 
 
 def _get(rows, name, key):

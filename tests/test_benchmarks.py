@@ -45,7 +45,7 @@ def test_accuracy_quick_runs(tmp_path):
     rows = _load("accuracy").main(["--quick", "--tasks", "3", "--results", str(tmp_path)])
     assert (tmp_path / "accuracy.png").stat().st_size > 0
     with (tmp_path / "accuracy.csv").open() as file:
-        assert len(list(csv.DictReader(file))) == len(rows) == 2 * 4 * 10  # d, K, methods
+        assert len(list(csv.DictReader(file))) == len(rows) == 2 * 4 * 12  # d, K, methods
     for row in rows:
         assert -1 <= row["ari"] <= 1
         assert math.isnan(row["error"]) or row["error"] >= 0

@@ -86,6 +86,15 @@ def test_n_init_keeps_the_lowest_inertia():
     assert both.inertia_ <= first.inertia_ + 1e-9 and both.init_method_ == "transformer"
 
 
+def test_views_add_starts_and_never_raise_the_inertia():
+    X = make_blobs(30, np.random.default_rng(9).uniform(-3, 3, (4, 2)), seed=9)
+    params = dict(checkpoint=TINY_CHECKPOINT, max_iter=0, random_state=2)
+    one = TransformerClusterer(4, **params).fit(X)
+    four = TransformerClusterer(4, n_views=4, **params).fit(X)
+    assert four._starts(True) == (8, 0) and four.init_method_ == "transformer"
+    assert four.inertia_ <= one.inertia_ + 1e-9
+
+
 def test_large_fit_compares_starts_on_a_subsample_then_runs_lloyd_on_all_rows(monkeypatch):
     monkeypatch.setattr(_backend, "_SELECTION_ROWS", 100)  # 400 rows count as large
     centers = [[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0], [0.0, -6.0]]

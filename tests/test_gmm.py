@@ -224,6 +224,27 @@ def test_n_init_splits_into_transformer_and_kmeans_starts(n_init, uses_transform
     assert TransformerGMM(n_init=n_init)._starts(uses_transformer) == starts
 
 
+@pytest.mark.parametrize(
+    "n_init, n_views, max_iter, starts",
+    [("auto", 3, 100, (6, 2)), ("auto", 3, 0, (6, 0)), (5, 2, 100, (4, 1)), (3, 2, 100, (3, 0))],
+)
+def test_each_view_adds_two_transformer_starts(n_init, n_views, max_iter, starts):
+    gmm = TransformerGMM(n_init=n_init, n_views=n_views, max_iter=max_iter)
+    assert gmm._starts(True) == starts
+    assert gmm._starts(False) == (0, 1 if n_init == "auto" else n_init)
+
+
+def test_more_views_never_lower_the_transformers_own_lower_bound(three_blobs):
+    """With max_iter=0 the kept estimate is the likeliest of the views' starts, and the
+    views' starts begin with those of fewer views."""
+    params = dict(checkpoint=TINY_CHECKPOINT, max_iter=0, random_state=0)
+    fits = [TransformerGMM(3, n_views=v, **params).fit(three_blobs) for v in (1, 2, 4)]
+    bounds = [gmm.lower_bound_ for gmm in fits]
+    # The float32 backbone may round a view's reading differently in a larger batch.
+    assert bounds[0] <= bounds[1] + 1e-6 and bounds[1] <= bounds[2] + 1e-6
+    assert bounds[0] < bounds[2] - 1e-3  # the tiny model's random weights read views differently
+
+
 def test_max_iter_zero_keeps_the_transformers_own_estimate_by_default(three_blobs):
     assert TransformerGMM(max_iter=0)._starts(True) == (2, 0)  # no k-means++ start
     assert TransformerGMM(max_iter=0)._starts(False) == (0, 1)

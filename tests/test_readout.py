@@ -237,3 +237,42 @@ def test_model_space_responsibilities_score_only_real_coordinates():
     )
     expected = reference_responsibilities(estimate, z[0].numpy(), 2)
     np.testing.assert_allclose(resp[0].numpy(), expected, rtol=1e-10)
+
+
+def test_each_view_reads_a_reflection_of_the_data():
+    """View v runs the backbone on the model-space rows times reflections(v); its
+    estimate, reflected back, gives that view's starts, and view 0 is the data itself."""
+    backbone = _backend.load_backbone(TINY_NOISE_CHECKPOINT)
+    x, mask = padded(random_datasets([40, 55], 3, seed=6))
+    starts = readout.mixture_inits(backbone.model, x, mask, 3, torch.Generator(), n_starts=5)
+    assert len(starts) == 5  # two views' starts, and the first of a third view's
+    first_view = readout.mixture_inits(backbone.model, x, mask, 3, torch.Generator())
+    # The backbone runs in float32, and a larger batch may sum in another order.
+    for alone, batched in zip(first_view, starts[:2], strict=True):
+        torch.testing.assert_close(alone.means, batched.means, rtol=1e-5, atol=1e-6)
+    standardization = fit_standardization(x, mask, backbone.d_max, 3, backbone.noise_directions)
+    z = standardization.transform(x)
+    signs = readout.reflections(3, backbone.d_max)
+    assert signs[1].tolist() == [-1.0] * backbone.d_max
+    for view in (1, 2):
+        with torch.no_grad():
+            out = backbone.model(z * signs[view], 3, mask)
+        out = out._replace(means=out.means * signs[view])  # back to the data's axes
+        resp = readout.model_space_responsibilities(
+            z.to(x.dtype), standardization.n_kept, out, mask
+        )
+        torch.testing.assert_close(starts[2 * view].resp, resp, rtol=1e-5, atol=1e-7)
+        if view == 1:
+            probs = out.point_logits.softmax(dim=-1).to(x.dtype).masked_fill(~mask[..., None], 0)
+            torch.testing.assert_close(starts[3].resp, probs, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(starts[0].means, starts[2].means)  # the tiny model is unsure
+
+
+def test_cluster_centers_come_two_per_view():
+    backbone = _backend.load_backbone(TINY_CHECKPOINT)
+    x = torch.tensor(random_datasets([50], 3, seed=7)[0])[None]
+    one = readout.cluster_centers(backbone.model, x, None, 3, torch.Generator())
+    three = readout.cluster_centers(backbone.model, x, None, 3, torch.Generator(), n_starts=6)
+    assert len(three) == 6
+    for alone, batched in zip(one, three[:2], strict=True):  # float32 backbone: rounding
+        torch.testing.assert_close(alone, batched, rtol=1e-5, atol=1e-6)

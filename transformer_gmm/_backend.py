@@ -249,10 +249,10 @@ def fit_mixtures(
     """EM on B datasets (padded into one batch) from every initialisation at once; keep
     each dataset's best run (see :func:`_choose_runs`).
 
-    Each dataset's runs are, in order: the first ``n_transformer_inits`` (0, 1 or 2)
-    of the starts of ``backbone``'s transformer (see
-    :func:`transformer_gmm.readout.mixture_inits`: from its mixture, then from its
-    per-point head; covariances from one M-step on their responsibilities), then
+    Each dataset's runs are, in order: the first ``n_transformer_inits`` of the starts
+    of ``backbone``'s transformer (see :func:`transformer_gmm.readout.mixture_inits`:
+    per view of the data, from its mixture, then from its per-point head; covariances
+    from one M-step on their responsibilities), then
     ``n_kmeans_inits`` starts from k-means++ and Lloyd (scikit-learn's default
     initialisation).
 
@@ -437,7 +437,7 @@ def fit_kmeans(
     backbone: Backbone | None = None,
     n_transformer_inits: int = 0,
 ) -> KMeansFit:
-    """Lloyd from the first ``n_transformer_inits`` (0, 1 or 2) of the centres of
+    """Lloyd from the first ``n_transformer_inits`` of the centres of
     ``backbone``'s transformer (see :func:`transformer_gmm.readout.cluster_centers`)
     and from ``n_kmeans_inits`` k-means++ seedings, all in one batch; keep the lowest
     inertia. As in :func:`fit_mixtures`, a dataset of more than ``_SELECTION_ROWS`` rows

@@ -69,6 +69,7 @@ class _TransformerMixtureBase(BaseEstimator):
         "max_iter": [Interval(Integral, 0, None, closed="left")],
         "tol": [Interval(Real, 0.0, None, closed="left")],
         "n_init": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
+        "n_views": [Interval(Integral, 1, None, closed="left")],
         "device": [str],  # "auto", "cpu", "cuda" or "cuda:N", checked when fit resolves it
         "random_state": ["random_state"],
     }
@@ -79,10 +80,10 @@ class _TransformerMixtureBase(BaseEstimator):
     def _starts(self, uses_transformer: bool) -> tuple[int, int]:
         """How many starts to run: (from the transformer, from k-means++).
 
-        The transformer's one forward pass gives two starts (see
-        :func:`transformer_gmm.readout.mixture_inits`); they are the first of
-        ``n_init``. "auto" runs both and two k-means++ starts, or one k-means++ start
-        alone when no transformer runs (as scikit-learn does). A poor start can trap EM
+        The transformer gives two starts per view of the data, ``2 * n_views`` in all
+        (see :func:`transformer_gmm.readout.mixture_inits`); they are the first of
+        ``n_init``. "auto" runs all of them and two k-means++ starts, or one k-means++
+        start alone when no transformer runs (as scikit-learn does). A poor start can trap EM
         and Lloyd in a local optimum; the transformer's starts and k-means++'s fail on
         different datasets, and more starts in the same batch cost little next to the
         forward pass (docs/benchmarks.md compares one k-means++ start with two). With
@@ -91,9 +92,10 @@ class _TransformerMixtureBase(BaseEstimator):
         """
         if not uses_transformer:
             return 0, 1 if self.n_init == "auto" else self.n_init
+        from_transformer = 2 * self.n_views
         if self.n_init == "auto":
-            return (2, 0) if self.max_iter == 0 else (2, 2)
-        n_transformer = min(self.n_init, 2)
+            return (from_transformer, 0) if self.max_iter == 0 else (from_transformer, 2)
+        n_transformer = min(self.n_init, from_transformer)
         return n_transformer, self.n_init - n_transformer
 
     # --- input -----------------------------------------------------------------------

@@ -67,6 +67,7 @@ def fit_many(
     tol: float = 1e-3,
     reg_covar: float = 1e-6,
     n_init: int | str = "auto",
+    n_views: int = 1,
     device: str = "auto",
     random_state=None,
     output: str = "estimators",
@@ -89,7 +90,8 @@ shape (n_datasets, n_samples, n_features)
         to the device in one piece.
     n_components : int
         Mixture components per dataset.
-    covariance_type, checkpoint, max_iter, tol, reg_covar, n_init, device, random_state
+    covariance_type, checkpoint, max_iter, tol, reg_covar, n_init, n_views, device, \
+random_state
         As in :class:`TransformerGMM`.
     output : {"estimators", "arrays"}, default="estimators"
         ``"estimators"`` returns a fitted :class:`TransformerGMM` per dataset;
@@ -134,6 +136,7 @@ shape (n_datasets, n_samples, n_features)
         tol=tol,
         reg_covar=reg_covar,
         n_init=n_init,
+        n_views=n_views,
         device=device,
         random_state=random_state,
     )

@@ -50,12 +50,16 @@ class TransformerClusterer(
         mean variance of the features, or when no label changes.
     n_init : "auto" or int, default="auto"
         Initialisations to run, all as one batch; the one with the lowest inertia is
-        kept. The transformer's one forward pass gives the first two: the centres of its
-        per-point labels (``n_init=1`` runs this one alone), then the means of its
-        mixture; the others come from k-means++. ``"auto"`` runs both of the
+        kept. The transformer gives the first ``2 * n_views``, two per view: the centres
+        of its per-point labels (``n_init=1`` runs the first view's alone), then the
+        means of its mixture; the others come from k-means++. ``"auto"`` runs all of the
         transformer's starts and two k-means++ starts (with ``max_iter=0``, the
-        transformer's two alone), or a single k-means++ start when no transformer runs,
-        as ``KMeans(n_init="auto")`` does.
+        transformer's alone), or a single k-means++ start when no transformer runs, as
+        ``KMeans(n_init="auto")`` does.
+    n_views : int, default=1
+        Readings of the data by the transformer, in one batch: the data, then
+        reflections of its principal axes. Each view costs a forward pass and gives two
+        more starts; see :class:`TransformerGMM`.
     device : str, default="auto"
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
     random_state : int, RandomState instance or None, default=None
@@ -113,6 +117,7 @@ class TransformerClusterer(
         max_iter=300,
         tol=1e-4,
         n_init="auto",
+        n_views=1,
         device="auto",
         random_state=None,
     ):
@@ -121,6 +126,7 @@ class TransformerClusterer(
         self.max_iter = max_iter
         self.tol = tol
         self.n_init = n_init
+        self.n_views = n_views
         self.device = device
         self.random_state = random_state
 

@@ -28,6 +28,7 @@ __all__ = [
     "forward",
     "mixture_inits",
     "model_space_responsibilities",
+    "reflections",
     "weights_and_means_from_responsibilities",
 ]
 
@@ -125,13 +126,41 @@ def weights_and_means_from_responsibilities(
     return weights / weights.sum(dim=-1, keepdim=True), means
 
 
+def reflections(n_views: int, width: int) -> Tensor:
+    """Signs (n_views, width) of the model-space axes in each view of the data.
+
+    View v negates axis i when ``v & (2i + 1)`` has an odd number of bits: view 0 is the
+    data, view 1 negates every axis, view 2 the odd ones, view 3 the even ones, and so on.
+    A reflection maps a mixture to a mixture, but the transformer is not exactly
+    equivariant to it, so each view is another reading of the same data; in d
+    principal directions at most 2^d views differ.
+
+    Examples
+    --------
+    >>> from transformer_gmm.readout import reflections
+    >>> reflections(4, 3).tolist()
+    [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0], [1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
+    """
+    return torch.tensor(
+        [[(-1.0) ** bin(v & (2 * i + 1)).count("1") for i in range(width)] for v in range(n_views)]
+    )
+
+
 def _read(
-    model: torch.nn.Module, x: Tensor, mask: Tensor | None, n_components: int, generator
-) -> tuple[Standardization, Tensor, Tensor | None, Tensor | None, MixtureOutput]:
-    """Standardize, subsample to the context, and run the backbone.
+    model: torch.nn.Module,
+    x: Tensor,
+    mask: Tensor | None,
+    n_components: int,
+    generator,
+    n_views: int = 1,
+) -> tuple[Standardization, Tensor, Tensor | None, Tensor | None, list[MixtureOutput]]:
+    """Standardize, subsample to the context, and run the backbone on ``n_views``
+    reflections of the rows read (:func:`reflections`), all in one batch.
 
     Returns the standardization, every row in model space (B, N, d_max), the rows read
-    (B, C) or None for all, which of them are real (B, C) or None, and the output.
+    (B, C) or None for all, which of them are real (B, C) or None, and each view's output
+    mapped back to the unreflected model space (its means reflected back; weights, scales
+    and labels do not change under a reflection).
     """
     config = model.config
     standardization = fit_standardization(
@@ -139,8 +168,16 @@ def _read(
     )
     index, read_mask = subsample_rows(tuple(x.shape[:2]), mask, config.context_size, generator)
     z = standardization.transform(x)  # (B, N, d_max) float32
-    z_read = z if index is None else take_rows(z, index)
-    return standardization, z, index, read_mask, forward(model, z_read, n_components, read_mask)
+    z_read = z if index is None else take_rows(z, index)  # (B, C, d_max)
+    signs = reflections(n_views, z.shape[-1]).to(z)  # (V, d_max)
+    views = (signs[:, None, None, :] * z_read).flatten(0, 1)  # (V * B, C, d_max), view-major
+    views_mask = None if read_mask is None else read_mask.repeat(n_views, 1)
+    out = forward(model, views, n_components, views_mask)
+    n_datasets, outs = z.shape[0], []
+    for v, sign in enumerate(signs):
+        view = MixtureOutput(*(field[v * n_datasets : (v + 1) * n_datasets] for field in out))
+        outs.append(view._replace(means=view.means * sign))
+    return standardization, z, index, read_mask, outs
 
 
 def _mixture_start(
@@ -177,14 +214,16 @@ def mixture_inits(
     generator: torch.Generator,
     n_starts: int = 2,
 ) -> tuple[MixtureInit, ...]:
-    """The transformer's starts, from one forward pass.
+    """The transformer's starts, two from each view of the data, in one forward pass.
 
-    The first scores every row under the transformer's own mixture (its weights, means
-    and scales, in model space); the second takes its per-point head's cluster
-    probabilities for the rows it read. Each gives weights and means in the user's
-    space by one M-step. The two often lead EM to different optima, so running both
-    and keeping the better lower bound helps at no cost in forward passes
-    (docs/benchmarks.md measures it).
+    The first of a view's two scores every row under the transformer's own mixture (its
+    weights, means and scales, in model space); the second takes its per-point head's
+    cluster probabilities for the rows it read. Each gives weights and means in the
+    user's space by one M-step. The two often lead EM to different optima, so running
+    both and keeping the better lower bound helps at no cost in forward passes
+    (docs/benchmarks.md measures it). Starts beyond two come from reflections of the
+    data (:func:`reflections`), whose readings differ where the transformer is unsure;
+    each view costs a forward pass, batched with the others.
 
     Parameters
     ----------
@@ -198,14 +237,16 @@ def mixture_inits(
         K, which the model must have a head for.
     generator : torch.Generator
         Draws the rows read where a dataset has more than ``context_size``.
-    n_starts : {1, 2}, default=2
-        How many of the two starts to build, in order.
+    n_starts : int, default=2
+        How many starts to build: the first ``n_starts`` of, in order, view 0's start
+        from the transformer's mixture and from its per-point head, then view 1's two,
+        and so on (``ceil(n_starts / 2)`` views).
 
     Returns
     -------
-    from_mixture, from_labels : MixtureInit
-        The start from the transformer's mixture (for all N rows) and the one from its
-        per-point head (for the rows it read); the first ``n_starts`` of them.
+    starts : tuple of MixtureInit
+        Per view, the start from the transformer's mixture (for all N rows) and the one
+        from its per-point head (for the rows it read).
 
     Examples
     --------
@@ -218,15 +259,19 @@ def mixture_inits(
     >>> from_mixture.resp.shape, from_labels.resp.shape, from_labels.means.shape
     (torch.Size([3, 80, 3]), torch.Size([3, 64, 3]), torch.Size([3, 3, 2]))
     """
-    standardization, z, index, read_mask, out = _read(model, x, mask, n_components, generator)
-    starts = [_mixture_start(x, mask, z, standardization, out)]
-    if n_starts > 1:
-        x_read = x if index is None else take_rows(x, index)  # (B, C, d)
+    n_views = -(-n_starts // 2)
+    standardization, z, index, read_mask, outs = _read(
+        model, x, mask, n_components, generator, n_views
+    )
+    x_read = x if index is None else take_rows(x, index)  # (B, C, d)
+    starts = []
+    for out in outs:
+        starts.append(_mixture_start(x, mask, z, standardization, out))
         point_probs = out.point_logits.softmax(dim=-1).to(x.dtype)  # (B, C, K)
         if read_mask is not None:
             point_probs = point_probs.masked_fill(~read_mask[..., None], 0.0)
         starts.append(_start(x_read, read_mask, point_probs, standardization, out))
-    return tuple(starts)
+    return tuple(starts[:n_starts])
 
 
 def cluster_centers(
@@ -237,12 +282,14 @@ def cluster_centers(
     generator: torch.Generator,
     n_starts: int = 2,
 ) -> tuple[Tensor, ...]:
-    """The transformer's sets of centres (B, K, d), from one forward pass.
+    """The transformer's sets of centres (B, K, d), two from each view of the data, in
+    one forward pass.
 
-    The first from its per-point head: each centre is the mean of the read points its
-    label holds. The second from its mixture: the means of :func:`mixture_inits`'s first
-    start. A cluster left empty starts at the parameter head's mean instead. Arguments
-    as :func:`mixture_inits`; the first ``n_starts`` of the two are returned.
+    A view's first from its per-point head: each centre is the mean of the read points
+    its label holds. Its second from its mixture: the means of :func:`mixture_inits`'s
+    start from that view's mixture. A cluster left empty starts at the parameter head's
+    mean instead. Arguments as :func:`mixture_inits`; the first ``n_starts`` are
+    returned, view by view.
 
     Examples
     --------
@@ -255,11 +302,15 @@ def cluster_centers(
     >>> from_labels.shape, from_mixture.shape
     (torch.Size([2, 4, 3]), torch.Size([2, 4, 3]))
     """
-    standardization, z, index, read_mask, out = _read(model, x, mask, n_clusters, generator)
+    n_views = -(-n_starts // 2)
+    standardization, z, index, read_mask, outs = _read(
+        model, x, mask, n_clusters, generator, n_views
+    )
     x_read = x if index is None else take_rows(x, index)  # (B, C, d)
-    labels = out.point_logits.argmax(dim=-1)  # (B, C)
-    one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(x.dtype)
-    centers = [_start(x_read, read_mask, one_hot, standardization, out).means]
-    if n_starts > 1:
+    centers = []
+    for out in outs:
+        labels = out.point_logits.argmax(dim=-1)  # (B, C)
+        one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(x.dtype)
+        centers.append(_start(x_read, read_mask, one_hot, standardization, out).means)
         centers.append(_mixture_start(x, mask, z, standardization, out).means)
-    return tuple(centers)
+    return tuple(centers[:n_starts])
