@@ -15,8 +15,9 @@ noise, N = 128 unless the experiment varies it. Experiments (``--experiment``):
   not apply: its column is n/a).
 
 Methods, on the same tasks and seeds: TransformerGMM with ``max_iter=0`` (the
-transformer's estimate), by default (EM polish from the transformer's two starts and two
-k-means++ starts) and with ``n_init=2`` (EM from the transformer's two starts only);
+transformer's estimate; also with ``n_views=4``, from four readings of the data), by
+default (EM polish from the transformer's two starts and two k-means++ starts) and with
+``n_init=2`` (EM from the transformer's two starts only);
 GaussianMixture with k-means initialisation, ``n_init=1`` and ``10``; the paper's EM
 (unit covariance known, N(0, I) means, one run, 100 iterations); Hsu & Kakade's spectral
 method (``spectral.py``); the oracle (parameters: the means and proportions of the true
@@ -159,13 +160,13 @@ class Fit:
 def methods(checkpoint, covariance_type: str) -> dict:
     """Each method maps (case, seed) to a Fit, or None where it does not apply."""
 
-    def transformer_gmm(max_iter, n_init="auto"):
+    def transformer_gmm(max_iter, n_init="auto", n_views=1):
         # The default n_init: with max_iter=0 that is the transformer's two starts alone
         # (its mixture and its labels, the likelier kept), no k-means++ start.
         def fit(case, seed):
             gmm = TransformerGMM(case.task.means.shape[0], covariance_type=covariance_type,
                                  checkpoint=checkpoint, max_iter=max_iter, n_init=n_init,
-                                 random_state=seed).fit(case.task.X)
+                                 n_views=n_views, random_state=seed).fit(case.task.X)
             return Fit(gmm.weights_, gmm.means_, gmm.covariances_, init=gmm.init_method_)
         return fit
 
@@ -196,6 +197,8 @@ def methods(checkpoint, covariance_type: str) -> dict:
 
     return {
         "TransformerGMM max_iter=0": transformer_gmm(0),
+        # The same from four readings of the data (it and three reflections).
+        "TransformerGMM max_iter=0 n_views=4": transformer_gmm(0, n_views=4),
         "TransformerGMM": transformer_gmm(100),
         # EM from the transformer's two starts only: what the k-means++ starts add or cost.
         "TransformerGMM n_init=2": transformer_gmm(100, n_init=2),

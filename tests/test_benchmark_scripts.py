@@ -33,7 +33,7 @@ def test_tgmm_quick_runs(tmp_path):
     rows = _load("tgmm").main(["--quick", "--experiment", "k_gt_d", "--tasks", "2",
                                "--results", str(tmp_path)])
     assert (tmp_path / "tgmm_k_gt_d.png").stat().st_size > 0
-    assert len(_csv(tmp_path / "tgmm_k_gt_d.csv")) == len(rows) == 4 * 8
+    assert len(_csv(tmp_path / "tgmm_k_gt_d.csv")) == len(rows) == 4 * 9
     for row in rows:
         applies = row["method"] != "spectral"  # K > d everywhere here
         assert math.isnan(row["error"]) != applies

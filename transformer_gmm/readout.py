@@ -152,16 +152,18 @@ def _read(
     mask: Tensor | None,
     n_components: int,
     generator,
-    n_views: int = 1,
-) -> tuple[Standardization, Tensor, Tensor | None, Tensor | None, list[MixtureOutput]]:
-    """Standardize, subsample to the context, and run the backbone on ``n_views``
-    reflections of the rows read (:func:`reflections`), all in one batch.
+    n_starts: int,
+) -> tuple[Standardization, Tensor, Tensor, Tensor | None, list[MixtureOutput]]:
+    """Standardize, subsample to the context, and run the backbone on the views that
+    ``n_starts`` starts need (two a view), reflections of the rows read
+    (:func:`reflections`), all in one batch.
 
     Returns the standardization, every row in model space (B, N, d_max), the rows read
-    (B, C) or None for all, which of them are real (B, C) or None, and each view's output
-    mapped back to the unreflected model space (its means reflected back; weights, scales
-    and labels do not change under a reflection).
+    in the user's space (B, C, d), which of them are real (B, C) or None, and each view's
+    output mapped back to the unreflected model space (its means reflected back; weights,
+    scales and labels do not change under a reflection).
     """
+    n_views = -(-n_starts // 2)
     config = model.config
     standardization = fit_standardization(
         x, mask, config.d_max, n_components, config.noise_directions
@@ -177,7 +179,8 @@ def _read(
     for v, sign in enumerate(signs):
         view = MixtureOutput(*(field[v * n_datasets : (v + 1) * n_datasets] for field in out))
         outs.append(view._replace(means=view.means * sign))
-    return standardization, z, index, read_mask, outs
+    x_read = x if index is None else take_rows(x, index)  # (B, C, d)
+    return standardization, z, x_read, read_mask, outs
 
 
 def _mixture_start(
@@ -259,11 +262,9 @@ def mixture_inits(
     >>> from_mixture.resp.shape, from_labels.resp.shape, from_labels.means.shape
     (torch.Size([3, 80, 3]), torch.Size([3, 64, 3]), torch.Size([3, 3, 2]))
     """
-    n_views = -(-n_starts // 2)
-    standardization, z, index, read_mask, outs = _read(
-        model, x, mask, n_components, generator, n_views
+    standardization, z, x_read, read_mask, outs = _read(
+        model, x, mask, n_components, generator, n_starts
     )
-    x_read = x if index is None else take_rows(x, index)  # (B, C, d)
     starts = []
     for out in outs:
         starts.append(_mixture_start(x, mask, z, standardization, out))
@@ -302,11 +303,9 @@ def cluster_centers(
     >>> from_labels.shape, from_mixture.shape
     (torch.Size([2, 4, 3]), torch.Size([2, 4, 3]))
     """
-    n_views = -(-n_starts // 2)
-    standardization, z, index, read_mask, outs = _read(
-        model, x, mask, n_clusters, generator, n_views
+    standardization, z, x_read, read_mask, outs = _read(
+        model, x, mask, n_clusters, generator, n_starts
     )
-    x_read = x if index is None else take_rows(x, index)  # (B, C, d)
     centers = []
     for out in outs:
         labels = out.point_logits.argmax(dim=-1)  # (B, C)
