@@ -12,7 +12,7 @@ from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
-from transformer_gmm import CheckpointError, FallbackWarning, TransformerGMM, _backend
+from transformer_gmm import CheckpointError, FallbackWarning, TransformerGMM, _backend, runs
 from transformer_gmm._preprocessing import fit_standardization
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
@@ -178,7 +178,7 @@ def test_more_starts_never_lower_the_kept_lower_bound(three_blobs, n_init):
 
 def test_a_kmeans_start_must_beat_the_transformers_by_the_margin():
     n = 128  # rows per dataset: the gain in total log-likelihood is n times the bound's
-    margin = _backend._KMEANS_MARGIN_NATS
+    margin = runs.KMEANS_MARGIN_NATS
     small, large = (margin - 1) / n, (margin + 1) / n
     bounds = torch.tensor(
         [
@@ -189,13 +189,13 @@ def test_a_kmeans_start_must_beat_the_transformers_by_the_margin():
         ],
         dtype=torch.float64,
     )
-    assert _backend._choose_runs(bounds, 2, n).tolist() == [0, 2, 3, 3]
+    assert runs.choose(bounds, 2, n).tolist() == [0, 2, 3, 3]
     # Per dataset: the same gains over 10 times fewer rows fall short of the margin.
     rows = torch.tensor([n, n // 10, n, n])
-    assert _backend._choose_runs(bounds, 2, rows).tolist() == [0, 1, 3, 3]
+    assert runs.choose(bounds, 2, rows).tolist() == [0, 1, 3, 3]
     # Starts of one kind: the highest bound, as in scikit-learn.
-    assert _backend._choose_runs(bounds[:, 2:], 0, n).tolist() == [0, 0, 1, 1]
-    assert _backend._choose_runs(bounds[:, :2], 2, n).tolist() == [0, 1, 1, 0]
+    assert runs.choose(bounds[:, 2:], 0, n).tolist() == [0, 0, 1, 1]
+    assert runs.choose(bounds[:, :2], 2, n).tolist() == [0, 1, 1, 0]
 
 
 @pytest.mark.parametrize(
@@ -204,7 +204,7 @@ def test_a_kmeans_start_must_beat_the_transformers_by_the_margin():
 def test_fit_keeps_the_start_the_margin_says(three_blobs, monkeypatch, margin, kept):
     """fit reads the margin: an infinite one always keeps the transformer's start, one of
     minus infinity a k-means++ start."""
-    monkeypatch.setattr(_backend, "_KMEANS_MARGIN_NATS", margin)
+    monkeypatch.setattr(runs, "KMEANS_MARGIN_NATS", margin)
     gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=6, random_state=0)
     assert gmm.fit(three_blobs).init_method_ == kept
 

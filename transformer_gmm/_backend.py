@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import math
 import os
 import weakref
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import checkpoints, em, readout
+from . import checkpoints, em, readout, runs
 from .standardize import subsample_rows, take_rows
 
 # Rows per chunk when scoring: bounds memory at O(chunk * K * d) whatever n_samples is.
@@ -28,15 +27,6 @@ _CHUNK_ROWS = 65536
 # then runs EM on all rows from the best start only (see fit_mixtures). The lower bounds
 # of different local optima differ by far more than a subsample of this size blurs.
 _SELECTION_ROWS = 8192
-
-# A k-means++ start replaces the transformer's only when its total log-likelihood is
-# higher by more than this many nats: a likelihood ratio above e^5, "very strong"
-# evidence on Kass & Raftery's scale. On a few hundred overlapping points, local optima
-# a few nats apart are noise, and the higher one is often the worse estimate (on 600
-# fresh tasks of benchmarks/accuracy.py at d = 2, K = 5, max-likelihood selection gave a
-# mean error of 0.216 and this margin 0.165). A missed component costs far more than
-# this, so k-means++ still rescues; and on many rows the margin is negligible.
-_KMEANS_MARGIN_NATS = 5.0
 
 
 # --- device memory -------------------------------------------------------------------
@@ -272,7 +262,7 @@ def fit_mixtures(
     n_runs = n_transformer_inits + n_kmeans_inits
     x_all, mask_all = x, mask
     x, mask, index = _selection_rows(x, mask, n_runs, generator)  # (B, S, d)
-    runs = []  # each (B, R_i, ...) parameters
+    run_params = []  # each (B, R_i, ...) parameters
     if n_transformer_inits > 0:
         model = _model_on(backbone.model, device)
         starts = readout.mixture_inits(
@@ -288,34 +278,34 @@ def fit_mixtures(
                 mask=init.mask,
             )
             params.weights = init.weights
-            runs.append(_unflatten(params, n_datasets))
+            run_params.append(runs.unflatten(params, n_datasets))
     if n_kmeans_inits > 0:
         params = em.initialize_kmeans(
-            _repeat(x, n_kmeans_inits),
+            runs.repeat(x, n_kmeans_inits),
             n_components,
             covariance_type=covariance_type,
             reg_covar=reg_covar,
             generator=generator,
-            mask=None if mask is None else _repeat(mask, n_kmeans_inits),
+            mask=None if mask is None else runs.repeat(mask, n_kmeans_inits),
         )
-        runs.append(_unflatten(params, n_datasets))
-    params = _flatten(_concatenate_runs(runs))  # (B * R, ...), dataset-major
+        run_params.append(runs.unflatten(params, n_datasets))
+    params = runs.flatten(runs.concatenate(run_params))  # (B * R, ...), dataset-major
     result = em.fit_em(
-        _repeat(x, n_runs),
+        runs.repeat(x, n_runs),
         params,
         covariance_type=covariance_type,
         reg_covar=reg_covar,
         max_iter=max_iter,
         tol=tol,
-        mask=None if mask is None else _repeat(mask, n_runs),
+        mask=None if mask is None else runs.repeat(mask, n_runs),
     )
     n_rows = x.shape[1] if mask is None else mask.sum(dim=1)  # rows each bound is over
-    best = _choose_runs(
+    best = runs.choose(
         result.lower_bound.view(n_datasets, n_runs), n_transformer_inits, n_rows
     )  # (B,)
     kept = best + n_runs * torch.arange(n_datasets, device=best.device)  # rows of the batch
     if index is not None:  # the chosen starts, now on every row
-        chosen = em.MixtureParams(*(getattr(result.params, f)[kept] for f in _PARAM_FIELDS))
+        chosen = em.MixtureParams(*(getattr(result.params, f)[kept] for f in runs.FIELDS))
         n_iter = result.n_iter[kept]
         result = em.fit_em(
             x_all,
@@ -336,53 +326,6 @@ def fit_mixtures(
         n_iter=result.n_iter[kept].cpu().numpy(),
         converged=result.converged[kept].cpu().numpy(),
         best_run=best.cpu().numpy(),
-    )
-
-
-def _choose_runs(
-    lower_bound: torch.Tensor, n_transformer_inits: int, n_rows: int | torch.Tensor
-) -> torch.Tensor:
-    """Index (B,) of each dataset's kept run, of the (B, R) lower bounds whose first
-    ``n_transformer_inits`` runs started from the transformer: its best, unless a
-    k-means++ run's total log-likelihood is higher by more than ``_KMEANS_MARGIN_NATS``.
-    A NaN bound (a run that broke down) never wins."""
-    lower_bound = torch.nan_to_num(lower_bound, nan=-math.inf)
-    n_t = n_transformer_inits
-    if n_t == 0 or n_t == lower_bound.shape[1]:
-        return lower_bound.argmax(dim=1)
-    transformer_bound, transformer_best = lower_bound[:, :n_t].max(dim=1)
-    kmeans_bound, kmeans_best = lower_bound[:, n_t:].max(dim=1)
-    gain = (kmeans_bound - transformer_bound) * n_rows  # nats; NaN when both are -inf
-    return torch.where(gain > _KMEANS_MARGIN_NATS, kmeans_best + n_t, transformer_best)
-
-
-def _repeat(tensor: torch.Tensor, n_runs: int) -> torch.Tensor:
-    """Each dataset's rows n_runs times, dataset-major; copied only when both B and n_runs
-    exceed one (one dataset is broadcast; one run per dataset is the tensor itself)."""
-    if n_runs == 1:
-        return tensor
-    if tensor.shape[0] == 1:
-        return tensor.expand(n_runs, *tensor.shape[1:])
-    return tensor.repeat_interleave(n_runs, dim=0)
-
-
-_PARAM_FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
-
-
-def _unflatten(params: em.MixtureParams, n_datasets: int) -> em.MixtureParams:
-    return em.MixtureParams(
-        *(getattr(params, f).unflatten(0, (n_datasets, -1)) for f in _PARAM_FIELDS)
-    )
-
-
-def _flatten(params: em.MixtureParams) -> em.MixtureParams:
-    return em.MixtureParams(*(getattr(params, f).flatten(0, 1) for f in _PARAM_FIELDS))
-
-
-def _concatenate_runs(runs: list[em.MixtureParams]) -> em.MixtureParams:
-    """Join parameters of shape (B, R_i, ...) along the runs axis."""
-    return em.MixtureParams(
-        *(torch.cat([getattr(p, f) for p in runs], dim=1) for f in _PARAM_FIELDS)
     )
 
 
