@@ -57,8 +57,8 @@ def _explain_out_of_memory(function):
                 raise
             raise DeviceMemoryError(
                 "The device ran out of memory. Ask for less at once: fewer datasets per "
-                "fit_many call, a smaller n_init, fewer samples or features (subsample X, or "
-                "reduce it with PCA first), or device='cpu'."
+                "fit_many call, a smaller n_init or n_views, fewer samples or features (subsample "
+                "X, or reduce it with PCA first), or device='cpu'."
             ) from error
 
     return wrapper
