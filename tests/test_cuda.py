@@ -37,3 +37,13 @@ def test_clusterer_and_fit_many_on_cuda():
     assert np.bincount(km.fit(X).labels_).tolist() == [50, 50]
     fits = fit_many([X, X[:60]], 2, checkpoint=TINY_CHECKPOINT, device="cuda", random_state=0)
     assert all(f.device_.startswith("cuda") and f.converged_ for f in fits)
+
+
+def test_views_on_cuda_match_cpu():
+    """Four readings of the data in one batch on the GPU: the transformer's own estimate
+    reaches the optimum the CPU reaches (float32 there, float64 here)."""
+    X = make_blobs(40, [[-6.0, 0.0, 1.0], [0.0, 6.0, 0.0], [6.0, 0.0, -1.0]], seed=13)
+    params = dict(checkpoint=TINY_CHECKPOINT, max_iter=0, n_views=4, random_state=0)
+    on_gpu = TransformerGMM(3, device="cuda", **params).fit(X)
+    on_cpu = TransformerGMM(3, device="cpu", **params).fit(X)
+    assert on_gpu.lower_bound_ == pytest.approx(on_cpu.lower_bound_, abs=1e-3)
