@@ -194,34 +194,36 @@ def print_targets(rows, task_errors):
     def value(d, k, name, key="error"):
         return next(r[key] for r in rows if (r["d"], r["K"], r["method"]) == (d, k, name))
 
-    ratio = [value(d, k, "TransformerGMM") / value(d, k, "GMM n_init=10") for d, k in cells]
     gaps = [value(d, k, "KMeans n_init=10", "ari") - value(d, k, "TransformerClusterer", "ari")
             for d, k in cells]
-    beats, as_good = {"lower"}, {"lower", "tie"}
+    clusterer = (f"KMeans n_init=10 ARI - TransformerClusterer:  worst {max(gaps):+.4f},"
+                 f" {sum(g <= 0.005 for g in gaps)}/{len(cells)} cells within 0.005")
     print("\nTargets, cell by cell")
-    print("  transformer alone < paper EM:                "
-          f" {_count(task_errors, cells, 'transformer alone', 'paper EM', beats)}")
-    print("  TransformerGMM() <= GMM n_init=1:            "
-          f" {_count(task_errors, cells, 'TransformerGMM', 'GMM n_init=1', as_good)}")
-    print(f"  TransformerGMM() / GMM n_init=10, mean:       {np.mean(ratio):.3f}"
-          f" (worst {max(ratio):.3f})")
-    print(f"  KMeans n_init=10 ARI - TransformerClusterer:  worst {max(gaps):+.4f},"
-          f" {sum(g <= 0.005 for g in gaps)}/{len(cells)} cells within 0.005")
-    print("  stretch, transformer alone <= GMM n_init=10: "
-          f" {_count(task_errors, cells, 'transformer alone', 'GMM n_init=10', as_good)}")
+    _print_mixture_targets(task_errors, cells, value, "transformer alone", "TransformerGMM",
+                           clusterer)
     views = "transformer alone, 4 views"
-    if any((cells[0][0], cells[0][1], views) == key for key in task_errors):
+    if (*cells[0], views) in task_errors:
         print("With n_views=4 (four readings of the data):")
-        print("  transformer alone < paper EM:                "
-              f" {_count(task_errors, cells, views, 'paper EM', beats)}")
-        print("  TransformerGMM() <= GMM n_init=1:            "
-              f" {_count(task_errors, cells, 'TransformerGMM n_views=4', 'GMM n_init=1', as_good)}")
-        ratio = [value(d, k, "TransformerGMM n_views=4") / value(d, k, "GMM n_init=10")
-                 for d, k in cells]
-        print(f"  TransformerGMM() / GMM n_init=10, mean:       {np.mean(ratio):.3f}"
-              f" (worst {max(ratio):.3f})")
-        print("  stretch, transformer alone <= GMM n_init=10: "
-              f" {_count(task_errors, cells, views, 'GMM n_init=10', as_good)}")
+        _print_mixture_targets(task_errors, cells, value, views, "TransformerGMM n_views=4")
+
+
+def _print_mixture_targets(task_errors, cells, value, alone, polished, extra=None):
+    """The mixture targets for one pair of columns: the transformer alone and with EM."""
+    beats, as_good = {"lower"}, {"lower", "tie"}
+    ratio = [value(d, k, polished) / value(d, k, "GMM n_init=10") for d, k in cells]
+    lines = [
+        "transformer alone < paper EM:                 "
+        + _count(task_errors, cells, alone, "paper EM", beats),
+        "TransformerGMM() <= GMM n_init=1:             "
+        + _count(task_errors, cells, polished, "GMM n_init=1", as_good),
+        f"TransformerGMM() / GMM n_init=10, mean:       {np.mean(ratio):.3f}"
+        f" (worst {max(ratio):.3f})",
+        *([extra] if extra else []),
+        "stretch, transformer alone <= GMM n_init=10:  "
+        + _count(task_errors, cells, alone, "GMM n_init=10", as_good),
+    ]
+    for line in lines:
+        print("  " + line)
 
 
 def _get(rows, name, key):

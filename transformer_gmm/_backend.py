@@ -237,7 +237,7 @@ def fit_mixtures(
     n_transformer_inits: int = 0,
 ) -> MixtureFits:
     """EM on B datasets (padded into one batch) from every initialisation at once; keep
-    each dataset's best run (see :func:`_choose_runs`).
+    each dataset's best run (see :func:`transformer_gmm.runs.choose`).
 
     Each dataset's runs are, in order: the first ``n_transformer_inits`` of the starts
     of ``backbone``'s transformer (see :func:`transformer_gmm.readout.mixture_inits`:

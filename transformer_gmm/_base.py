@@ -83,12 +83,12 @@ class _TransformerMixtureBase(BaseEstimator):
         The transformer gives two starts per view of the data, ``2 * n_views`` in all
         (see :func:`transformer_gmm.readout.mixture_inits`); they are the first of
         ``n_init``. "auto" runs all of them and two k-means++ starts, or one k-means++
-        start alone when no transformer runs (as scikit-learn does). A poor start can trap EM
-        and Lloyd in a local optimum; the transformer's starts and k-means++'s fail on
-        different datasets, and more starts in the same batch cost little next to the
-        forward pass (docs/benchmarks.md compares one k-means++ start with two). With
-        ``max_iter=0``, "auto" runs the transformer's two starts alone: that setting
-        asks for the transformer's own estimate, and a k-means++ start without EM is not.
+        start alone when no transformer runs (as scikit-learn does). A poor start can
+        trap EM and Lloyd in a local optimum; the transformer's starts and k-means++'s
+        fail on different datasets, and more starts in the same batch cost little next to
+        the forward pass (docs/benchmarks.md compares one k-means++ start with two). With
+        ``max_iter=0``, "auto" runs the transformer's starts alone: that setting asks for
+        the transformer's own estimate, and a k-means++ start without EM is not.
         """
         if not uses_transformer:
             return 0, 1 if self.n_init == "auto" else self.n_init

@@ -51,11 +51,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         ``2 * n_views``, two per view: the responsibilities under its own mixture
         (``n_init=1`` runs the first view's alone), then its per-point cluster
         probabilities; the others come from k-means++. The run with the highest lower
-        bound among the transformer's is
-        kept, unless a k-means++ run's log-likelihood over the data is higher by more
-        than 5 nats (on a few hundred overlapping points, optima closer than that are
-        noise, and the likelier is often the worse estimate); among k-means++ starts
-        alone, the highest lower bound, as in ``GaussianMixture``.
+        bound among the transformer's is kept, unless a k-means++ run's log-likelihood
+        over the data is higher by more than 5 nats (on a few hundred overlapping
+        points, optima closer than that are noise, and the likelier is often the worse
+        estimate); among k-means++ starts alone, the highest lower bound, as in
+        ``GaussianMixture``.
         ``"auto"`` runs all of the transformer's starts and two k-means++ starts (a poor
         start can trap EM, and the transformer's and k-means++'s fail on different
         datasets); with ``max_iter=0``, the transformer's starts alone; and a single

@@ -268,11 +268,13 @@ def mixture_inits(
     starts = []
     for out in outs:
         starts.append(_mixture_start(x, mask, z, standardization, out))
+        if len(starts) == n_starts:  # an odd count: the last view's second is not needed
+            break
         point_probs = out.point_logits.softmax(dim=-1).to(x.dtype)  # (B, C, K)
         if read_mask is not None:
             point_probs = point_probs.masked_fill(~read_mask[..., None], 0.0)
         starts.append(_start(x_read, read_mask, point_probs, standardization, out))
-    return tuple(starts[:n_starts])
+    return tuple(starts)
 
 
 def cluster_centers(
@@ -311,5 +313,7 @@ def cluster_centers(
         labels = out.point_logits.argmax(dim=-1)  # (B, C)
         one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(x.dtype)
         centers.append(_start(x_read, read_mask, one_hot, standardization, out).means)
+        if len(centers) == n_starts:  # the mixture start scores every row: skip it unasked
+            break
         centers.append(_mixture_start(x, mask, z, standardization, out).means)
-    return tuple(centers[:n_starts])
+    return tuple(centers)
