@@ -106,6 +106,70 @@ def test_spherical_noise_scale_in_model_units():
     assert torch.all(batch.scales[0, :, kept:] == 1)
 
 
+@pytest.mark.parametrize(
+    ("name", "x_sum", "means_sum"),
+    [
+        ("broad", 1202.9809970604256, 42.2679418430198),
+        ("tgmm", 1148.618222005549, 39.49351443973137),
+    ],
+)
+def test_priors_without_real_data_features_draw_the_tasks_they_always_drew(name, x_sum, means_sum):
+    # Pinned before the real-data features existed: those draw from the generator only
+    # when their probability is > 0, so earlier runs and benchmarks keep their tasks.
+    batch = sample_batch(np.random.default_rng(5), PRIORS[name], 3, 6, 9, 128, 1)
+    assert float(batch.x.double().abs().sum()) == pytest.approx(x_sum, rel=1e-6)
+    assert float(batch.means.double().abs().sum()) == pytest.approx(means_sum, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["real", "tiny-real"])
+def test_real_prior_tasks_are_consistent(name):
+    rng = np.random.default_rng(0)
+    for K in (2, 5):
+        batch = sample_batch(rng, PRIORS[name], K, 16, 9, 128, 1)
+        assert torch.isfinite(batch.x).all() and torch.isfinite(batch.means).all()
+        assert torch.all(batch.scales > 0) and torch.isfinite(batch.scales).all()
+        for task in batch.tasks:
+            assert np.bincount(task.labels, minlength=K).min() >= 1
+            if task.factors is not None:
+                covariances = task.factors @ task.factors.transpose(0, 2, 1)
+                diagonal = np.diagonal(covariances, axis1=1, axis2=2)
+                np.testing.assert_allclose(task.stds, np.sqrt(diagonal))
+
+
+def test_full_covariances_are_elongated_rotated_and_read_in_model_space():
+    prior = Prior(k_range=(2, 2), full_prob=1.0, max_condition=100.0, scale_range=(0.5, 2.0))
+    task = sample_task(np.random.default_rng(1), prior, 2, 3, 40_000, d_max=9)
+    assert task.factors is not None
+    for k in range(2):
+        true_cov = task.factors[k] @ task.factors[k].T
+        eigenvalues = np.linalg.eigvalsh(true_cov)
+        assert eigenvalues.max() / eigenvalues.min() <= 100.0 * (1 + 1e-9)
+        assert abs(true_cov[0, 1]) > 1e-3  # rotated: not axis-aligned
+        empirical = np.cov(task.X[task.labels == k].T)
+        np.testing.assert_allclose(empirical, true_cov, atol=0.05 * np.abs(true_cov).max())
+        # The target scales are the stds along the kept principal directions.
+        st = task.standardization
+        z = (task.X[task.labels == k] - st.center) @ st.basis / st.scale
+        np.testing.assert_allclose(task.model_space_stds()[k], z.std(0), rtol=0.03)
+
+
+def test_outliers_are_far_and_take_the_likeliest_components_label():
+    prior = Prior(k_range=(3, 3), outlier_prob=1.0, half_width=(8.0, 8.0))
+    clean = Prior(k_range=(3, 3), full_prob=1e-12, half_width=(8.0, 8.0))
+    far = []
+    for p in (prior, clean):
+        task = sample_task(np.random.default_rng(4), p, 3, 2, 400, d_max=9)
+        cov = task.factors @ task.factors.transpose(0, 2, 1)
+        diff = task.X[:, None, :] - task.means[None]  # (n, K, d)
+        maha = np.einsum("nki,kij,nkj->nk", diff, np.linalg.inv(cov), diff)
+        own = maha[np.arange(len(task.X)), task.labels]
+        far.append(int((own > 25).sum()))  # beyond 5 standard deviations
+        log_p = np.log(task.weights) - 0.5 * maha - 0.5 * np.log(np.linalg.det(cov))
+        outliers = own > 25
+        np.testing.assert_array_equal(task.labels[outliers], log_p[outliers].argmax(1))
+    assert far[0] >= 2 and far[1] == 0
+
+
 # --- the losses ----------------------------------------------------------------------
 
 
@@ -205,6 +269,44 @@ def test_m_step_loss_trains_the_scales_through_the_responsibilities():
     )
 
 
+def test_m_step_nll_is_the_likelihood_of_the_full_covariance_m_step():
+    from scipy.stats import multivariate_normal
+
+    from transformer_gmm.readout import model_space_responsibilities
+    from transformer_gmm.training.losses import m_step_nll
+
+    batch, out = _batch_and_output(K=3, seed=1)
+    expected = []
+    for resp_all in (
+        model_space_responsibilities(batch.x, batch.dim_mask, out, batch.mask),
+        out.point_logits.softmax(-1),
+    ):
+        per_task = []
+        for b in range(batch.x.shape[0]):
+            n, d = int(batch.mask[b].sum()), int(batch.dim_mask[b].sum())
+            x = batch.x[b, :n, :d].double().numpy()
+            resp = resp_all[b, :n].double().numpy()
+            mass = resp.sum(0)
+            means = resp.T @ x / mass[:, None]
+            density = 0.0
+            for k in range(3):
+                diff = x - means[k]
+                cov = (resp[:, k, None] * diff).T @ diff / mass[k] + 1e-3 * np.eye(d)
+                density = density + mass[k] / n * multivariate_normal(means[k], cov).pdf(x)
+            per_task.append(-np.log(density).mean() / d)
+        expected.append(np.mean(per_task))
+    assert m_step_nll(out, batch).item() == pytest.approx(np.mean(expected), rel=1e-5)
+    # Trained through both starts: the mixture's scales and the per-point logits.
+    scales = out.scales.clone().requires_grad_(True)
+    logits = out.point_logits.clone().requires_grad_(True)
+    m_step_nll(out._replace(scales=scales, point_logits=logits), batch).backward()
+    assert scales.grad.abs().sum() > 0 and logits.grad.abs().sum() > 0
+    loss, parts = training_loss(out, batch, "hungarian", 1.0, m_step_nll_weight=0.5)
+    assert loss.item() == pytest.approx(
+        parts["params"] + parts["points"] + 0.5 * parts["m_step_nll"], rel=1e-5
+    )
+
+
 def test_matching_is_the_least_cost_permutation():
     cost = torch.rand(20, 5, 5, generator=torch.Generator().manual_seed(0))
     match = match_components(cost)
@@ -256,10 +358,13 @@ def test_training_lowers_the_loss_and_writes_a_usable_checkpoint(tmp_path):
 
 
 def test_m_step_loss_is_trained_logged_and_on_the_card(tmp_path):
-    out_dir = T.train(_tiny(tmp_path, "m_step", max_steps=4, eval_every=100, m_step_weight=0.5))
+    cfg = _tiny(tmp_path, "m_step", max_steps=4, eval_every=100, m_step_weight=0.5)
+    out_dir = T.train(dataclasses.replace(cfg, m_step_nll_weight=0.25, prior="tiny-real"))
     records = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()]
     assert len(records) == 4 and all(record["m_step"] > 0 for record in records)
-    assert "error with weight 0.5." in (out_dir / "checkpoint" / "README.md").read_text()
+    assert all(np.isfinite(record["m_step_nll"]) for record in records)
+    card = (out_dir / "checkpoint" / "README.md").read_text()
+    assert "error with weight 0.5." in card and "gives added with weight 0.25." in card
 
 
 def test_resuming_gives_the_same_weights_as_training_straight_through(tmp_path):

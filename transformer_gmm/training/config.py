@@ -51,6 +51,10 @@ class TrainConfig:
     m_step_weight : float, default=0.0
         Weight of the squared error of the means one M-step on the model's own
         responsibilities gives (what ``TransformerGMM(max_iter=0)`` returns); 0 for none.
+    m_step_nll_weight : float, default=0.0
+        Weight of the negative log-likelihood of the data under the full-covariance
+        mixture one M-step on the model's responsibilities gives (no labels needed);
+        0 for none.
     only_k : int, default=0
         Fine-tune one K alone: every batch has ``only_k`` components, and only that K's
         own weights train (its readout head and its row of the K embedding), so what
@@ -117,6 +121,7 @@ class TrainConfig:
     parameter_loss: str = "hungarian"  # "hungarian" (match, then regress) or "nll" (no matching)
     point_weight: float = 1.0  # weight of the per-point cross-entropy
     m_step_weight: float = 0.0  # weight of the error of the means one M-step reads out
+    m_step_nll_weight: float = 0.0  # weight of the data's NLL under that one-M-step mixture
     only_k: int = 0  # train only this K's head and embedding, on tasks of this K; 0: all
     batch_size: int = 64  # tasks per step and per process, all with one K
     max_steps: int = 20_000
@@ -146,8 +151,9 @@ class TrainConfig:
                 f"only_k={self.only_k} fine-tunes one K of a trained model: name that model "
                 "with init_from."
             )
-        if self.m_step_weight < 0:
-            raise ValueError(f"m_step_weight must be >= 0, got {self.m_step_weight}.")
+        for name in ("m_step_weight", "m_step_nll_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
         if not 0.0 <= self.focus_prob <= 1.0:
             raise ValueError(f"focus_prob must be in [0, 1], got {self.focus_prob}.")
         if self.focus_prob > 0 and self.focus_prior not in PRIORS:

@@ -212,6 +212,11 @@ def model_card(
             f" The means one M-step reads out of the model's responsibilities added their "
             f"error with weight {cfg.m_step_weight:g}."
         )
+    if cfg.m_step_nll_weight > 0:
+        focus += (
+            f" The data's negative log-likelihood under the full-covariance mixture that "
+            f"one M-step on them gives added with weight {cfg.m_step_nll_weight:g}."
+        )
     if cfg.only_k:
         focus += (
             f" Only K = {cfg.only_k}'s head and task embedding trained, from "

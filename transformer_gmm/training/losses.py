@@ -232,6 +232,62 @@ def m_step_mean_loss(out: MixtureOutput, batch: TaskBatch) -> Tensor:
     return (losses[0] + losses[1]) / 2
 
 
+def m_step_nll(out: MixtureOutput, batch: TaskBatch, reg_covar: float = 1e-3) -> Tensor:
+    """Negative log-likelihood of the points under the full-covariance mixture that one
+    M-step on the model's own responsibilities gives, per point and data coordinate,
+    averaged over the model's two starts and the tasks.
+
+    What ``TransformerGMM(max_iter=0, covariance_type="full")`` returns is that mixture
+    (in the user's space), so this scores the estimate users get, elongated components
+    included, though the model's own scales are spherical. It needs no labels and no
+    matching, so it holds for any prior, outliers and non-Gaussian shapes included.
+    ``reg_covar`` (model-space units, where the data have unit average variance) keeps a
+    component that takes a few points from gaining unbounded likelihood.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> from transformer_gmm.training.losses import m_step_nll
+    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny-real"], 3, 4, 4, 64)
+    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
+    >>> loss = m_step_nll(out, batch)
+    >>> loss.shape, bool(torch.isfinite(loss)), loss.requires_grad
+    (torch.Size([]), True, True)
+    """
+    z = batch.x.double()  # (B, N, D); padded rows and coordinates are zero
+    mask = batch.mask[..., None].double()  # (B, N, 1)
+    dims = batch.dim_mask.double()  # (B, D)
+    n_points, n_dims = batch.mask.sum(-1), batch.dim_mask.sum(-1)  # (B,)
+    eye = torch.eye(z.shape[-1], dtype=z.dtype, device=z.device)
+    # Padded coordinates: unit variance, the same for every component, so they add a
+    # constant to each point's likelihood and nothing to the gradient.
+    floor = reg_covar * eye * dims[:, None, :, None] + torch.diag_embed(1.0 - dims)[:, None]
+    losses = []
+    for resp in (
+        model_space_responsibilities(batch.x, batch.dim_mask, out, batch.mask),
+        out.point_logits.softmax(-1),
+    ):
+        resp = resp.double() * mask  # (B, N, K)
+        mass = resp.sum(1).clamp_min(1e-6)  # (B, K)
+        means = resp.mT @ z / mass[..., None]  # (B, K, D)
+        diff = z[:, :, None, :] - means[:, None]  # (B, N, K, D)
+        cov = torch.einsum("bnk,bnki,bnkj->bkij", resp, diff, diff) / mass[..., None, None]
+        chol = torch.linalg.cholesky(cov + floor)  # (B, K, D, D)
+        # Whitened residuals L^-1 (x - mu) for every point and component.
+        white = torch.linalg.solve_triangular(chol[:, None], diff[..., None], upper=False)
+        log_det = chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)  # (B, K): half log|cov|
+        log_gauss = -0.5 * white.squeeze(-1).pow(2).sum(-1) - log_det[:, None]  # (B, N, K)
+        log_gauss = log_gauss - 0.5 * n_dims[:, None, None] * math.log(2 * math.pi)
+        log_w = (mass / n_points[:, None]).log()[:, None]  # (B, 1, K)
+        log_p = (log_gauss + log_w).logsumexp(-1)  # (B, N)
+        nll = -(log_p * batch.mask).sum(-1) / (n_points * n_dims)  # (B,)
+        losses.append(nll.mean())
+    return ((losses[0] + losses[1]) / 2).float()
+
+
 def m_step_means(out: MixtureOutput, batch: TaskBatch) -> tuple[Tensor, Tensor]:
     """The means of the model's two starts in model space, each of shape (B, K, d_max), by
     the estimator's own readout: one M-step on the responsibilities of its mixture, and one
@@ -334,9 +390,11 @@ def training_loss(
     parameter_loss: str,
     point_weight: float,
     m_step_weight: float = 0.0,
+    m_step_nll_weight: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """The parameter loss, plus ``point_weight`` times the per-point loss, plus
-    ``m_step_weight`` times :func:`m_step_mean_loss`, in float32.
+    ``m_step_weight`` times :func:`m_step_mean_loss` and ``m_step_nll_weight`` times
+    :func:`m_step_nll`, in float32.
 
     Returns the loss to minimise and its parts, as floats, for logging.
 
@@ -352,14 +410,16 @@ def training_loss(
         Weight of :func:`point_cross_entropy`.
     m_step_weight : float, default=0.0
         Weight of :func:`m_step_mean_loss`; at 0 it is not computed.
+    m_step_nll_weight : float, default=0.0
+        Weight of :func:`m_step_nll`; at 0 it is not computed.
 
     Returns
     -------
     loss : Tensor
         A scalar, to minimise.
     parts : dict
-        ``"params"`` and ``"points"`` (and ``"m_step"`` when weighted), the losses as
-        floats.
+        ``"params"`` and ``"points"`` (and ``"m_step"``, ``"m_step_nll"`` when weighted),
+        the losses as floats.
 
     Examples
     --------
@@ -383,4 +443,8 @@ def training_loss(
         m_step = m_step_mean_loss(out, batch)
         loss = loss + m_step_weight * m_step
         parts["m_step"] = m_step.item()
+    if m_step_nll_weight > 0:
+        m_step_ll = m_step_nll(out, batch)
+        loss = loss + m_step_nll_weight * m_step_ll
+        parts["m_step_nll"] = m_step_ll.item()
     return loss, parts

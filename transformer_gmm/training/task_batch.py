@@ -130,8 +130,7 @@ def collate(tasks: list[Task], d_max: int) -> TaskBatch:
         mask[b, :n] = True
         labels[b, :n] = task.labels
         means[b] = st.transform(task.means)  # (mu - center) @ basis / scale, zero-padded
-        # Covariance basis.T diag(std^2) basis / scale^2; its diagonal, per coordinate.
-        scales[b, :, :kept] = np.sqrt(task.stds**2 @ st.basis**2) / st.scale
+        scales[b, :, :kept] = task.model_space_stds()
         dim_mask[b, :kept] = True
     weights = np.stack([t.weights for t in tasks]).astype(np.float32)  # (B, K)
     as_tensor = torch.from_numpy

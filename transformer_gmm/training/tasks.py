@@ -50,6 +50,27 @@ class Prior:
         Probability that the noise std also varies per coordinate.
     heavy_prob : float, default=0.0
         Probability of Student-t noise (3 to 10 degrees of freedom), rescaled to the same std.
+    full_prob : float, default=0.0
+        Probability that every component gets a full covariance: its own random rotation,
+        variances whose ratio (the condition number) is log-uniform up to
+        ``max_condition``, and its own overall scale from ``scale_range``.
+    max_condition : float, default=100.0
+        The largest condition number of a full covariance.
+    skew_prob, uniform_prob : float, default=0.0
+        Probabilities of skewed (standardized log-normal, either sign) and of bounded
+        (uniform) noise along each component's axes; otherwise Gaussian or Student-t.
+    outlier_prob : float, default=0.0
+        Probability of 1 to 5 % outliers, uniform on the data's bounding box enlarged by
+        a fifth; each is labelled with the component most likely to have drawn it.
+    mixing_prob : float, default=0.0
+        Probability that all features are mixed by one random linear map (condition
+        number up to 10): features correlated across every component.
+    noise_feature_prob : float, default=0.0
+        Probability that up to half of the d features carry only noise, the same for
+        every component (irrelevant features).
+    standardize_prob : float, default=0.0
+        Probability that each feature is divided by its standard deviation, as users
+        do before fitting.
 
     Examples
     --------
@@ -57,7 +78,7 @@ class Prior:
     >>> Prior(k_range=(2, 3), d_range=(2, 2)).n_range
     (64, 256)
     >>> sorted(PRIORS)
-    ['broad', 'tgmm', 'tgmm-2d', 'tiny']
+    ['broad', 'real', 'tgmm', 'tgmm-2d', 'tiny', 'tiny-real']
     """
 
     k_range: tuple[int, int] = (2, 10)  # K, uniform (clipped to the model's heads)
@@ -70,6 +91,16 @@ class Prior:
     scale_range: tuple[float, float] = (1.0, 1.0)  # noise std per component, log-uniform
     diag_prob: float = 0.0  # tasks whose noise std also varies per coordinate
     heavy_prob: float = 0.0  # tasks with Student-t noise (3 to 10 dof), rescaled to the same std
+    # What real data add (each drawn only when its probability is > 0, so that priors
+    # without them draw the same tasks as before they existed):
+    full_prob: float = 0.0  # tasks with rotated, elongated components (full covariances)
+    max_condition: float = 100.0  # largest ratio of a full covariance's variances
+    skew_prob: float = 0.0  # skewed noise along each component's axes
+    uniform_prob: float = 0.0  # bounded (uniform) noise
+    outlier_prob: float = 0.0  # tasks with 1 to 5 % outliers
+    mixing_prob: float = 0.0  # one linear map correlates the features of every component
+    noise_feature_prob: float = 0.0  # up to half of the features carry only noise
+    standardize_prob: float = 0.0  # each feature divided by its std, as users do
 
 
 PRIORS: dict[str, Prior] = {
@@ -89,8 +120,42 @@ PRIORS: dict[str, Prior] = {
         diag_prob=0.25,
         heavy_prob=0.1,
     ),
+    # What real datasets look like: elongated, rotated components of unequal sizes (down
+    # to 3 %) and scales, non-Gaussian shapes, outliers, correlated and irrelevant
+    # features, per-feature standardization; d to 64 and K to 10.
+    "real": Prior(
+        k_range=(2, 10),
+        d_range=(1, 64),
+        n_range=(64, 256),
+        half_width=(1.0, 6.0),
+        dirichlet_prob=0.7,
+        weight_floor=0.06,
+        scale_range=(0.5, 2.0),
+        diag_prob=0.2,
+        heavy_prob=0.15,
+        full_prob=0.7,
+        max_condition=300.0,
+        skew_prob=0.15,
+        uniform_prob=0.1,
+        outlier_prob=0.3,
+        mixing_prob=0.3,
+        noise_feature_prob=0.25,
+        standardize_prob=0.5,
+    ),
     # For tests: small n, and d on both sides of the tiny model's d_max = 4.
     "tiny": Prior(k_range=(2, 4), d_range=(1, 8), n_range=(16, 64), diag_prob=0.5, heavy_prob=0.2),
+    "tiny-real": Prior(
+        k_range=(2, 4),
+        d_range=(1, 8),
+        n_range=(16, 64),
+        full_prob=0.5,
+        skew_prob=0.3,
+        uniform_prob=0.3,
+        outlier_prob=0.5,
+        mixing_prob=0.5,
+        noise_feature_prob=0.5,
+        standardize_prob=0.5,
+    ),
 }
 
 
@@ -110,6 +175,9 @@ class Task:
         Noise standard deviation per component and coordinate.
     standardization : Standardization
         The map ``fit`` applies to ``X``.
+    factors : ndarray of shape (K, d, d) or None
+        Where covariances are full: covariance k is ``factors[k] @ factors[k].T``, and
+        ``stds`` is the root of its diagonal. None where they are diagonal (``stds``).
 
     Examples
     --------
@@ -126,6 +194,14 @@ class Task:
     weights: np.ndarray  # (K,)
     stds: np.ndarray  # (K, d) noise standard deviation per component and coordinate
     standardization: Standardization
+    factors: np.ndarray | None = None  # (K, d, d): covariance k is factors[k] @ factors[k].T
+
+    def model_space_stds(self) -> np.ndarray:
+        """Noise std per component along each kept direction in model space, (K, kept)."""
+        st = self.standardization
+        if self.factors is None:  # basis.T diag(std^2) basis: its diagonal
+            return np.sqrt(self.stds**2 @ st.basis**2) / st.scale
+        return np.sqrt(((st.basis.T @ self.factors) ** 2).sum(-1)) / st.scale
 
     def oracle_means(self) -> np.ndarray:
         """Means of the true clusters, (K, d): what an estimator that knew the labels gets.
@@ -214,9 +290,141 @@ def sample_task(
         noise = rng.standard_t(dof, (n, d)) * np.sqrt((dof - 2.0) / dof)  # unit variance
     else:
         noise = rng.standard_normal((n, d))
-    X = means[labels] + stds[labels] * noise  # (n, d)
+    factors = _real_data_factors(rng, prior, stds) if _is_real(prior) else None
+    if factors is None:
+        X = means[labels] + stds[labels] * noise  # (n, d)
+    else:
+        noise = _reshape_noise(rng, prior, noise)
+        means, factors = _irrelevant_features(rng, prior, means, factors)
+        means, factors = _mix_features(rng, prior, means, factors)
+        X = means[labels] + np.einsum("nij,nj->ni", factors[labels], noise)  # (n, d)
+        X, labels = _add_outliers(rng, prior, X, labels, means, weights, factors)
+        means, factors, X = _standardize_features(rng, prior, means, factors, X)
+        stds = np.sqrt((factors**2).sum(-1))  # (K, d) the root of each diagonal
     standardization = fit_standardization(X, d_max, K, noise_directions)
-    return Task(X, labels, means, weights, stds, standardization)
+    return Task(X, labels, means, weights, stds, standardization, factors)
+
+
+# --- what real data add ----------------------------------------------------------------
+# Each draws from ``rng`` only where its probability is > 0, so a prior without these
+# features draws the same tasks as it did before they existed.
+
+
+def _is_real(prior: Prior) -> bool:
+    return any(
+        getattr(prior, name) > 0
+        for name in (
+            "full_prob",
+            "skew_prob",
+            "uniform_prob",
+            "outlier_prob",
+            "mixing_prob",
+            "noise_feature_prob",
+            "standardize_prob",
+        )
+    )
+
+
+def _happens(rng: np.random.Generator, prob: float) -> bool:
+    return prob > 0 and rng.random() < prob
+
+
+def _random_rotation(rng: np.random.Generator, d: int) -> np.ndarray:
+    """Haar-distributed orthogonal (d, d): QR of a Gaussian matrix, signs fixed."""
+    q, r = np.linalg.qr(rng.standard_normal((d, d)))
+    return q * np.where(np.diag(r) < 0, -1.0, 1.0)
+
+
+def _real_data_factors(rng: np.random.Generator, prior: Prior, stds: np.ndarray) -> np.ndarray:
+    """(K, d, d) square roots of the covariances: diagonal ``stds``, or, in a fraction
+    ``full_prob`` of tasks, each component rotated with its own elongation."""
+    K, d = stds.shape
+    if not _happens(rng, prior.full_prob):
+        return np.einsum("kd,de->kde", stds, np.eye(d))
+    factors = np.empty((K, d, d))
+    for k in range(K):
+        condition = _log_uniform(rng, 1.0, prior.max_condition)
+        log_var = rng.uniform(-0.5, 0.5, d) * np.log(condition)  # variances' ratio <= condition
+        log_var -= log_var.mean()  # geometric mean 1: the component's size is stds[k]
+        axes = np.exp(log_var / 2) * stds[k, 0]
+        factors[k] = _random_rotation(rng, d) * axes  # R diag(axes)
+    return factors
+
+
+def _reshape_noise(rng: np.random.Generator, prior: Prior, noise: np.ndarray) -> np.ndarray:
+    """Unit-variance noise made skewed or bounded, per coordinate (a component's axes)."""
+    n, d = noise.shape
+    if _happens(rng, prior.skew_prob):
+        s = rng.uniform(0.3, 0.8)  # standardized log-normal: skewness 1 to 3
+        lognormal = (np.exp(s * noise) - np.exp(s * s / 2)) / np.sqrt(
+            (np.exp(s * s) - 1) * np.exp(s * s)
+        )
+        return lognormal * rng.choice([-1.0, 1.0], d)
+    if _happens(rng, prior.uniform_prob):
+        return rng.uniform(-np.sqrt(3.0), np.sqrt(3.0), (n, d))  # unit variance
+    return noise
+
+
+def _irrelevant_features(rng, prior, means, factors):
+    """Up to half of the features replaced by noise that no component's mean moves."""
+    K, d = means.shape
+    if d < 2 or not _happens(rng, prior.noise_feature_prob):
+        return means, factors
+    m = int(rng.integers(1, d // 2 + 1))
+    means, factors = means.copy(), factors.copy()
+    means[:, d - m :] = 0.0
+    factors[:, d - m :, :] = 0.0
+    spread = np.sqrt((factors[:, : d - m] ** 2).sum(-1).mean())  # a typical signal std
+    noise_std = spread * _log_uniform(rng, 0.5, 2.0)
+    factors[:, d - m :, d - m :] = noise_std * np.eye(m)
+    return means, factors
+
+
+def _mix_features(rng, prior, means, factors):
+    """x -> A x with A = Q diag(a) Q', a's ratio up to 10: correlated features."""
+    d = means.shape[1]
+    if d < 2 or not _happens(rng, prior.mixing_prob):
+        return means, factors
+    q = _random_rotation(rng, d)
+    a = q * _log_uniform(rng, 1.0, 10.0, d) ** 0.5 @ q.T
+    return means @ a.T, a @ factors
+
+
+def _add_outliers(rng, prior, X, labels, means, weights, factors):
+    """Replace 1 to 5 % of the points, not the first K (every component keeps one), by
+    uniform draws on the bounding box enlarged by a fifth; each takes the label of the
+    component most likely to have drawn it."""
+    n, d = X.shape
+    K = means.shape[0]
+    if not _happens(rng, prior.outlier_prob):
+        return X, labels
+    count = min(max(1, int(round(rng.uniform(0.01, 0.05) * n))), n - K)
+    if count <= 0:
+        return X, labels
+    low, high = X.min(0), X.max(0)
+    pad = 0.2 * (high - low) + 1e-12
+    rows = np.sort(rng.choice(n, count, replace=False))
+    first = {int(np.flatnonzero(labels == k)[0]) for k in range(K)}
+    rows = np.array([r for r in rows if r not in first], dtype=int)
+    points = rng.uniform(low - pad / 2, high + pad / 2, (len(rows), d))
+    log_p = np.empty((len(rows), K))
+    for k in range(K):
+        cov = factors[k] @ factors[k].T + 1e-9 * np.eye(d)
+        chol = np.linalg.cholesky(cov)
+        white = np.linalg.solve(chol, (points - means[k]).T)  # (d, m)
+        log_p[:, k] = np.log(weights[k]) - 0.5 * (white**2).sum(0) - np.log(np.diag(chol)).sum()
+    X, labels = X.copy(), labels.copy()
+    X[rows], labels[rows] = points, log_p.argmax(1)
+    return X, labels
+
+
+def _standardize_features(rng, prior, means, factors, X):
+    """Each feature divided by its std, as a user would: the task's truth follows."""
+    if not _happens(rng, prior.standardize_prob):
+        return means, factors, X
+    s = X.std(0)
+    s = np.where(s > 0, s, 1.0)
+    return means / s, factors / s[:, None], X / s
 
 
 def _draw_d(rng: np.random.Generator, d_range: tuple[int, int]) -> int:

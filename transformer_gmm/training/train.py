@@ -301,7 +301,12 @@ def train(cfg: TrainConfig) -> Path:
         with autocast(device):
             out = model(batch.x, batch.n_components, batch.mask)
         loss, parts = training_loss(
-            out, batch, cfg.parameter_loss, cfg.point_weight, cfg.m_step_weight
+            out,
+            batch,
+            cfg.parameter_loss,
+            cfg.point_weight,
+            cfg.m_step_weight,
+            cfg.m_step_nll_weight,
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
