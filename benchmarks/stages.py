@@ -7,15 +7,19 @@ per fit, and "other" is the rest of ``fit`` (building the fitted attributes, the
 estimator's own bookkeeping). The stages do not overlap: a stage called inside another
 counts towards the outer one, except the forward pass, which is taken out of the readout.
 
-    python benchmarks/stages.py                # 200 fits per configuration
-    python benchmarks/stages.py --repeats 20   # a quick look
+It then measures the backbone's forward pass alone (one dataset of 128 points, and a
+batch of 64) in FLOP/s, beside a plain float32 matmul of the same width (128 x 512 times
+512 x 512) timed in the same run: the fraction of the core's matmul rate that the model
+reaches.
 
-Prints a table and writes benchmarks/results/stages.csv.
+    python benchmarks/stages.py                # 200 fits per configuration
+    python benchmarks/stages.py --quick        # 20 fits: a quick look
+
+Prints a table and writes benchmarks/results/stages.csv and stages_flops.csv.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections import defaultdict
@@ -27,9 +31,17 @@ import numpy as np
 from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, sample_tgmm_task, single_threaded, write_csv  # noqa: E402
+import torch  # noqa: E402
+from common import (  # noqa: E402
+    backbone_flops,
+    sample_tgmm_task,
+    single_threaded,
+    standard_parser,
+    write_csv,
+)
 
 from transformer_gmm import TransformerGMM, _base, em, readout  # noqa: E402
+from transformer_gmm.checkpoints import load_model  # noqa: E402
 
 # (label, module, attribute): the functions timed, looked up by the package at call time.
 STAGES = [
@@ -103,26 +115,65 @@ def measure(make: Callable[[], object], X: np.ndarray, repeats: int) -> dict[str
     return {label: 1000 * seconds / repeats for label, seconds in totals.items()}
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=200, help="fits per configuration")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="folder for the CSV")
-    args = parser.parse_args(argv)
+def _seconds_per_call(call: Callable[[], object], repeats: int) -> float:
+    """The best of five means over ``repeats`` calls, after a warm-up: the least disturbed."""
+    call()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return best
 
-    task = sample_tgmm_task(np.random.default_rng(0), 4, 8)  # speed.py's latency task
+
+def flop_rates(checkpoint: str, repeats: int) -> list[dict]:
+    """GFLOP/s of the backbone's forward pass (K = 4, 128 points; one dataset and a batch
+    of 64) and of a plain matmul, all on this thread in this run."""
+    model = load_model(checkpoint)
+    config = model.config
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    a, b = torch.randn(128, 512, generator=generator), torch.randn(512, 512, generator=generator)
+    matmul = 2 * 128 * 512 * 512 / _seconds_per_call(lambda: a @ b, 10 * repeats) / 1e9
+    rows.append(dict(what="matmul 128x512 @ 512x512", gflops=matmul, fraction_of_matmul=1.0))
+    for batch in (1, 64):
+        z = torch.randn(batch, 128, config.d_max, generator=generator)
+        with torch.inference_mode():
+            seconds = _seconds_per_call(lambda z=z: model(z, 4, None), max(1, repeats // batch))
+        rate = batch * backbone_flops(config, 128, 4) / seconds / 1e9
+        rows.append(dict(what=f"forward pass, batch {batch}", gflops=rate,
+                         fraction_of_matmul=rate / matmul))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = standard_parser(__doc__, "stages", "20 fits per configuration")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="fits per configuration (default 200; 20 with --quick)")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (20 if args.quick else 200)
+
+    task = sample_tgmm_task(np.random.default_rng(args.seed), 4, 8)  # speed.py's latency task
     labels = ["fit"] + [label for label, _, _ in STAGES] + ["other"]
     rows = []
     with single_threaded():
         for name, make in CONFIGURATIONS.items():
-            ms = measure(make, task.X, args.repeats)
+            ms = measure(make, task.X, repeats)
             rows += [dict(configuration=name, stage=s, ms_per_fit=ms[s]) for s in labels]
             print(f"\n{name}: {ms['fit']:.2f} ms per fit")
             for label in labels[1:]:
                 if ms[label] >= 0.005:  # stages this configuration does not run read 0
                     share = 100 * ms[label] / ms["fit"]
                     print(f"  {label:<42} {ms[label]:6.2f} ms  {share:5.1f} %")
-    path = write_csv(rows, args.results / "stages.csv")
-    print(f"\nwrote {path}")
+        flops = flop_rates(args.checkpoint, repeats)
+    print(f"\nFLOP rates on one thread ({args.checkpoint!r} checkpoint, K = 4, 128 points):")
+    for row in flops:
+        print(f"  {row['what']:<28} {row['gflops']:7.1f} GFLOP/s  "
+              f"{100 * row['fraction_of_matmul']:5.1f} % of the matmul")
+    path = write_csv(rows, args.results / f"{args.out}.csv")
+    write_csv(flops, args.results / f"{args.out}_flops.csv")
+    print(f"\nwrote {path} and {args.out}_flops.csv")
     return rows
 
 

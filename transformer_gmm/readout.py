@@ -64,7 +64,8 @@ def forward(model: torch.nn.Module, z: Tensor, n_components: int, mask: Tensor |
     tokens = _TOKENS_PER_CHUNK.get(z.device.type, _TOKENS_PER_CHUNK["cuda"])
     per_chunk = max(1, tokens // max(1, z.shape[1]))
     chunks = []
-    with torch.no_grad():
+    # inference_mode, not no_grad: no autograd bookkeeping at all on the outputs.
+    with torch.inference_mode():
         for start in range(0, z.shape[0], per_chunk):
             part = None if mask is None else mask[start : start + per_chunk]
             chunks.append(model(z[start : start + per_chunk], n_components, part))
