@@ -20,6 +20,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._preprocessing import Standardization, fit_standardization
+from .real_data import (
+    add_irrelevant_features,
+    add_outliers,
+    covariance_factors,
+    has_real_data_features,
+    mix_features,
+    reshape_noise,
+    standardize_features,
+)
 from .task_batch import TaskBatch, collate
 
 
@@ -290,141 +299,19 @@ def sample_task(
         noise = rng.standard_t(dof, (n, d)) * np.sqrt((dof - 2.0) / dof)  # unit variance
     else:
         noise = rng.standard_normal((n, d))
-    factors = _real_data_factors(rng, prior, stds) if _is_real(prior) else None
+    factors = covariance_factors(rng, prior, stds) if has_real_data_features(prior) else None
     if factors is None:
         X = means[labels] + stds[labels] * noise  # (n, d)
     else:
-        noise = _reshape_noise(rng, prior, noise)
-        means, factors = _irrelevant_features(rng, prior, means, factors)
-        means, factors = _mix_features(rng, prior, means, factors)
+        noise = reshape_noise(rng, prior, noise)
+        means, factors = add_irrelevant_features(rng, prior, means, factors)
+        means, factors = mix_features(rng, prior, means, factors)
         X = means[labels] + np.einsum("nij,nj->ni", factors[labels], noise)  # (n, d)
-        X, labels = _add_outliers(rng, prior, X, labels, means, weights, factors)
-        means, factors, X = _standardize_features(rng, prior, means, factors, X)
+        X, labels = add_outliers(rng, prior, X, labels, means, weights, factors)
+        means, factors, X = standardize_features(rng, prior, means, factors, X)
         stds = np.sqrt((factors**2).sum(-1))  # (K, d) the root of each diagonal
     standardization = fit_standardization(X, d_max, K, noise_directions)
     return Task(X, labels, means, weights, stds, standardization, factors)
-
-
-# --- what real data add ----------------------------------------------------------------
-# Each draws from ``rng`` only where its probability is > 0, so a prior without these
-# features draws the same tasks as it did before they existed.
-
-
-def _is_real(prior: Prior) -> bool:
-    return any(
-        getattr(prior, name) > 0
-        for name in (
-            "full_prob",
-            "skew_prob",
-            "uniform_prob",
-            "outlier_prob",
-            "mixing_prob",
-            "noise_feature_prob",
-            "standardize_prob",
-        )
-    )
-
-
-def _happens(rng: np.random.Generator, prob: float) -> bool:
-    return prob > 0 and rng.random() < prob
-
-
-def _random_rotation(rng: np.random.Generator, d: int) -> np.ndarray:
-    """Haar-distributed orthogonal (d, d): QR of a Gaussian matrix, signs fixed."""
-    q, r = np.linalg.qr(rng.standard_normal((d, d)))
-    return q * np.where(np.diag(r) < 0, -1.0, 1.0)
-
-
-def _real_data_factors(rng: np.random.Generator, prior: Prior, stds: np.ndarray) -> np.ndarray:
-    """(K, d, d) square roots of the covariances: diagonal ``stds``, or, in a fraction
-    ``full_prob`` of tasks, each component rotated with its own elongation."""
-    K, d = stds.shape
-    if not _happens(rng, prior.full_prob):
-        return np.einsum("kd,de->kde", stds, np.eye(d))
-    factors = np.empty((K, d, d))
-    for k in range(K):
-        condition = _log_uniform(rng, 1.0, prior.max_condition)
-        log_var = rng.uniform(-0.5, 0.5, d) * np.log(condition)  # variances' ratio <= condition
-        log_var -= log_var.mean()  # geometric mean 1: the component's size is stds[k]
-        axes = np.exp(log_var / 2) * stds[k, 0]
-        factors[k] = _random_rotation(rng, d) * axes  # R diag(axes)
-    return factors
-
-
-def _reshape_noise(rng: np.random.Generator, prior: Prior, noise: np.ndarray) -> np.ndarray:
-    """Unit-variance noise made skewed or bounded, per coordinate (a component's axes)."""
-    n, d = noise.shape
-    if _happens(rng, prior.skew_prob):
-        s = rng.uniform(0.3, 0.8)  # standardized log-normal: skewness 1 to 3
-        lognormal = (np.exp(s * noise) - np.exp(s * s / 2)) / np.sqrt(
-            (np.exp(s * s) - 1) * np.exp(s * s)
-        )
-        return lognormal * rng.choice([-1.0, 1.0], d)
-    if _happens(rng, prior.uniform_prob):
-        return rng.uniform(-np.sqrt(3.0), np.sqrt(3.0), (n, d))  # unit variance
-    return noise
-
-
-def _irrelevant_features(rng, prior, means, factors):
-    """Up to half of the features replaced by noise that no component's mean moves."""
-    K, d = means.shape
-    if d < 2 or not _happens(rng, prior.noise_feature_prob):
-        return means, factors
-    m = int(rng.integers(1, d // 2 + 1))
-    means, factors = means.copy(), factors.copy()
-    means[:, d - m :] = 0.0
-    factors[:, d - m :, :] = 0.0
-    spread = np.sqrt((factors[:, : d - m] ** 2).sum(-1).mean())  # a typical signal std
-    noise_std = spread * _log_uniform(rng, 0.5, 2.0)
-    factors[:, d - m :, d - m :] = noise_std * np.eye(m)
-    return means, factors
-
-
-def _mix_features(rng, prior, means, factors):
-    """x -> A x with A = Q diag(a) Q', a's ratio up to 10: correlated features."""
-    d = means.shape[1]
-    if d < 2 or not _happens(rng, prior.mixing_prob):
-        return means, factors
-    q = _random_rotation(rng, d)
-    a = q * _log_uniform(rng, 1.0, 10.0, d) ** 0.5 @ q.T
-    return means @ a.T, a @ factors
-
-
-def _add_outliers(rng, prior, X, labels, means, weights, factors):
-    """Replace 1 to 5 % of the points, not the first K (every component keeps one), by
-    uniform draws on the bounding box enlarged by a fifth; each takes the label of the
-    component most likely to have drawn it."""
-    n, d = X.shape
-    K = means.shape[0]
-    if not _happens(rng, prior.outlier_prob):
-        return X, labels
-    count = min(max(1, int(round(rng.uniform(0.01, 0.05) * n))), n - K)
-    if count <= 0:
-        return X, labels
-    low, high = X.min(0), X.max(0)
-    pad = 0.2 * (high - low) + 1e-12
-    rows = np.sort(rng.choice(n, count, replace=False))
-    first = {int(np.flatnonzero(labels == k)[0]) for k in range(K)}
-    rows = np.array([r for r in rows if r not in first], dtype=int)
-    points = rng.uniform(low - pad / 2, high + pad / 2, (len(rows), d))
-    log_p = np.empty((len(rows), K))
-    for k in range(K):
-        cov = factors[k] @ factors[k].T + 1e-9 * np.eye(d)
-        chol = np.linalg.cholesky(cov)
-        white = np.linalg.solve(chol, (points - means[k]).T)  # (d, m)
-        log_p[:, k] = np.log(weights[k]) - 0.5 * (white**2).sum(0) - np.log(np.diag(chol)).sum()
-    X, labels = X.copy(), labels.copy()
-    X[rows], labels[rows] = points, log_p.argmax(1)
-    return X, labels
-
-
-def _standardize_features(rng, prior, means, factors, X):
-    """Each feature divided by its std, as a user would: the task's truth follows."""
-    if not _happens(rng, prior.standardize_prob):
-        return means, factors, X
-    s = X.std(0)
-    s = np.where(s > 0, s, 1.0)
-    return means / s, factors / s[:, None], X / s
 
 
 def _draw_d(rng: np.random.Generator, d_range: tuple[int, int]) -> int:
