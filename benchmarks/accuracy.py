@@ -9,6 +9,12 @@ index of the labels against the true components (higher is better).
     python benchmarks/accuracy.py            # 200 tasks per cell
     python benchmarks/accuracy.py --quick    # 10 tasks per cell, d in {2, 8}: under a minute
     python benchmarks/accuracy.py --seed 1 --results /tmp/fresh   # the same cells, fresh tasks
+    python benchmarks/accuracy.py --checkpoint new/ --baseline-checkpoint default
+
+``--baseline-checkpoint`` adds the transformer alone, TransformerGMM, TransformerGMM
+n_init=1 and TransformerClusterer with a second checkpoint (marked "[baseline]") on the
+same tasks and seeds, and prints, cell by cell, where the first is behind the second by
+more than two paired standard errors.
 
 Prints a table and writes benchmarks/results/accuracy.csv and accuracy.png.
 """
@@ -40,8 +46,12 @@ from common import (  # noqa: E402
 
 from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM  # noqa: E402
 
+BASELINE = " [baseline]"
+COMPARED = ("transformer alone", "TransformerGMM", "TransformerGMM n_init=1",
+            "TransformerClusterer")  # the columns --baseline-checkpoint repeats
 
-def methods(checkpoint):
+
+def methods(checkpoint, baseline=None):
     """Each method maps (task, K, seed) to (means or None, labels)."""
 
     def transformer_gmm(**params):
@@ -71,7 +81,7 @@ def methods(checkpoint):
     def oracle(task, k, seed):
         return oracle_means(task), bayes_labels(task), None
 
-    return {
+    fits = {
         # max_iter=0 with the default n_init: the transformer's two starts (its mixture and
         # its labels, from one forward pass), the likelier kept; no EM, no k-means++.
         "transformer alone": transformer_gmm(max_iter=0),
@@ -89,12 +99,17 @@ def methods(checkpoint):
         "KMeans n_init=10": kmeans,
         "oracle": oracle,
     }
+    if baseline is not None:
+        again = methods(baseline)
+        fits.update({name + BASELINE: again[name] for name in COMPARED})
+    return fits
 
 
-def run(dims, components, n_tasks, checkpoint, seed=0):
-    """One row per cell and method, and the per-task errors: {(d, K, method): (n_tasks,)}."""
-    rows, task_errors = [], {}
-    fits = methods(checkpoint)
+def run(dims, components, n_tasks, checkpoint, seed=0, baseline=None):
+    """One row per cell and method, the per-task errors {(d, K, method): (n_tasks,)} and
+    the per-task ARIs (the same keys, every method)."""
+    rows, task_errors, task_aris = [], {}, {}
+    fits = methods(checkpoint, baseline)
     for d in dims:
         for k in components:
             rng = np.random.default_rng([seed, d, k])
@@ -111,6 +126,7 @@ def run(dims, components, n_tasks, checkpoint, seed=0):
                     inits.append(init)
                 if errors:
                     task_errors[d, k, name] = np.array(errors)
+                task_aris[d, k, name] = np.array(aris)
                 error, error_se = summarise(errors) if errors else (np.nan, np.nan)
                 # Errors are heavy-tailed (one missed component dominates a mean): the
                 # median and the share of tasks more than twice the oracle's error say more.
@@ -126,7 +142,7 @@ def run(dims, components, n_tasks, checkpoint, seed=0):
                     transformer_init=(np.mean([i == "transformer" for i in inits])
                                       if inits[0] is not None else np.nan),
                 ))
-    return rows, task_errors
+    return rows, task_errors, task_aris
 
 
 def print_table(rows, task_errors):
@@ -226,6 +242,26 @@ def _print_mixture_targets(task_errors, cells, value, alone, polished, extra=Non
         print("  " + line)
 
 
+def print_against_baseline(task_errors, task_aris, cells):
+    """Cell by cell, each compared column against its baseline on the same tasks: the
+    cells where it is ahead or behind by more than two paired standard errors."""
+    print("\nAgainst the baseline checkpoint (paired over the same tasks; |z| > 2 listed)")
+    for name in COMPARED:
+        by_error = (*cells[0], name) in task_errors
+        table = task_errors if by_error else task_aris
+        results = {cell: compare(table[(*cell, name)], table[(*cell, name + BASELINE)])
+                   for cell in cells}
+        # Lower error is better; higher ARI is better.
+        better = "lower" if by_error else "higher"
+        ahead = [f"({d}, {k}) z={z:+.1f}" for (d, k), (v, z) in results.items()
+                 if v == better and abs(z) > 2]
+        behind = [f"({d}, {k}) z={z:+.1f}" for (d, k), (v, z) in results.items()
+                  if v not in (better, "tie") and abs(z) > 2]
+        metric = "error" if by_error else "ARI"
+        print(f"  {name} ({metric}): ahead in {len(ahead)} cells {', '.join(ahead)}; "
+              f"behind in {len(behind)} {', '.join(behind)}")
+
+
 def _get(rows, name, key):
     return next(r[key] for r in rows if r["method"] == name)
 
@@ -268,14 +304,20 @@ def plot(rows, path):
 
 def main(argv=None):
     parser = standard_parser(__doc__, "accuracy", "10 tasks per cell, d in {2, 8}")
+    parser.add_argument("--baseline-checkpoint", default=None,
+                        help="a second checkpoint, compared with --checkpoint on the same tasks")
     args = parser.parse_args(argv)
     dims = [2, 8] if args.quick else [2, 8, 32, 128]
     n_tasks = args.tasks or (10 if args.quick else 200)
     with warnings.catch_warnings(), single_threaded():
         # The fallback's warning is reported once below instead of on every fit.
         warnings.simplefilter("ignore", FallbackWarning)
-        rows, task_errors = run(dims, [2, 3, 4, 5], n_tasks, args.checkpoint, args.seed)
+        rows, task_errors, task_aris = run(dims, [2, 3, 4, 5], n_tasks, args.checkpoint,
+                                           args.seed, args.baseline_checkpoint)
     print_table(rows, task_errors)
+    if args.baseline_checkpoint is not None:
+        cells = list(dict.fromkeys((r["d"], r["K"]) for r in rows))
+        print_against_baseline(task_errors, task_aris, cells)
     csv_path = write_csv(rows, args.results / f"{args.out}.csv")
     png_path = args.results / f"{args.out}.png"
     plot(rows, png_path)

@@ -66,6 +66,21 @@ def test_accuracy_seed_draws_fresh_tasks(tmp_path):
     assert all(a != b for a, b in zip(oracle_errors(1), published, strict=True))
 
 
+def test_accuracy_baseline_checkpoint_is_paired(tmp_path, capsys):
+    # The bundled checkpoint against itself: every compared column ties, cell by cell.
+    accuracy = _load("accuracy")
+    rows = accuracy.main(["--quick", "--tasks", "2", "--results", str(tmp_path),
+                          "--baseline-checkpoint", "default"])
+    for name in accuracy.COMPARED:
+        ours = [r for r in rows if r["method"] == name]
+        theirs = [r for r in rows if r["method"] == name + accuracy.BASELINE]
+        assert len(ours) == len(theirs) == 8
+        for a, b in zip(ours, theirs, strict=True):
+            assert (a["ari"], a["error"]) == pytest.approx((b["ari"], b["error"]), nan_ok=True)
+    printed = capsys.readouterr().out
+    assert printed.count("ahead in 0 cells ; behind in 0") == len(accuracy.COMPARED)
+
+
 def test_accuracy_targets_tell_ties_from_wins():
     accuracy = _load("accuracy")
     errors = np.array([0.010, 0.020, 0.030, 0.040])
