@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import TINY_CHECKPOINT, make_blobs
 from sklearn.cluster import KMeans
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 
 from transformer_gmm import FallbackWarning, TransformerClusterer, _backend
@@ -64,6 +65,47 @@ def test_fallback_warns_and_matches_kmeans(three_blobs, no_bundled_checkpoint):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         TransformerClusterer(3, checkpoint=None, random_state=0).fit(three_blobs)
+
+
+def test_fallback_warning_names_kmeans_not_em(three_blobs, no_bundled_checkpoint):
+    for checkpoint in ["default", TINY_CHECKPOINT]:
+        with pytest.warns(FallbackWarning) as caught:
+            TransformerClusterer(6, checkpoint=checkpoint, random_state=0).fit(three_blobs)
+        (message,) = [str(w.message) for w in caught if w.category is FallbackWarning]
+        assert "k-means (Lloyd) with k-means++ seeding" in message
+        assert "EM" not in message
+
+
+@pytest.mark.parametrize("checkpoint", [TINY_CHECKPOINT, None])
+def test_float32_data_gives_float32_centres_as_kmeans_does(three_blobs, checkpoint):
+    X32 = three_blobs.astype(np.float32)
+    km = TransformerClusterer(3, checkpoint=checkpoint, random_state=0).fit(X32)
+    reference = KMeans(3, random_state=0).fit(X32)
+    assert km.cluster_centers_.dtype == reference.cluster_centers_.dtype == np.float32
+    assert km.transform(X32).dtype == reference.transform(X32).dtype == np.float32
+    assert type(km.inertia_) is float and km.labels_.dtype == np.int32
+    wide = TransformerClusterer(3, checkpoint=checkpoint, random_state=0).fit(three_blobs)
+    assert wide.cluster_centers_.dtype == np.float64
+    np.testing.assert_allclose(km.cluster_centers_, wide.cluster_centers_, rtol=1e-6)
+
+
+@pytest.mark.parametrize("checkpoint", [TINY_CHECKPOINT, None])
+def test_fewer_distinct_clusters_than_asked_warns_as_kmeans_does(checkpoint):
+    X = np.ones((50, 3))
+    with pytest.warns(ConvergenceWarning) as theirs:
+        KMeans(3, random_state=0).fit(X)
+    with pytest.warns(ConvergenceWarning) as ours:
+        km = TransformerClusterer(3, checkpoint=checkpoint, random_state=0).fit(X)
+    assert len(np.unique(km.labels_)) == 1
+    assert [str(w.message) for w in ours] == [str(w.message) for w in theirs]
+    assert str(ours[0].message) == (
+        "Number of distinct clusters (1) found smaller than n_clusters (3). "
+        "Possibly due to duplicate points in X."
+    )
+    assert ours[0].filename == __file__  # points at the caller's line
+    # Two distinct points for three clusters.
+    with pytest.warns(ConvergenceWarning, match=r"distinct clusters \(2\) found smaller"):
+        TransformerClusterer(3, checkpoint=checkpoint).fit(np.repeat([[0.0], [5.0]], 20, axis=0))
 
 
 def test_same_random_state_same_result():

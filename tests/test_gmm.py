@@ -12,7 +12,14 @@ from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
-from transformer_gmm import CheckpointError, FallbackWarning, TransformerGMM, _backend, runs
+from transformer_gmm import (
+    CheckpointError,
+    FallbackWarning,
+    TransformerGMM,
+    _backend,
+    fit_many,
+    runs,
+)
 from transformer_gmm._preprocessing import fit_standardization
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
@@ -133,6 +140,43 @@ def test_scoring_surface_agrees_with_sklearn_on_the_same_parameters(three_blobs,
     assert ours.score(X) == pytest.approx(theirs.score(X), rel=1e-12)
     assert ours.bic(X) == pytest.approx(theirs.bic(X), rel=1e-12)
     assert ours.aic(X) == pytest.approx(theirs.aic(X), rel=1e-12)
+
+
+PARAMETERS = ["weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_"]
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("checkpoint", [TINY_CHECKPOINT, None])
+def test_float32_data_gives_float32_parameters_as_gaussian_mixture_does(
+    three_blobs, covariance_type, checkpoint
+):
+    X32 = three_blobs.astype(np.float32)
+    params = dict(covariance_type=covariance_type, random_state=0)
+    ours = TransformerGMM(3, checkpoint=checkpoint, **params).fit(X32)
+    theirs = GaussianMixture(3, **params).fit(X32)
+    wide = TransformerGMM(3, checkpoint=checkpoint, **params).fit(X32.astype(np.float64))
+    for name in PARAMETERS:
+        assert getattr(ours, name).dtype == getattr(theirs, name).dtype == np.float32, name
+        assert getattr(wide, name).dtype == np.float64, name
+        # EM ran in float64 either way: the float32 fit is the float64 fit, rounded.
+        np.testing.assert_allclose(getattr(ours, name), getattr(wide, name), rtol=1e-6)
+    X_new, _ = ours.sample(50)
+    assert np.isfinite(ours.score_samples(X_new)).all()
+
+
+def test_fit_many_keeps_each_datasets_dtype(three_blobs):
+    X32, X64 = three_blobs.astype(np.float32), three_blobs[:90]
+    mixed = fit_many([X32, X64], 3, checkpoint=TINY_CHECKPOINT, random_state=0)
+    stacked = fit_many(np.stack([X32, X32]), 3, checkpoint=None, random_state=0)
+    expected = [np.float32, np.float64, np.float32, np.float32]
+    for gmm, dtype in zip([*mixed, *stacked], expected, strict=True):
+        assert {getattr(gmm, name).dtype for name in PARAMETERS} == {np.dtype(dtype)}
+    arrays = fit_many([X32, X32[:90]], 3, checkpoint=None, random_state=0, output="arrays")
+    assert {a.dtype for a in (arrays.weights, arrays.means, arrays.covariances)} == {
+        np.dtype(np.float32)
+    }
+    arrays = fit_many([X32, X64], 3, checkpoint=None, random_state=0, output="arrays")
+    assert arrays.precisions_cholesky.dtype == np.float64  # float32 only when all are
 
 
 def test_fit_predict_equals_fit_then_predict(three_blobs):

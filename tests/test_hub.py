@@ -7,10 +7,13 @@ even without the server, the endpoint is a closed local port.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -339,6 +342,70 @@ def test_incomplete_cache_offline_is_a_clear_error(published, monkeypatch):
     set_offline(monkeypatch, True)
     with pytest.raises(CheckpointError, match="transformer-gmm download org/name"):
         resolve_checkpoint("org/name")
+
+
+# --- a Hub that never answers --------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def silent_endpoint(monkeypatch):
+    """Point huggingface_hub at an endpoint that accepts connections (the kernel's backlog
+    does) and never answers."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        point_at(monkeypatch, f"http://127.0.0.1:{listener.getsockname()[1]}")
+        yield
+    finally:
+        listener.close()  # resets the connections still waiting, so a stuck request ends
+
+
+def fit_in_thread(estimator, X, limit: float = 60.0) -> tuple[Exception | None, float]:
+    """Fit in a thread and wait at most ``limit`` seconds, so that a fit that hangs fails
+    the test instead of hanging the run. Returns what fit raised and how long it took."""
+    outcome = {}
+
+    def fit() -> None:
+        start = time.monotonic()
+        try:
+            estimator.fit(X)
+        except Exception as error:
+            outcome["error"] = error
+        outcome["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=fit, daemon=True)
+    thread.start()
+    thread.join(timeout=limit)
+    assert not thread.is_alive(), f"fit still waits for the Hub after {limit:g} s"
+    return outcome.get("error"), outcome["seconds"]
+
+
+def test_a_hub_that_never_answers_fails_within_30_seconds(monkeypatch, three_blobs):
+    set_hf_variable(monkeypatch, "HF_HUB_ETAG_TIMEOUT", "10", HF_HUB_ETAG_TIMEOUT=10)
+    with silent_endpoint(monkeypatch):
+        gmm = TransformerGMM(3, checkpoint="acme/tgmm-test")
+        error, seconds = fit_in_thread(gmm, three_blobs)
+    assert isinstance(error, CheckpointError), repr(error)
+    assert seconds < 30
+    message = str(error)
+    assert "did not answer within 10 s" in message and "HF_HUB_ETAG_TIMEOUT" in message
+    assert "`transformer-gmm download acme/tgmm-test`" in message
+
+
+def test_a_hub_that_never_answers_serves_the_cached_copy(
+    published, fake_hub, monkeypatch, three_blobs
+):
+    expected = outputs(load_model("org/name"))
+    fake_hub.stop()
+    monkeypatch.setattr(hub, "_RESOLVED", {})  # a new process, the same disk cache
+    monkeypatch.setattr(checkpoints, "_CACHE", {})
+    set_hf_variable(monkeypatch, "HF_HUB_ETAG_TIMEOUT", "1", HF_HUB_ETAG_TIMEOUT=1)
+    with silent_endpoint(monkeypatch):
+        gmm = TransformerGMM(3, checkpoint="org/name", random_state=0)
+        error, seconds = fit_in_thread(gmm, three_blobs)
+    assert error is None and seconds < 30 and gmm.means_.shape == (3, 2)
+    assert torch.equal(outputs(load_model("org/name")), expected)
 
 
 # --- revisions, missing repos, tokens --------------------------------------------------------

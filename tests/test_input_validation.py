@@ -43,6 +43,31 @@ def test_bad_fit_input_raises_a_clear_error(estimator, case):
         estimator.fit(X)
 
 
+X_WIDE = np.random.default_rng(1).normal(size=(60, 3))  # d = 3 > K - 1: a projection
+X_OUTLIER = X_WIDE.copy()
+X_OUTLIER[7, 2] = 1e300
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=repr)
+@pytest.mark.parametrize(
+    "X", [X_WIDE * 1e154, X_WIDE * 1e300, X_OUTLIER], ids=["1e154", "1e300", "one outlier"]
+)
+def test_values_whose_squares_overflow_ask_to_rescale(estimator, X):
+    # Covariances and squared distances of such data overflow float64: no torch error,
+    # an error that says what to do.
+    with pytest.raises(ValueError, match=r"too large for float64 .* Rescale X"):
+        estimator.fit(X)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS, ids=repr)
+@pytest.mark.parametrize("scale", [1e100, 1e-100])
+def test_large_and_small_scales_within_float64_fit(estimator, scale):
+    estimator.fit(X_WIDE * scale)
+    centres = getattr(estimator, "means_", None)
+    centres = estimator.cluster_centers_ if centres is None else centres
+    assert np.isfinite(centres).all() and np.abs(centres).max() < 10 * scale
+
+
 @pytest.mark.parametrize("estimator", ESTIMATORS, ids=repr)
 def test_predict_with_the_wrong_number_of_features(estimator):
     estimator.fit(X_GOOD)

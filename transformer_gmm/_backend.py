@@ -3,7 +3,8 @@
 The estimators hand numpy arrays in and get numpy arrays back; every tensor is made and
 dropped here. Fitting runs on the resolved device in float64 on CPU (to agree with
 scikit-learn) and float32 on CUDA (where float64 is slow); fitted parameters come back
-as float64 numpy arrays so a model fitted on CUDA predicts and pickles on CPU.
+as float64 numpy arrays so a model fitted on CUDA predicts and pickles on CPU (the
+estimators then give them the training data's dtype).
 """
 
 from __future__ import annotations
@@ -189,6 +190,45 @@ def transformer_estimates(
     ]
 
 
+# --- input range ---------------------------------------------------------------------
+
+
+def _check_magnitude(x: torch.Tensor, mask: torch.Tensor | None) -> None:
+    """Raise a ValueError for a dataset of ``x`` (B, N, d) whose values would overflow
+    ``x``'s dtype in the fit's sums, before any of them is taken.
+
+    Covariances, squared distances and the k-means inertia sum up to ``n * d`` squared
+    differences, each at most the square of a feature's range; means sum ``n`` values.
+    Past the largest float those sums are inf, and torch's eigendecomposition and Cholesky
+    factorisation then fail with errors that say nothing about the data.
+    """
+    if mask is None:
+        highest, lowest = x.amax(dim=1), x.amin(dim=1)  # (B, d)
+        n_rows = torch.full(x.shape[:1], x.shape[1], dtype=x.dtype, device=x.device)
+    else:
+        padding = ~mask[..., None]
+        highest = x.masked_fill(padding, -torch.inf).amax(dim=1)
+        lowest = x.masked_fill(padding, torch.inf).amin(dim=1)
+        n_rows = mask.sum(dim=1).to(x.dtype)
+    spread = (highest - lowest).amax(dim=-1)  # (B,) the widest range of a feature
+    magnitude = torch.maximum(highest.abs(), lowest.abs()).amax(dim=-1)  # (B,)
+    limit = torch.finfo(x.dtype).max / 16  # a margin for the few sums added together
+    # Written so that an overflow to inf, or a nan from inf - inf, fails the test.
+    safe = (spread * spread * n_rows * x.shape[-1] < limit) & (magnitude * n_rows < limit)
+    if bool(safe.all()):
+        return
+    i = int((~safe).nonzero()[0, 0])
+    dataset = f"Dataset {i}: " if x.shape[0] > 1 else ""
+    on_cuda = ", or fit with device='cpu', which computes in float64" if x.is_cuda else ""
+    raise ValueError(
+        f"{dataset}X holds values too large for {str(x.dtype).split('.')[-1]} arithmetic "
+        f"(a feature spans {float(spread[i]):.3g}, the largest absolute value is "
+        f"{float(magnitude[i]):.3g}): the covariances and squared distances over its "
+        f"{int(n_rows[i])} samples would overflow. Rescale X (divide it by a constant, or "
+        f"use sklearn.preprocessing.StandardScaler) and fit again{on_cuda}."
+    )
+
+
 # --- Gaussian mixtures ---------------------------------------------------------------
 
 
@@ -257,6 +297,7 @@ def fit_mixtures(
     """
     dtype = _dtype(device)
     x, mask = _pad(Xs, device, dtype)  # (B, N, d), (B, N) or None
+    _check_magnitude(x, mask)
     n_datasets = x.shape[0]
     generator = _generator(seed, device)
     n_runs = n_transformer_inits + n_kmeans_inits
@@ -388,6 +429,7 @@ def fit_kmeans(
     best only. One generator, seeded with ``seed``, draws that subsample (where it is
     taken), the rows the backbone reads, then the k-means++ seeds."""
     x = _tensor(X, device)[None]  # (1, n, d)
+    _check_magnitude(x, None)
     generator = _generator(seed, device)
     x_all = x
     x, _, index = _selection_rows(x, None, n_transformer_inits + n_kmeans_inits, generator)

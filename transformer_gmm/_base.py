@@ -1,6 +1,6 @@
 """What TransformerGMM and TransformerClusterer share: parameters, validation, and the
-choice between the backbone and the EM fallback. No torch here: the backbone's estimate is
-read in :mod:`transformer_gmm._backend`, batched."""
+choice between the backbone and the k-means++ fallback. No torch here: the backbone's
+estimate is read in :mod:`transformer_gmm._backend`, batched."""
 
 from __future__ import annotations
 
@@ -19,7 +19,12 @@ from . import _backend, checkpoints
 
 
 class FallbackWarning(UserWarning):
-    """The transformer could not serve the request; EM from k-means++ ran instead.
+    """The transformer could not serve the request; k-means++ started the fit instead.
+
+    :class:`~transformer_gmm.TransformerGMM` then runs EM from k-means++ initialisation,
+    as :class:`sklearn.mixture.GaussianMixture` does, and
+    :class:`~transformer_gmm.TransformerClusterer` runs k-means (Lloyd) from k-means++
+    seeding, as :class:`sklearn.cluster.KMeans` does.
 
     Examples
     --------
@@ -73,6 +78,9 @@ class _TransformerMixtureBase(BaseEstimator):
         "device": [str],  # "auto", "cpu", "cuda" or "cuda:N", checked when fit resolves it
         "random_state": ["random_state"],
     }
+
+    # What runs without the transformer, as the FallbackWarning names it.
+    _fallback_algorithm = "EM with k-means++ initialisation"
 
     def _n_components(self) -> int:
         raise NotImplementedError
@@ -128,7 +136,7 @@ class _TransformerMixtureBase(BaseEstimator):
         if _is_missing_default(self.checkpoint):
             warn_user(
                 "No default checkpoint is bundled with this version of transformer_gmm, so "
-                "the estimator falls back to EM with k-means++ initialisation. Pass "
+                f"the estimator falls back to {self._fallback_algorithm}. Pass "
                 "checkpoint=<folder or Hub id> to use a trained transformer, or "
                 "checkpoint=None to choose this fallback explicitly and silence this warning.",
                 FallbackWarning,
@@ -139,8 +147,8 @@ class _TransformerMixtureBase(BaseEstimator):
             k = backbone.supported_n_components
             warn_user(
                 f"Checkpoint {str(self.checkpoint)!r} has readout heads for "
-                f"{k.start} to {k.stop - 1} components, not {n_components}; falling back to EM "
-                f"with k-means++ initialisation.",
+                f"{k.start} to {k.stop - 1} components, not {n_components}; falling back to "
+                f"{self._fallback_algorithm}.",
                 FallbackWarning,
             )
             return None
@@ -286,7 +294,7 @@ class _TransformerMixtureBase(BaseEstimator):
 
     def _checkpoint_to_publish(self) -> str | os.PathLike:
         if self.checkpoint is None or _is_missing_default(self.checkpoint):
-            why = "it uses EM only" if self.checkpoint is None else "no default is bundled"
+            why = "it uses no transformer" if self.checkpoint is None else "no default is bundled"
             raise checkpoints.CheckpointError(
                 f"This estimator has no transformer checkpoint to save (checkpoint="
                 f"{self.checkpoint!r}: {why}). Set checkpoint= to a bundled name, a checkpoint "

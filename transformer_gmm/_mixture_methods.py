@@ -190,21 +190,27 @@ class FittedMixtureMixin:
                 f"Invalid value for 'n_samples': {n_samples!r}. It must be a positive integer."
             )
         rng = check_random_state(self.random_state)
-        counts = rng.multinomial(n_samples, self.weights_)
+        # In float64 even for a float32 fit: multinomial rejects weights whose rounding
+        # sums past 1, and multivariate_normal's check that a float32 covariance is
+        # positive semi-definite fails on rounding alone.
+        weights = self.weights_.astype(np.float64)
+        means = self.means_.astype(np.float64)
+        covariances = self.covariances_.astype(np.float64)
+        counts = rng.multinomial(n_samples, weights / weights.sum())
         if self.covariance_type == "full":
             draws = [
                 rng.multivariate_normal(mean, cov, int(count))
-                for mean, cov, count in zip(self.means_, self.covariances_, counts, strict=True)
+                for mean, cov, count in zip(means, covariances, counts, strict=True)
             ]
         elif self.covariance_type == "tied":
             draws = [
-                rng.multivariate_normal(mean, self.covariances_, int(count))
-                for mean, count in zip(self.means_, counts, strict=True)
+                rng.multivariate_normal(mean, covariances, int(count))
+                for mean, count in zip(means, counts, strict=True)
             ]
         else:
             draws = [
                 mean + rng.standard_normal((count, mean.shape[0])) * np.sqrt(cov)
-                for mean, cov, count in zip(self.means_, self.covariances_, counts, strict=True)
+                for mean, cov, count in zip(means, covariances, counts, strict=True)
             ]
         labels = np.concatenate([np.full(count, k, dtype=int) for k, count in enumerate(counts)])
         return np.vstack(draws), labels

@@ -27,6 +27,8 @@ class FittedMixtures:
     Attributes
     ----------
     weights : ndarray of shape (n_datasets, n_components)
+        Like ``means``, ``covariances`` and ``precisions_cholesky``: float32 when every
+        dataset is float32, else float64.
     means : ndarray of shape (n_datasets, n_components, n_features)
     covariances : ndarray of shape (n_datasets, ...)
         Each dataset's covariances, shaped by ``covariance_type`` as
@@ -175,11 +177,12 @@ random_state
         )
     if estimators is None:
         won = fits.best_run < n_transformer_inits  # the transformer's starts come first
+        dtype = Xs.dtype if isinstance(Xs, np.ndarray) else np.result_type(*{X.dtype for X in Xs})
         return FittedMixtures(
-            weights=fits.weights,
-            means=fits.means,
-            covariances=fits.covariances,
-            precisions_cholesky=fits.precisions_cholesky,
+            weights=fits.weights.astype(dtype, copy=False),
+            means=fits.means.astype(dtype, copy=False),
+            covariances=fits.covariances.astype(dtype, copy=False),
+            precisions_cholesky=fits.precisions_cholesky.astype(dtype, copy=False),
             lower_bound=fits.lower_bound,
             n_iter=fits.n_iter,
             converged=fits.converged,
@@ -188,7 +191,8 @@ random_state
             device=device,
         )
     for i, estimator in enumerate(estimators):
-        estimator._store_fit(fits, i, device, n_transformer_inits=n_transformer_inits)
+        dtype = Xs.dtype if isinstance(Xs, np.ndarray) else Xs[i].dtype
+        estimator._store_fit(fits, i, device, n_transformer_inits, dtype)
     return estimators
 
 

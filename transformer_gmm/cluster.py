@@ -11,13 +11,14 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
 from . import _backend
-from ._base import _TransformerMixtureBase, draw_seed
+from ._base import _TransformerMixtureBase, draw_seed, warn_user
 
 
 class TransformerClusterer(
@@ -69,7 +70,7 @@ class TransformerClusterer(
     Attributes
     ----------
     cluster_centers_ : ndarray of shape (n_clusters, n_features)
-        Cluster centres.
+        Cluster centres, of the dtype of the training data (float32 or float64).
     labels_ : ndarray of shape (n_samples,)
         The nearest centre of each training sample.
     inertia_ : float
@@ -108,6 +109,7 @@ class TransformerClusterer(
         **_TransformerMixtureBase._parameter_constraints,
         "n_clusters": [Interval(Integral, 1, None, closed="left")],
     }
+    _fallback_algorithm = "k-means (Lloyd) with k-means++ seeding"
 
     def __init__(
         self,
@@ -181,13 +183,22 @@ class TransformerClusterer(
             backbone=backbone,
             n_transformer_inits=n_transformer_inits,
         )
-        self.cluster_centers_ = fit.centers
+        # Computed in float64 on CPU; returned in X's dtype, as KMeans does.
+        self.cluster_centers_ = fit.centers.astype(X.dtype, copy=False)
         self.labels_ = fit.labels
         self.inertia_ = fit.inertia
         self.n_iter_ = fit.n_iter
         # The transformer's starts come first.
         self.init_method_ = "transformer" if fit.best_run < n_transformer_inits else "k-means++"
         self.device_ = device
+        n_distinct = len(np.unique(self.labels_))
+        if n_distinct < self.n_clusters:
+            # KMeans's warning, word for word, so that filters written for it apply.
+            warn_user(
+                f"Number of distinct clusters ({n_distinct}) found smaller than n_clusters "
+                f"({self.n_clusters}). Possibly due to duplicate points in X.",
+                ConvergenceWarning,
+            )
         return self
 
     def fit_predict(self, X, y=None):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from numbers import Integral, Real
 
+import numpy as np
 from sklearn.base import DensityMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
@@ -83,7 +84,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
     Attributes
     ----------
     weights_ : ndarray of shape (n_components,)
-        The weight of each mixture component.
+        The weight of each mixture component. This and the four arrays below have the
+        training data's dtype, float32 or float64 (EM computes in float64 on CPU).
     means_ : ndarray of shape (n_components, n_features)
         The mean of each component.
     covariances_ : ndarray
@@ -241,7 +243,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
             backbone=backbone,
             n_transformer_inits=n_transformer_inits,
         )
-        self._store_fit(fits, 0, device, n_transformer_inits=n_transformer_inits)
+        self._store_fit(fits, 0, device, n_transformer_inits, X.dtype)
         if not self.converged_ and self.max_iter > 0:
             warn_user(
                 "EM did not converge for the kept initialisation. Increase max_iter or tol, "
@@ -261,15 +263,24 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         )
 
     def _store_fit(
-        self, fits: _backend.MixtureFits, i: int, device: str, n_transformer_inits: int
+        self,
+        fits: _backend.MixtureFits,
+        i: int,
+        device: str,
+        n_transformer_inits: int,
+        dtype: np.dtype,
     ) -> None:
-        """Take dataset ``i`` of a batch's fits; copies, so that no estimator keeps the
-        whole batch's arrays alive."""
-        self.weights_ = fits.weights[i].copy()
-        self.means_ = fits.means[i].copy()
-        self.covariances_ = fits.covariances[i].copy()
-        self.precisions_cholesky_ = fits.precisions_cholesky[i].copy()
-        self.precisions_ = _precisions(self.precisions_cholesky_, self.covariance_type)
+        """Take dataset ``i`` of a batch's fits, in the training data's ``dtype`` (as
+        GaussianMixture keeps float32); copies, so that no estimator keeps the whole
+        batch's arrays alive."""
+        precisions_cholesky = fits.precisions_cholesky[i]
+        # From the float64 factors: squaring float32 ones would double their rounding.
+        precisions = _precisions(precisions_cholesky, self.covariance_type)
+        self.weights_ = fits.weights[i].astype(dtype)
+        self.means_ = fits.means[i].astype(dtype)
+        self.covariances_ = fits.covariances[i].astype(dtype)
+        self.precisions_cholesky_ = precisions_cholesky.astype(dtype)
+        self.precisions_ = precisions.astype(dtype, copy=False)
         self.converged_ = bool(fits.converged[i])
         self.n_iter_ = int(fits.n_iter[i])
         self.lower_bound_ = float(fits.lower_bound[i])

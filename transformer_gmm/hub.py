@@ -4,7 +4,10 @@ Everything goes through ``huggingface_hub``, so its settings apply unchanged: ``
 and ``HF_HUB_CACHE`` choose the cache, ``HF_ENDPOINT`` the server (a mirror or a private
 Hub), ``HF_TOKEN`` or ``hf auth login`` the token, and ``HF_HUB_OFFLINE=1`` forbids every
 request. ``huggingface_hub`` reads these variables when it is imported; ``HF_HUB_OFFLINE``
-is also honoured when it is set later, as a notebook might.
+is also honoured when it is set later, as a notebook might. ``HF_HUB_ETAG_TIMEOUT``
+(10 s by default) bounds the wait for the Hub's first answer: a Hub that does not answer
+in time is treated as unreachable, so the cached copy is used, or a
+:class:`~transformer_gmm.CheckpointError` says how to get the files.
 
 A Hub checkpoint is resolved once per process: the first :func:`resolve` downloads (or
 finds in the cache) and verifies the files, later calls reuse that folder with no request.
@@ -17,6 +20,7 @@ import hashlib
 import os
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from .checkpoints import CARD_FILE, CHECKPOINT_FILES, WEIGHTS_FILE, CheckpointError
@@ -54,6 +58,27 @@ def is_offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE) or flag.upper() in {"1", "ON", "YES", "TRUE"}
 
 
+def request_timeout() -> float:
+    """Seconds to wait for the Hub to answer a request: ``HF_HUB_ETAG_TIMEOUT`` (10 s).
+
+    Examples
+    --------
+    >>> request_timeout() > 0
+    True
+    """
+    from huggingface_hub import constants
+
+    return float(getattr(constants, "HF_HUB_ETAG_TIMEOUT", 10))
+
+
+class _NoAnswer(Exception):
+    """The Hub could not be reached, did not answer in time, or failed on its side."""
+
+    def __init__(self, cause: Exception, endpoint: str, timeout: float) -> None:
+        super().__init__(str(cause))
+        self.cause, self.endpoint, self.timeout = cause, endpoint, timeout
+
+
 def cache_dir() -> Path:
     """The Hugging Face cache this process uses (``HF_HUB_CACHE``, else ``HF_HOME``/hub).
 
@@ -85,7 +110,8 @@ def download(
     Into the Hugging Face cache by default (a file already there is not downloaded
     again, and a commit hash that is cached needs no request at all), or into
     ``local_dir``. The downloaded files are checked against the hashes the Hub advertised.
-    Offline (``HF_HUB_OFFLINE=1``) only the cache is read. Every failure is a
+    Offline (``HF_HUB_OFFLINE=1``) only the cache is read; so it is when the Hub does not
+    answer within :func:`request_timeout` seconds. Every failure is a
     :class:`~transformer_gmm.CheckpointError` that says what to do.
 
     Parameters
@@ -132,23 +158,31 @@ def download(
 
     from . import __version__
 
+    def snapshot(local_files_only: bool) -> Path:
+        return Path(
+            huggingface_hub.snapshot_download(
+                repo_id,
+                revision=revision,
+                allow_patterns=list(files),
+                local_dir=local_dir,
+                force_download=force_download,
+                token=token,
+                local_files_only=local_files_only,
+                etag_timeout=request_timeout(),
+                library_name="transformer_gmm",
+                library_version=__version__,
+            )
+        )
+
     offline = is_offline()
     try:
-        folder = huggingface_hub.snapshot_download(
-            repo_id,
-            revision=revision,
-            allow_patterns=list(files),
-            local_dir=local_dir,
-            force_download=force_download,
-            token=token,
-            local_files_only=offline,
-            library_name="transformer_gmm",
-            library_version=__version__,
-        )
+        if offline:
+            folder = snapshot(True)
+        else:
+            folder = _fetch(snapshot, repo_id, revision, files, token, force_download)
     except Exception as error:  # network, auth, missing repo, offline mode: explained below
         raise CheckpointError(_download_error(repo_id, revision, error, offline)) from error
-    folder = Path(folder)
-    missing = [name for name in files if name != CARD_FILE and not (folder / name).is_file()]
+    missing = _missing(folder, files)
     if missing:
         raise CheckpointError(
             f"Hub checkpoint {spec(repo_id, revision)!r} has no {' or '.join(missing)} (in "
@@ -158,6 +192,66 @@ def download(
     for name in files:
         verify_file(folder / name, redownload=_redownload(repo_id, revision))
     return folder
+
+
+def _fetch(
+    snapshot: Callable[[bool], Path],
+    repo_id: str,
+    revision: str | None,
+    files: tuple[str, ...],
+    token: str | bool | None,
+    force_download: bool,
+) -> Path:
+    """``snapshot(local_files_only)`` online, never waiting long on a silent Hub.
+
+    ``snapshot_download`` waits for the answer to its first request with no time limit
+    (``HfApi.repo_info`` has no timeout there), so a Hub that accepts the connection and
+    never answers would hang ``fit``. One request with a timeout asks first; without an
+    answer, the cache serves, as ``snapshot_download`` does when the Hub is unreachable.
+    """
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from . import __version__
+
+    if not force_download and _GIT_SHA1.match(revision or ""):
+        # A commit never changes: once it is cached, no request is needed.
+        try:
+            folder = snapshot(True)
+        except Exception:  # not cached, or only in part
+            folder = None
+        if folder is not None and not _missing(folder, files):
+            return folder
+    timeout = request_timeout()
+    api = huggingface_hub.HfApi(
+        token=token, library_name="transformer_gmm", library_version=__version__
+    )
+    try:
+        api.model_info(repo_id, revision=revision or constants.DEFAULT_REVISION, timeout=timeout)
+    except Exception as error:
+        if force_download or _hub_answered(error):
+            # The Hub's own answer (no such repository or revision, no access) says what
+            # is wrong; a forced download must not settle for the cache.
+            raise
+        try:
+            return snapshot(True)
+        except Exception:
+            raise _NoAnswer(error, constants.ENDPOINT, timeout) from error
+    return snapshot(False)
+
+
+def _hub_answered(error: Exception) -> bool:
+    """Whether ``error`` is the Hub's own answer (a 4xx status), not a failure to get one
+    (no connection, no answer in time, or a server error)."""
+    from huggingface_hub.utils import HfHubHTTPError
+
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    return isinstance(error, HfHubHTTPError) and status is not None and status < 500
+
+
+def _missing(folder: Path, files: tuple[str, ...]) -> list[str]:
+    """The files of ``files`` that ``folder`` lacks; a checkpoint may have no model card."""
+    return [name for name in files if name != CARD_FILE and not (folder / name).is_file()]
 
 
 def _download_error(repo_id: str, revision: str | None, error: Exception, offline: bool) -> str:
@@ -184,6 +278,16 @@ def _download_error(repo_id: str, revision: str | None, error: Exception, offlin
         return (
             f"Hub checkpoint {repo_id!r} has no revision {revision!r} {cause}. Pass a branch, "
             "a tag or a full 40-character commit hash after '@'."
+        )
+    if isinstance(error, _NoAnswer):
+        reason, detail = type(error.cause).__name__, str(error.cause)
+        if "timeout" in reason.lower() or "timed out" in detail.lower():
+            why = f"did not answer within {error.timeout:g} s (HF_HUB_ETAG_TIMEOUT)"
+        else:
+            why = f"could not be reached ({reason}: {detail.splitlines()[0] if detail else ''})"
+        return (
+            f"Hub checkpoint {name} is not in the Hugging Face cache ({cache_dir()}) and the "
+            f"Hub at {error.endpoint} {why}. {_how_to_get(repo_id, revision)}"
         )
     if offline or isinstance(error, LocalEntryNotFoundError):
         # Offline, huggingface_hub's own message (about local_files_only) would mislead.
