@@ -45,7 +45,9 @@ with any seed.
 checkpoint (marked "[baseline]"), on the same seeds, and prints the paired differences.
 
 Prints the tables and writes realdata_fits.csv (one row per fit), realdata.csv (the summary
-per covariance type and method), realdata_datasets.csv (per dataset and method) and
+per covariance type and method), realdata_datasets.csv (per dataset and method),
+realdata_oracle.csv (the mixture one M-step gives with the classes as responsibilities:
+how far a readout that got every class right would be from EM's optimum) and
 realdata.png under benchmarks/results/.
 """
 
@@ -288,6 +290,63 @@ def add_derived(rows: list[dict]) -> None:
         top = best.get((r["dataset"], r["covariance"]), np.nan)
         r["ll_gap"] = top - r["ll"]
         r["at_best"] = float(r["ll_gap"] <= AT_BEST) if np.isfinite(r["ll"]) else np.nan
+
+
+# --- the oracle ----------------------------------------------------------------------------
+
+
+def class_mixture(dataset: Dataset, covariance: str) -> GaussianMixture:
+    """The mixture one M-step gives with the classes as responsibilities: what the
+    transformer's readout (responsibilities, then one M-step) would return if it
+    assigned every point to its class. Deterministic; ``reg_covar`` as GaussianMixture's."""
+    X, labels, k = dataset.X, dataset.labels, dataset.n_components
+    model = GaussianMixture(k, covariance_type=covariance)
+    resp = np.eye(k)[labels]  # (n, K)
+    counts = resp.sum(axis=0)
+    model.weights_ = counts / len(X)
+    model.means_ = resp.T @ X / counts[:, None]
+    if covariance == "full":
+        diffs = X[None] - model.means_[:, None]  # (K, n, d)
+        model.covariances_ = (np.einsum("nk,kni,knj->kij", resp, diffs, diffs)
+                              / counts[:, None, None] + 1e-6 * np.eye(X.shape[1]))
+        chol = np.linalg.cholesky(model.covariances_)
+        model.precisions_cholesky_ = np.linalg.inv(chol).transpose(0, 2, 1)
+    elif covariance == "diag":
+        model.covariances_ = (resp.T @ X**2 / counts[:, None] - model.means_**2) + 1e-6
+        model.precisions_cholesky_ = 1.0 / np.sqrt(model.covariances_)
+    else:
+        raise ValueError(f"the class mixture is written for full and diag, not {covariance!r}")
+    return model
+
+
+def oracle_rows(datasets: list[Dataset], covariances, rows: list[dict]) -> list[dict]:
+    """Per dataset with classes: the class mixture's LL and ARI beside one EM run's
+    (GaussianMixture n_init=1, mean over seeds) and the best LL any method found."""
+    out = []
+    for dataset in (d for d in datasets if d.labels is not None):
+        for covariance in [c for c in covariances if c in ("full", "diag")]:
+            model = class_mixture(dataset, covariance)
+            gmm1 = [r for r in rows if (r["dataset"], r["covariance"], r["method"])
+                    == (dataset.name, covariance, GMM1)]
+            out.append(dict(
+                dataset=dataset.name, covariance=covariance,
+                ll=float(model.score(dataset.X)),
+                ari=float(adjusted_rand_score(dataset.labels, model.predict(dataset.X))),
+                gmm1_ll=_mean([r["ll"] for r in gmm1]), gmm1_ari=_mean([r["ari"] for r in gmm1]),
+                best_ll=max(r["ll"] for r in rows if (r["dataset"], r["covariance"])
+                            == (dataset.name, covariance)),
+            ))
+    return out
+
+
+def print_oracle(table: list[dict]) -> None:
+    print("\nThe classes as responsibilities, one M-step (what a readout that assigned every "
+          "point to its class would return), against one EM run and the best LL found:")
+    print(f"{'dataset':<14} {'cov':>4} {'LL':>9} {'GMM1 LL':>9} {'best LL':>9} {'ARI':>6} "
+          f"{'GMM1 ARI':>9}")
+    for r in table:
+        print(f"{r['dataset']:<14} {r['covariance']:>4} {r['ll']:9.3f} {r['gmm1_ll']:9.3f} "
+              f"{r['best_ll']:9.3f} {r['ari']:6.3f} {r['gmm1_ari']:9.3f}")
 
 
 # --- summaries ------------------------------------------------------------------------------
@@ -551,12 +610,16 @@ def main(argv=None):
             print_table(part, ["dataset"], "ll", f"Mean LL per point, {what}, mean+-se over "
                         "seeds (higher is better)", short=_short)
         print_table(part, ["dataset"], "ari", f"Mean ARI, {what}", short=_short)
+    oracle = oracle_rows(datasets, covariances, rows)
+    print_oracle(oracle)
     print_targets(rows, table, args.baseline_checkpoint is not None)
     print_problems(rows)
 
     fits_path = write_csv(rows, args.results / f"{args.out}_fits.csv")
     csv_path = write_csv(table, args.results / f"{args.out}.csv")
     datasets_path = write_csv(by_dataset, args.results / f"{args.out}_datasets.csv")
+    if oracle:
+        write_csv(oracle, args.results / f"{args.out}_oracle.csv")
     png_path = plot(by_dataset, args.results / f"{args.out}.png")
     print(f"\nwrote {fits_path}, {csv_path}, {datasets_path} and {png_path}")
     return rows, table

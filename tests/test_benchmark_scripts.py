@@ -88,6 +88,29 @@ def test_realdata_quick_runs(tmp_path):
         for seed in ("0", "1"):
             one, ten = ll[dataset, seed, "GMM n_init=1"], ll[dataset, seed, "GMM n_init=10"]
             assert ten >= one - 1e-6, (dataset, seed)
+    # The classes as responsibilities: every point's class is its likeliest component on
+    # iris and crabs, and one M-step from them is no likelier than EM's optimum on iris.
+    oracle = {r["dataset"]: r for r in _csv(tmp_path / "realdata_oracle.csv")}
+    assert set(oracle) == {"iris", "crabs"}
+    assert all(float(r["ari"]) > 0.85 for r in oracle.values())
+    assert float(oracle["iris"]["ll"]) <= float(oracle["iris"]["best_ll"]) + 1e-9
+
+
+def test_class_mixture_is_one_m_step_on_the_classes():
+    realdata = _load("realdata")
+    dataset = realdata.load_dataset("iris")
+    X, labels = dataset.X, dataset.labels
+    for covariance in ("full", "diag"):
+        density = np.zeros(len(X))
+        for k in range(3):
+            members = X[labels == k]
+            cov = np.cov(members.T, bias=True) + 1e-6 * np.eye(X.shape[1])
+            if covariance == "diag":
+                cov = np.diag(np.diag(cov))
+            weight = len(members) / len(X)
+            density += weight * multivariate_normal(members.mean(0), cov).pdf(X)
+        oracle = realdata.class_mixture(dataset, covariance)
+        assert oracle.score(X) == pytest.approx(np.log(density).mean(), rel=1e-9)
 
 
 def test_realdata_baseline_checkpoint_is_paired(tmp_path):
