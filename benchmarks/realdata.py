@@ -40,6 +40,7 @@ with any seed.
     python benchmarks/realdata.py --quick         # iris, faithful, crabs; full; 2 seeds
     python benchmarks/realdata.py --seed 1 --results /tmp/fresh   # fresh seeds
     python benchmarks/realdata.py --checkpoint new/ --baseline-checkpoint default
+    python benchmarks/realdata.py --em-steps 1 2 5   # how much EM the transformer's start needs
 
 ``--baseline-checkpoint`` adds TGMM, TGMM n_init=1 and the transformer alone with a second
 checkpoint (marked "[baseline]"), on the same seeds, and prints the paired differences.
@@ -169,8 +170,9 @@ def load_dataset(name: str, n_components: int | None = None) -> Dataset:
 # --- methods -------------------------------------------------------------------------------
 
 
-def mixture_methods(checkpoint, baseline=None) -> dict:
-    """name: (make(K, covariance, seed) -> unfitted estimator, warnings to silence)."""
+def mixture_methods(checkpoint, baseline=None, em_steps=()) -> dict:
+    """name: (make(K, covariance, seed) -> unfitted estimator, warnings to silence).
+    ``em_steps`` adds the transformer's start followed by that many EM steps, each."""
 
     def gaussian_mixture(n_init):
         return lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, n_init=n_init,
@@ -196,6 +198,9 @@ def mixture_methods(checkpoint, baseline=None) -> dict:
         **transformer_methods(checkpoint),
         NO_CKPT: (transformer_gmm(None), (FallbackWarning,)),
         **(transformer_methods(baseline, BASELINE) if baseline is not None else {}),
+        **{f"{TGMM1} max_iter={steps}": (transformer_gmm(checkpoint, n_init=1, max_iter=steps),
+                                         (ConvergenceWarning,))
+           for steps in em_steps},
     }
 
 
@@ -240,21 +245,22 @@ def _row(dataset: Dataset, covariance: str, seed: int, method: str, model, ms: f
     )
 
 
-def warm_up(checkpoint, baseline) -> None:
+def warm_up(checkpoint, baseline, em_steps=()) -> None:
     """Load the checkpoints and let torch set itself up before anything is timed. Not
     guarded: a checkpoint that cannot be loaded stops the run here."""
     X = np.random.default_rng(0).standard_normal((64, 2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for make, _ in mixture_methods(checkpoint, baseline).values():
+        for make, _ in mixture_methods(checkpoint, baseline, em_steps).values():
             make(2, "full", 0).fit(X)
         for make, _ in clustering_methods(checkpoint).values():
             make(2, 0).fit(X)
 
 
-def run(datasets: list[Dataset], covariances, seeds, checkpoint, baseline=None) -> list[dict]:
+def run(datasets: list[Dataset], covariances, seeds, checkpoint, baseline=None,
+        em_steps=()) -> list[dict]:
     """One row per fit, with the derived columns (time ratio, gap to the best, at best)."""
-    mixtures = mixture_methods(checkpoint, baseline)
+    mixtures = mixture_methods(checkpoint, baseline, em_steps)
     clusterers = clustering_methods(checkpoint)
     rows = []
     for dataset in datasets:
@@ -573,6 +579,8 @@ def main(argv=None):
     parser.add_argument("--baseline-checkpoint", default=None,
                         help="a second checkpoint for the transformer methods, compared "
                              "with --checkpoint on the same seeds")
+    parser.add_argument("--em-steps", nargs="+", type=int, default=(),
+                        help="add TGMM n_init=1 stopped after this many EM steps (each)")
     args = parser.parse_args(argv)
     if args.tasks is not None:
         parser.error("--tasks does not apply to real data: use --seeds")
@@ -594,9 +602,9 @@ def main(argv=None):
     torch.set_num_threads(1)
     try:
         with single_threaded():
-            warm_up(args.checkpoint, args.baseline_checkpoint)
+            warm_up(args.checkpoint, args.baseline_checkpoint, args.em_steps)
             rows = run(datasets, covariances, seeds, args.checkpoint,
-                       args.baseline_checkpoint)
+                       args.baseline_checkpoint, args.em_steps)
     finally:
         torch.set_num_threads(threads)
 

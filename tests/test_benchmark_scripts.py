@@ -113,6 +113,20 @@ def test_class_mixture_is_one_m_step_on_the_classes():
         assert oracle.score(X) == pytest.approx(np.log(density).mean(), rel=1e-9)
 
 
+def test_realdata_em_steps_climb_from_the_transformers_start(tmp_path):
+    realdata = _load("realdata")
+    rows, _ = realdata.main(["--datasets", "iris", "crabs", "--covariance", "full",
+                             "--seeds", "2", "--em-steps", "1", "3", "--results",
+                             str(tmp_path)])
+    ll = {(r["dataset"], r["seed"], r["method"]): r["ll"] for r in rows}
+    for dataset in ("iris", "crabs"):
+        for seed in (0, 1):
+            one, three = (ll[dataset, seed, f"TGMM n_init=1 max_iter={s}"] for s in (1, 3))
+            converged = ll[dataset, seed, "TGMM n_init=1"]
+            # EM from one start never lowers the likelihood (up to reg_covar's nudge).
+            assert one <= three + 1e-6 <= converged + 2e-6, (dataset, seed)
+
+
 def test_realdata_baseline_checkpoint_is_paired(tmp_path):
     """The same checkpoint as its own baseline: every paired difference is zero."""
     realdata = _load("realdata")
