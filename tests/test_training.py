@@ -528,11 +528,39 @@ def test_focus_prior_draws_that_fraction_of_the_batches():
         assert T.get_batch(plain, mc, step, 0).n_components == K
 
 
+def test_several_focus_priors_share_the_steps():
+    # tgmm-2d fills two columns with K <= 5; "real" draws K up to 10 and d up to 64.
+    cfg = T.TrainConfig(model="small", batch_size=4, focus_prior="tgmm-2d,tiny",
+                        focus_prob=0.3)
+    mc = T.model_config(cfg)
+    kinds = []
+    for step in range(200):
+        batch = T.get_batch(cfg, mc, step, 0)
+        columns = int((batch.x.abs().sum((0, 1)) > 0).sum())
+        n_points = int(batch.mask.sum(-1).max())
+        kinds.append("tiny" if n_points <= 64 else "2d" if columns == 2 else "broad")
+    shares = {kind: kinds.count(kind) / len(kinds) for kind in ("2d", "tiny", "broad")}
+    assert 0.2 < shares["2d"] < 0.42 and 0.2 < shares["tiny"] < 0.42, shares
+    # One focus prior draws the batches it always drew: the step's first draw below
+    # focus_prob picks it, then K, then the tasks from the step and rank's generator.
+    one = T.TrainConfig(model="small", batch_size=4, focus_prior="tgmm-2d", focus_prob=0.3)
+    for step in range(10):
+        step_rng = np.random.default_rng([one.seed, step])
+        name = "tgmm-2d" if step_rng.random() < 0.3 else one.prior
+        low, high = T.k_range(one, mc, name)
+        K = int(step_rng.integers(low, high + 1))
+        expected = sample_batch(np.random.default_rng([one.seed, step, 0]), PRIORS[name], K,
+                                4, mc.d_max, mc.context_size, mc.noise_directions)
+        assert torch.equal(T.get_batch(one, mc, step, 0).x, expected.x)
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
         (dict(focus_prob=1.5, focus_prior="tgmm-2d"), "in \\[0, 1\\]"),
         (dict(focus_prob=0.5), "needs"),
+        (dict(focus_prob=0.6, focus_prior="tgmm-2d,tgmm"), "in \\[0, 1\\]"),
+        (dict(focus_prob=0.3, focus_prior="tgmm-2d,nonsense"), "needs"),
         (dict(m_step_weight=-1.0), "m_step_weight must be >= 0"),
     ],
 )

@@ -39,11 +39,13 @@ class TrainConfig:
     prior : str, default="broad"
         A task prior of :data:`transformer_gmm.training.PRIORS`.
     focus_prior : str, default=""
-        A second prior, drawn instead of ``prior`` for a fraction ``focus_prob`` of the
-        steps (with its own K range): fine-tuning toward one regime while the rest of
-        ``prior`` keeps being seen. The held-out evaluation stays on ``prior``.
+        Other priors, comma-separated, each drawn instead of ``prior`` for a fraction
+        ``focus_prob`` of the steps (with its own K range): fine-tuning toward some
+        regimes while the rest of ``prior`` keeps being seen. The held-out evaluation
+        stays on ``prior``.
     focus_prob : float, default=0.0
-        That fraction, in [0, 1]; 0 draws every batch from ``prior``.
+        That fraction for each focus prior; together at most 1. 0 draws every batch
+        from ``prior``.
     parameter_loss : {"hungarian", "nll"}, default="hungarian"
         Match then regress, or the mixture NLL (no matching).
     point_weight : float, default=1.0
@@ -116,7 +118,7 @@ class TrainConfig:
     context_size: int | None = None
     noise_directions: int | None = None
     prior: str = "broad"  # a task prior of transformer_gmm.training.tasks.PRIORS
-    focus_prior: str = ""  # drawn instead of prior for a fraction focus_prob of the steps
+    focus_prior: str = ""  # comma-separated; each drawn instead of prior for focus_prob of steps
     focus_prob: float = 0.0
     parameter_loss: str = "hungarian"  # "hungarian" (match, then regress) or "nll" (no matching)
     point_weight: float = 1.0  # weight of the per-point cross-entropy
@@ -154,13 +156,23 @@ class TrainConfig:
         for name in ("m_step_weight", "m_step_nll_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
-        if not 0.0 <= self.focus_prob <= 1.0:
-            raise ValueError(f"focus_prob must be in [0, 1], got {self.focus_prob}.")
-        if self.focus_prob > 0 and self.focus_prior not in PRIORS:
+        if not 0.0 <= self.focus_prob * max(1, len(self.focus_priors)) <= 1.0:
             raise ValueError(
-                f"focus_prob={self.focus_prob} needs a focus_prior among {sorted(PRIORS)}, "
+                f"focus_prob times the number of focus priors must be in [0, 1], got "
+                f"{self.focus_prob} for {len(self.focus_priors)}."
+            )
+        if self.focus_prob > 0 and (
+            not self.focus_priors or any(name not in PRIORS for name in self.focus_priors)
+        ):
+            raise ValueError(
+                f"focus_prob={self.focus_prob} needs focus priors among {sorted(PRIORS)}, "
                 f"got {self.focus_prior!r}."
             )
+
+    @property
+    def focus_priors(self) -> list[str]:
+        """The focus priors named by ``focus_prior``, in order."""
+        return [name for name in self.focus_prior.split(",") if name]
 
 
 # fmt: off
@@ -267,7 +279,6 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     choices = dict(
         model=sorted(MODEL_PRESETS),
         prior=sorted(PRIORS),
-        focus_prior=sorted(PRIORS),
         parameter_loss=sorted(PARAMETER_LOSSES),
     )
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS))

@@ -206,7 +206,9 @@ def model_card(
     low, high = k_range(cfg, mc)
     focus = ""
     if cfg.focus_prob > 0:
-        focus = f" Prior `{cfg.focus_prior}` replaced it for {cfg.focus_prob:.0%} of the steps."
+        names = " and ".join(f"`{name}`" for name in cfg.focus_priors)
+        each = " each" if len(cfg.focus_priors) > 1 else ""
+        focus = f" Prior {names} replaced it for {cfg.focus_prob:.0%} of the steps{each}."
     if cfg.m_step_weight > 0:
         focus += (
             f" The means one M-step reads out of the model's responsibilities added their "

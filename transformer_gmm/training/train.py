@@ -69,8 +69,13 @@ def get_batch(cfg: TrainConfig, mc: ModelConfig, step: int, rank: int) -> TaskBa
     """
     step_rng = np.random.default_rng([cfg.seed, step])  # the same on all ranks
     # Drawn only when focusing, so that runs without a focus prior keep their batches.
-    focused = cfg.focus_prob > 0 and step_rng.random() < cfg.focus_prob
-    prior = cfg.focus_prior if focused else cfg.prior
+    prior = cfg.prior
+    if cfg.focus_prob > 0:
+        # One draw picks the prior: below focus_prob the first focus prior, below twice
+        # it the second, ... (one focus prior draws exactly as it always did).
+        index = int(step_rng.random() // cfg.focus_prob)
+        if index < len(cfg.focus_priors):
+            prior = cfg.focus_priors[index]
     low, high = k_range(cfg, mc, prior)
     K = int(step_rng.integers(low, high + 1))
     rng = np.random.default_rng([cfg.seed, step, rank])  # different tasks on each rank
@@ -230,7 +235,7 @@ def train(cfg: TrainConfig) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
 
     mc = model_config(cfg)
-    for prior in (cfg.prior, cfg.focus_prior) if cfg.focus_prob > 0 else (cfg.prior,):
+    for prior in [cfg.prior, *cfg.focus_priors] if cfg.focus_prob > 0 else [cfg.prior]:
         k_range(cfg, mc, prior)  # before any work: a K the model or a prior lacks is an error
     torch.manual_seed(cfg.seed)  # same init on every rank (DDP also broadcasts rank 0's)
     model = MixtureTransformer(mc).to(device)
