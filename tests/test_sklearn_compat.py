@@ -27,9 +27,23 @@ ESTIMATORS = [
 ]
 
 
-# No expected failures. The only skips are scikit-learn's own: check_array_api_input is
-# skipped by sklearn unless SCIPY_ARRAY_API is set (we do not claim array API support).
-@parametrize_with_checks(ESTIMATORS)
+def expected_failed_checks(estimator) -> dict[str, str]:
+    """One expected failure, the one scikit-learn expects of its own KMeans: with random
+    starts, weighted rows and repeated rows draw different starts, so the fits differ.
+    From the same start they are the same (tests/test_gmm_sklearn_parameters.py)."""
+    if not isinstance(estimator, TransformerGMM):
+        return {}
+    return {
+        "check_sample_weight_equivalence_on_dense_data": (
+            "the k-means++ seeds and the rows the transformer reads are random draws, "
+            "which differ between weighted and repeated rows, as KMeans's seeds do"
+        )
+    }
+
+
+# The only skips are scikit-learn's own: check_array_api_input is skipped by sklearn
+# unless SCIPY_ARRAY_API is set (we do not claim array API support).
+@parametrize_with_checks(ESTIMATORS, expected_failed_checks=expected_failed_checks)
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
 

@@ -15,7 +15,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
-from . import _backend, checkpoints
+from . import _backend, _dask, checkpoints
 
 
 class FallbackWarning(UserWarning):
@@ -109,7 +109,10 @@ class _TransformerMixtureBase(BaseEstimator):
     # --- input -----------------------------------------------------------------------
 
     def _validate_fit_data(self, X) -> np.ndarray:
-        X = validate_data(self, X, dtype=[np.float64, np.float32], ensure_min_samples=2)
+        if _dask.is_dask_array(X):
+            X = _dask.validate(self, X, reset=True, min_samples=2)
+        else:
+            X = validate_data(self, X, dtype=[np.float64, np.float32], ensure_min_samples=2)
         n_components = self._n_components()
         if X.shape[0] < n_components:
             name = "n_clusters" if hasattr(self, "n_clusters") else "n_components"
@@ -120,6 +123,8 @@ class _TransformerMixtureBase(BaseEstimator):
         return X
 
     def _validate_predict_data(self, X) -> np.ndarray:
+        if _dask.is_dask_array(X):
+            return _dask.validate(self, X, reset=False)
         return validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
 
     # --- the transformer's estimate ----------------------------------------------------

@@ -14,7 +14,7 @@ from scipy.special import logsumexp
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from . import _backend
+from . import _backend, _dask, _initialization
 
 # Free parameters of the covariances, by type (for bic and aic).
 _N_COVARIANCE_PARAMETERS = {
@@ -33,15 +33,44 @@ def _precisions(precisions_cholesky: np.ndarray, covariance_type: str) -> np.nda
     return precisions_cholesky**2
 
 
+# What the methods compute from validated rows and the parameters, module-level so that a
+# Dask graph carries these functions and the parameters, not the estimator.
+
+
+def _score_samples(X: np.ndarray, *parameters) -> np.ndarray:
+    # In X's dtype, as GaussianMixture's (its computations are in float64 here).
+    log_prob = logsumexp(_backend.estimate_weighted_log_prob(X, *parameters), axis=1)
+    return log_prob.astype(X.dtype, copy=False)
+
+
+def _predict(X: np.ndarray, *parameters) -> np.ndarray:
+    return _backend.estimate_weighted_log_prob(X, *parameters).argmax(axis=1)
+
+
+def _predict_proba(X: np.ndarray, *parameters) -> np.ndarray:
+    weighted = _backend.estimate_weighted_log_prob(X, *parameters)
+    return np.exp(weighted - logsumexp(weighted, axis=1, keepdims=True)).astype(X.dtype, copy=False)
+
+
 class FittedMixtureMixin:
     """Methods of a fitted mixture: they read ``weights_``, ``means_``, ``covariances_``,
     ``precisions_cholesky_``, ``covariance_type``, ``n_components`` and ``random_state``,
     and validate input with the estimator's ``_validate_predict_data``."""
 
-    def _estimate_weighted_log_prob(self, X: np.ndarray) -> np.ndarray:
-        return _backend.estimate_weighted_log_prob(
-            X, self.weights_, self.means_, self.precisions_cholesky_, self.covariance_type
-        )
+    def _parameters(self) -> tuple:
+        return (self.weights_, self.means_, self.precisions_cholesky_, self.covariance_type)
+
+    def _estimate_weighted_log_prob(self, X):
+        return self._per_row(_backend.estimate_weighted_log_prob, X, self.n_components)
+
+    def _per_row(self, function, X, n_columns: int | None = None, dtype=np.float64):
+        """``function(X, *self._parameters())`` on validated ``X``; on a dask array, the
+        same on each chunk, lazily (a dask array of shape (n,) or (n, n_columns))."""
+        if _dask.is_dask_array(X):
+            return _dask.map_rows(
+                function, X, *self._parameters(), n_columns=n_columns, dtype=dtype
+            )
+        return function(X, *self._parameters())
 
     def score_samples(self, X):
         """Log-likelihood of each sample under the fitted mixture.
@@ -54,7 +83,9 @@ class FittedMixtureMixin:
         Returns
         -------
         log_prob : ndarray of shape (n_samples,)
-            ``log p(x)`` for each sample.
+            ``log p(x)`` for each sample, in ``X``'s dtype (float32 or float64). A
+            sample's weight does not change its log-likelihood, so there is no
+            ``sample_weight`` here; :meth:`score` takes one.
 
         Examples
         --------
@@ -70,9 +101,9 @@ class FittedMixtureMixin:
         """
         check_is_fitted(self)
         X = self._validate_predict_data(X)
-        return logsumexp(self._estimate_weighted_log_prob(X), axis=1)
+        return self._per_row(_score_samples, X, dtype=X.dtype)
 
-    def score(self, X, y=None):
+    def score(self, X, y=None, sample_weight=None):
         """Mean log-likelihood per sample (higher is better).
 
         Parameters
@@ -81,11 +112,13 @@ class FittedMixtureMixin:
             Samples.
         y : Ignored
             Not used, present for API consistency.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the samples; the mean is then weighted.
 
         Returns
         -------
         log_likelihood : float
-            Mean of :meth:`score_samples`.
+            Mean of :meth:`score_samples`, weighted by ``sample_weight``.
 
         Examples
         --------
@@ -96,8 +129,14 @@ class FittedMixtureMixin:
         >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0).fit(X)
         >>> round(gmm.score(X), 1)
         -3.4
+        >>> round(gmm.score(X, sample_weight=np.r_[np.ones(50), np.zeros(50)]), 1)  # first 50
+        -3.4
         """
-        return float(self.score_samples(X).mean())
+        log_prob = self.score_samples(X)
+        if sample_weight is None:
+            return float(log_prob.mean())
+        sample_weight = _initialization.checked_sample_weight(sample_weight, log_prob.shape[0])
+        return float((log_prob * sample_weight).sum() / sample_weight.sum())
 
     def predict(self, X):
         """The most probable component of each sample.
@@ -125,7 +164,7 @@ class FittedMixtureMixin:
         """
         check_is_fitted(self)
         X = self._validate_predict_data(X)
-        return self._estimate_weighted_log_prob(X).argmax(axis=1)
+        return self._per_row(_predict, X, dtype=np.intp)
 
     def predict_proba(self, X):
         """Posterior probability of each component for each sample.
@@ -155,8 +194,7 @@ class FittedMixtureMixin:
         """
         check_is_fitted(self)
         X = self._validate_predict_data(X)
-        weighted = self._estimate_weighted_log_prob(X)
-        return np.exp(weighted - logsumexp(weighted, axis=1, keepdims=True))
+        return self._per_row(_predict_proba, X, self.n_components, dtype=X.dtype)
 
     def sample(self, n_samples=1):
         """Draw samples from the fitted mixture.

@@ -17,8 +17,13 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
-from . import _backend
+from . import _backend, _dask
 from ._base import _TransformerMixtureBase, draw_seed, warn_user
+
+
+def _nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """The nearest of ``centers`` to each row, as ``predict`` gives it."""
+    return euclidean_distances(X, centers).argmin(axis=1).astype(np.int32)
 
 
 class TransformerClusterer(
@@ -72,7 +77,10 @@ class TransformerClusterer(
     cluster_centers_ : ndarray of shape (n_clusters, n_features)
         Cluster centres, of the dtype of the training data (float32 or float64).
     labels_ : ndarray of shape (n_samples,)
-        The nearest centre of each training sample.
+        The nearest centre of each training sample. After a fit on a dask array, a lazy
+        dask array (``labels_.compute()`` gives the ndarray); it holds the array's task
+        graph, which pickles with the estimator only where that graph pickles: compute
+        or delete it before pickling the estimator to keep the pickle small and portable.
     inertia_ : float
         Sum of squared distances of the training samples to their nearest centre.
     n_iter_ : int
@@ -145,8 +153,12 @@ class TransformerClusterer(
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-            Training data.
+        X : array-like or dask array of shape (n_samples, n_features)
+            Training data. A ``dask.array.Array`` chunked by rows (all the columns in one
+            chunk) is clustered where its chunks live, on the active Dask scheduler,
+            without gathering it: the starts come from a sample of it, and each Lloyd
+            iteration is one pass that sums the chunks' counts and sums; ``labels_`` is
+            then lazy.
         y : Ignored
             Not used, present for API consistency.
 
@@ -172,7 +184,8 @@ class TransformerClusterer(
         device = _backend.resolve_device(self.device)
         backbone = self._load_backbone()
         n_transformer_inits, n_kmeans_inits = self._starts(backbone is not None)
-        fit = _backend.fit_kmeans(
+        fit_kmeans = _dask.fit_kmeans if _dask.is_dask_array(X) else _backend.fit_kmeans
+        fit = fit_kmeans(
             X,
             n_clusters=self.n_clusters,
             max_iter=self.max_iter,
@@ -185,13 +198,14 @@ class TransformerClusterer(
         )
         # Computed in float64 on CPU; returned in X's dtype, as KMeans does.
         self.cluster_centers_ = fit.centers.astype(X.dtype, copy=False)
-        self.labels_ = fit.labels
+        # A fit on a dask array labels its rows lazily, as predict does.
+        self.labels_ = self.predict(X) if fit.labels is None else fit.labels
         self.inertia_ = fit.inertia
         self.n_iter_ = fit.n_iter
         # The transformer's starts come first.
         self.init_method_ = "transformer" if fit.best_run < n_transformer_inits else "k-means++"
         self.device_ = device
-        n_distinct = len(np.unique(self.labels_))
+        n_distinct = fit.n_distinct
         if n_distinct < self.n_clusters:
             # KMeans's warning, word for word, so that filters written for it apply.
             warn_user(
@@ -206,15 +220,15 @@ class TransformerClusterer(
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-            Training data.
+        X : array-like or dask array of shape (n_samples, n_features)
+            Training data; a dask array is clustered as :meth:`fit` says.
         y : Ignored
             Not used, present for API consistency.
 
         Returns
         -------
-        labels : ndarray of shape (n_samples,)
-            Cluster labels.
+        labels : ndarray or dask array of shape (n_samples,)
+            Cluster labels; for a dask array ``X``, a lazy dask array.
 
         Examples
         --------
@@ -253,6 +267,10 @@ class TransformerClusterer(
         >>> bool(labels[0] == labels[1]), bool(labels[0] != labels[2])
         (True, True)
         """
+        if _dask.is_dask_array(X):  # one task a chunk, with nothing but the centres in it
+            check_is_fitted(self)
+            X = self._validate_predict_data(X)
+            return _dask.map_rows(_nearest, X, self.cluster_centers_, dtype=np.int32)
         return self.transform(X).argmin(axis=1).astype(np.int32)
 
     def transform(self, X):
@@ -283,6 +301,10 @@ class TransformerClusterer(
         """
         check_is_fitted(self)
         X = self._validate_predict_data(X)
+        if _dask.is_dask_array(X):
+            return _dask.map_rows(
+                euclidean_distances, X, self.cluster_centers_, n_columns=self.n_clusters
+            )
         return euclidean_distances(X, self.cluster_centers_)
 
     def score(self, X, y=None):

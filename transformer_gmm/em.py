@@ -21,7 +21,8 @@ Gaussian densities and precision conversions live in :mod:`transformer_gmm.gauss
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -51,6 +52,7 @@ from .m_step import (
     _estimate_parameters,
     estimate_gaussian_parameters,
     initialize_kmeans,
+    initialize_kmeans_plusplus,
 )
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "estimate_weighted_log_prob",
     "fit_em",
     "initialize_kmeans",
+    "initialize_kmeans_plusplus",
     "kmeans_plusplus",
     "lloyd",
     "precisions_cholesky_from_precisions",
@@ -85,6 +88,12 @@ class EMResult:
         Iterations run.
     converged : bool Tensor of shape (B,)
         Whether each dataset converged.
+    lower_bounds : Tensor of shape (B, T) or None
+        The lower bound of each dataset at each iteration (T the most iterations run),
+        NaN after it stopped.
+    iteration_times : list of float
+        Seconds from the start of the loop to the end of each of its T iterations (one
+        batched loop serves every dataset).
 
     Examples
     --------
@@ -108,9 +117,13 @@ class EMResult:
     lower_bound: Tensor  # (B,) mean log-likelihood per point at the last E-step
     n_iter: Tensor  # (B,) long
     converged: Tensor  # (B,) bool
+    lower_bounds: Tensor | None = None  # (B, T) per iteration, NaN after a dataset stopped
+    iteration_times: list[float] = field(default_factory=list)  # (T,) seconds, cumulative
 
 
-def _check_params(X: Tensor, params: MixtureParams, covariance_type: str, mask) -> int:
+def _check_params(
+    X: Tensor, params: MixtureParams, covariance_type: str, mask, sample_weight=None
+) -> int:
     """Check shapes agree (no silent broadcasting of a missing batch dim); return B."""
     means, weights = params.means, params.weights
     if means.dim() != 3 or means.shape[-1] != X.shape[-1]:
@@ -125,7 +138,12 @@ def _check_params(X: Tensor, params: MixtureParams, covariance_type: str, mask) 
             f"{covariance_type} precisions_cholesky must have shape (B, *{expected}), "
             f"got {tuple(prec.shape)}"
         )
-    return _check_batch(X, weights, means, prec, mask=mask)
+    if sample_weight is not None and sample_weight.shape[-1:] != X.shape[1:2]:
+        raise ValueError(
+            f"sample_weight must have shape (B, {X.shape[1]}), got {sample_weight.shape}"
+        )
+    weighted = () if sample_weight is None else (sample_weight,)
+    return _check_batch(X, weights, means, prec, *weighted, mask=mask)
 
 
 # --- E-step ----------------------------------------------------------------------------
@@ -169,10 +187,16 @@ def estimate_weighted_log_prob(X: Tensor, params: MixtureParams, covariance_type
     return log_prob + params.weights.log()[:, None, :]
 
 
-def _e_step(X: Tensor, params: MixtureParams, covariance_type: str, mask) -> tuple[Tensor, Tensor]:
+def _e_step(
+    X: Tensor, params: MixtureParams, covariance_type: str, mask, sample_weight=None
+) -> tuple[Tensor, Tensor]:
     weighted = estimate_weighted_log_prob(X, params, covariance_type)  # (B, N, K)
     log_prob_norm = weighted.logsumexp(-1)  # (B, N)
     log_resp = weighted - log_prob_norm[..., None]
+    if sample_weight is not None:  # (B|1, N), zero on padding
+        weighted_sum = torch.where(sample_weight > 0, log_prob_norm * sample_weight, 0.0)
+        mean = weighted_sum.sum(-1) / sample_weight.sum(-1)
+        return mean, log_resp if mask is None else log_resp.masked_fill(~mask[..., None], -math.inf)
     if mask is None:
         return log_prob_norm.mean(-1), log_resp
     mean = log_prob_norm.masked_fill(~mask, 0.0).sum(-1) / mask.sum(-1)
@@ -180,7 +204,11 @@ def _e_step(X: Tensor, params: MixtureParams, covariance_type: str, mask) -> tup
 
 
 def e_step(
-    X: Tensor, params: MixtureParams, covariance_type: str, mask: Tensor | None = None
+    X: Tensor,
+    params: MixtureParams,
+    covariance_type: str,
+    mask: Tensor | None = None,
+    sample_weight: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The E-step.
 
@@ -191,11 +219,14 @@ def e_step(
     covariance_type : {"full", "tied", "diag", "spherical"}
     mask : bool Tensor of shape (B, N) or (1, N), optional
         True for real points.
+    sample_weight : Tensor of shape (B, N) or (1, N), optional
+        Non-negative weights of the points, zero on padding.
 
     Returns
     -------
     log_prob_norm : Tensor of shape (B,)
-        Mean over real points of ``logsumexp_k`` of the weighted log-probabilities.
+        Mean (weighted by ``sample_weight``) over real points of ``logsumexp_k`` of the
+        weighted log-probabilities.
     log_resp : Tensor of shape (B, N, K)
         Log-responsibilities; -inf on the rows of padded points.
 
@@ -217,9 +248,9 @@ def e_step(
     >>> torch.allclose(log_resp.exp().sum(-1), torch.ones(1, 40, dtype=torch.float64))
     True
     """
-    _check_params(X, params, covariance_type, mask)
+    _check_params(X, params, covariance_type, mask, sample_weight)
     X, mask = _compact(X), _compact(mask)
-    return _e_step(_zero_padding(X, mask), params, covariance_type, mask)
+    return _e_step(_zero_padding(X, mask), params, covariance_type, mask, _compact(sample_weight))
 
 
 # --- EM --------------------------------------------------------------------------------
@@ -250,10 +281,13 @@ def fit_em(
     max_iter: int,
     tol: float,
     mask: Tensor | None = None,
+    sample_weight: Tensor | None = None,
+    initial_lower_bound: Tensor | None = None,
 ) -> EMResult:
     """EM from ``params`` on each dataset of the batch, as scikit-learn's ``fit_predict`` loop.
 
-    Per dataset: ``lower_bound = -inf``; each iteration runs an E-step (giving
+    Per dataset: ``lower_bound = -inf`` (or ``initial_lower_bound``, as scikit-learn's
+    warm start keeps the previous fit's); each iteration runs an E-step (giving
     ``log_prob_norm``) and an M-step (weights renormalised to sum to 1), and the dataset
     converges once ``|log_prob_norm - lower_bound| < tol``. Converged datasets stop
     changing while the others go on, until all converged or ``max_iter``; once a quarter
@@ -267,6 +301,12 @@ def fit_em(
         The start; its ``covariances`` may be None (precisions_cholesky is what is used).
     covariance_type, reg_covar, max_iter, tol : as scikit-learn's GaussianMixture
     mask : bool Tensor of shape (B, N) or (1, N), optional
+    sample_weight : Tensor of shape (B, N) or (1, N), optional
+        Non-negative weights of the points, zero on padding: they multiply the
+        responsibilities in the M-step's sums, and the lower bound is the weighted mean
+        log-likelihood, so integer weights fit as repeated rows do.
+    initial_lower_bound : Tensor of shape (B,) or (1,), optional
+        What the first iteration's lower bound is compared with; -inf by default.
 
     Returns
     -------
@@ -292,26 +332,38 @@ def fit_em(
     >>> sorted(result.params.means[0, :, 0].round().tolist())
     [-4.0, 4.0]
     """
-    n_batch = _check_params(X, params, covariance_type, mask)
+    n_batch = _check_params(X, params, covariance_type, mask, sample_weight)
     params = MixtureParams(  # parameters of batch 1 serve every dataset
         *(None if t is None else t.expand(n_batch, *t.shape[1:]) for t in _astuple(params))
     )
-    X, mask = _compact(X), _compact(mask)
+    X, mask, sample_weight = _compact(X), _compact(mask), _compact(sample_weight)
     X = _zero_padding(X, mask)
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
     converged = torch.zeros(n_batch, dtype=torch.bool, device=X.device)
     if max_iter == 0:
-        log_prob_norm, _ = _e_step(X, params, covariance_type, mask)
-        return EMResult(params, log_prob_norm.expand(n_batch).clone(), n_iter, converged)
+        log_prob_norm, _ = _e_step(X, params, covariance_type, mask, sample_weight)
+        return EMResult(
+            params,
+            log_prob_norm.expand(n_batch).clone(),
+            n_iter,
+            converged,
+            lower_bounds=X.new_empty((n_batch, 0)),
+        )
 
-    lower_bound = X.new_full((n_batch,), -math.inf)
+    if initial_lower_bound is None:
+        lower_bound = X.new_full((n_batch,), -math.inf)
+    else:
+        lower_bound = initial_lower_bound.to(X).expand(n_batch).clone()
     batch = _ShrinkingBatch(n_batch, X.device)
+    history, times, started = [], [], time.perf_counter()  # lower bounds, (B,) an iteration
     for iteration in range(1, max_iter + 1):
         active = ~converged  # (A,) over the working batch of A <= B datasets
-        log_prob_norm, log_resp = _e_step(X, params, covariance_type, mask)
-        nk, means, covariances = _estimate_parameters(
-            X, log_resp.exp(), covariance_type, reg_covar, None
-        )
+        weighted = () if sample_weight is None else (sample_weight,)
+        log_prob_norm, log_resp = _e_step(X, params, covariance_type, mask, *weighted)
+        resp = log_resp.exp()
+        if sample_weight is not None:
+            resp = resp * sample_weight[..., None]
+        nk, means, covariances = _estimate_parameters(X, resp, covariance_type, reg_covar, None)
         precisions_chol, failed = _precision_cholesky(covariances, covariance_type)
         # scikit-learn's _m_step normalises by sum(nk) here, not by the number of points.
         new = MixtureParams(nk / nk.sum(-1, keepdim=True), means, covariances, precisions_chol)
@@ -320,9 +372,14 @@ def fit_em(
         lower_bound = torch.where(active, log_prob_norm, lower_bound)
         n_iter = n_iter.masked_fill(active, iteration)
         converged = converged | (active & (change.abs() < tol))
+        bounds = X.new_full((n_batch,), math.nan)
+        history.append(
+            bounds.index_copy_(0, batch.rows, torch.where(active, log_prob_norm, math.nan))
+        )
         # One host sync per iteration for both checks. Datasets that already converged
         # may fail harmlessly: scikit-learn would not have run this M-step for them.
         any_failed, n_running = torch.stack([(failed & active).any(), (~converged).sum()]).tolist()
+        times.append(time.perf_counter() - started)
         if any_failed:
             raise ValueError(_error_message(X.dtype))
         if n_running == 0:
@@ -330,10 +387,17 @@ def fit_em(
         if iteration < max_iter and batch.should_shrink(n_running):
             state = (*_astuple(params), lower_bound, n_iter, converged)
             keep = batch.shrink(converged, n_running, state)
-            X, mask = _take(X, keep), _take(mask, keep)
+            X, mask, sample_weight = (_take(t, keep) for t in (X, mask, sample_weight))
             params = MixtureParams(*(_take(t, keep) for t in _astuple(params)))
             lower_bound, n_iter, converged = lower_bound[keep], n_iter[keep], converged[keep]
     *fitted, lower_bound, n_iter, converged = batch.results(
         (*_astuple(params), lower_bound, n_iter, converged)
     )
-    return EMResult(MixtureParams(*fitted), lower_bound, n_iter, converged)
+    return EMResult(
+        MixtureParams(*fitted),
+        lower_bound,
+        n_iter,
+        converged,
+        lower_bounds=torch.stack(history, dim=1),
+        iteration_times=times,
+    )

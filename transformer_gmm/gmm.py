@@ -10,7 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from . import _backend
+from . import _backend, _dask, _initialization, _verbose
 from ._base import _TransformerMixtureBase, draw_seed, warn_user
 from ._mixture_methods import FittedMixtureMixin, _precisions
 
@@ -60,7 +60,28 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         ``"auto"`` runs all of the transformer's starts and two k-means++ starts (a poor
         start can trap EM, and the transformer's and k-means++'s fail on different
         datasets); with ``max_iter=0``, the transformer's starts alone; and a single
-        k-means++ start when no transformer runs, as ``GaussianMixture`` does.
+        k-means++ start when no transformer runs, as ``GaussianMixture`` does. With
+        another ``init_params``, ``"auto"`` is 1 and an integer counts its starts, kept
+        by the highest lower bound, as in ``GaussianMixture``.
+    init_params : {"transformer", "kmeans", "k-means++", "random", \
+"random_from_data"}, default="transformer"
+        How EM starts. ``"transformer"``: from the transformer (and the k-means++
+        restarts that ``n_init`` asks for). The others start as ``GaussianMixture``'s do,
+        then the bundled EM runs: ``"kmeans"``, responsibilities from a k-means labelling
+        (k-means++ seeds, then Lloyd); ``"k-means++"``, k-means++ seeds alone;
+        ``"random"``, random responsibilities; ``"random_from_data"``, means at random
+        samples. The two random ones are drawn from ``random_state`` exactly as
+        scikit-learn draws them, so they are its starts; the k-means ones draw their
+        seeds with torch's generator, the same seeding with other numbers.
+    weights_init : array-like of shape (n_components,), default=None
+        Initial weights, which replace every start's (as in ``GaussianMixture``; checked
+        with its messages when ``fit`` starts, and never modified).
+    means_init : array-like of shape (n_components, n_features), default=None
+        Initial means, which replace every start's.
+    precisions_init : array-like, default=None
+        Initial precisions (inverse covariances), which replace every start's; of the
+        shape of ``precisions_``. Given all three, EM starts from them alone, without the
+        transformer or ``init_params``, and ``n_init`` does not matter.
     n_views : int, default=1
         Readings of the data by the transformer, in one batch: the data, then
         reflections of its principal axes (every axis negated, then the odd ones, then
@@ -80,6 +101,17 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         Seeds the subsample the transformer reads when ``n_samples`` exceeds its context
         size, and the k-means++ initialisations. The same seed gives the same result on
         the same device.
+    warm_start : bool, default=False
+        If True, each ``fit`` after the first goes on from the previous fit's parameters
+        (``n_init`` and ``init_params`` are then ignored, as in ``GaussianMixture``), its
+        first change of the lower bound measured from the previous ``lower_bound_``.
+    verbose : int, default=0
+        1 prints each initialisation and every ``verbose_interval``-th iteration, 2 also
+        the time lapses and the changes of the lower bound, in ``GaussianMixture``'s
+        words. The starts run as one batch, so the lines come when EM has ended, and the
+        time lapses are the batch's.
+    verbose_interval : int, default=10
+        Iterations between two printed ones.
 
     Attributes
     ----------
@@ -105,10 +137,18 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         EM iterations run for the kept initialisation. Above 8,192 samples, where the
         initialisations are compared on a subsample, those there plus those on all of X.
     lower_bound_ : float
-        Mean log-likelihood per sample at the last E-step of the kept initialisation.
-    init_method_ : {"transformer", "k-means++"}
-        Where the kept estimate started: the transformer, or k-means++ (the fallback when
-        the transformer does not cover the request, or a restart that won).
+        Mean log-likelihood per sample (weighted by ``sample_weight``) at the last E-step
+        of the kept initialisation.
+    lower_bounds_ : ndarray of shape (n_iterations,)
+        The lower bound at each EM iteration of the kept initialisation (above 8,192
+        samples, those on the subsample, then those on all of X).
+    init_method_ : str
+        Where the kept estimate started: ``"transformer"``; ``"k-means++"``, the k-means
+        start of the default (k-means++ seeds and Lloyd, the fallback when the
+        transformer does not cover the request, or a restart that won); the value of
+        ``init_params`` when it is another; ``"user"`` when weights_init, means_init and
+        precisions_init were all given; ``"warm_start"`` when the fit went on from the
+        previous one.
     device_ : str
         The device the fit ran on.
     n_features_in_ : int
@@ -142,6 +182,15 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         "n_components": [Interval(Integral, 1, None, closed="left")],
         "covariance_type": [StrOptions({"full", "tied", "diag", "spherical"})],
         "reg_covar": [Interval(Real, 0.0, None, closed="left")],
+        "init_params": [
+            StrOptions({"transformer", "kmeans", "k-means++", "random", "random_from_data"})
+        ],
+        "weights_init": ["array-like", None],
+        "means_init": ["array-like", None],
+        "precisions_init": ["array-like", None],
+        "warm_start": ["boolean"],
+        "verbose": ["verbose"],
+        "verbose_interval": [Interval(Integral, 1, None, closed="left")],
     }
 
     def __init__(
@@ -154,9 +203,16 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         tol=1e-3,
         reg_covar=1e-6,
         n_init="auto",
+        init_params="transformer",
+        weights_init=None,
+        means_init=None,
+        precisions_init=None,
         n_views=1,
         device="auto",
         random_state=None,
+        warm_start=False,
+        verbose=0,
+        verbose_interval=10,
     ):
         self.n_components = n_components
         self.covariance_type = covariance_type
@@ -165,24 +221,44 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         self.tol = tol
         self.reg_covar = reg_covar
         self.n_init = n_init
+        self.init_params = init_params
+        self.weights_init = weights_init
+        self.means_init = means_init
+        self.precisions_init = precisions_init
         self.n_views = n_views
         self.device = device
         self.random_state = random_state
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.verbose_interval = verbose_interval
 
     def _n_components(self) -> int:
         return self.n_components
 
     # --- fitting -----------------------------------------------------------------------
 
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, sample_weight=None):
         """Estimate the mixture's parameters.
+
+        If ``warm_start`` is True and the estimator is fitted, EM goes on from the
+        previous fit's parameters (``n_init`` and ``init_params`` are then ignored).
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-            Training data.
+        X : array-like or dask array of shape (n_samples, n_features)
+            Training data. A ``dask.array.Array`` chunked by rows (all the columns in one
+            chunk) is fitted where its chunks live, on the active Dask scheduler, without
+            gathering it: the transformer reads a sample of it, and each EM iteration is
+            one pass that sums the chunks' statistics (see "Fitting on a Dask array" in
+            the documentation).
         y : Ignored
             Not used, present for API consistency.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the samples, as frequencies: a sample of weight 2
+            counts as the same sample twice (the fit equals the one on repeated rows from
+            the same start). The transformer reads samples drawn in proportion to their
+            weights, the k-means++ starts and EM are weighted, and ``lower_bound_`` is the
+            weighted mean log-likelihood. Equal weights give the unweighted fit.
 
         Returns
         -------
@@ -199,26 +275,28 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         >>> gmm.n_iter_ > 0, gmm.converged_, gmm.init_method_
         (True, True, 'k-means++')
         """
-        self.fit_predict(X, y)
+        self.fit_predict(X, y, sample_weight=sample_weight)
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit_predict(self, X, y=None):
+    def fit_predict(self, X, y=None, sample_weight=None):
         """Fit the mixture and return the component of each sample.
 
         Equals ``fit(X).predict(X)``: labels come from a final E-step.
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-            Training data.
+        X : array-like or dask array of shape (n_samples, n_features)
+            Training data; a dask array is fitted as :meth:`fit` says.
         y : Ignored
             Not used, present for API consistency.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples, as :meth:`fit` takes them.
 
         Returns
         -------
-        labels : ndarray of shape (n_samples,)
-            Component labels.
+        labels : ndarray or dask array of shape (n_samples,)
+            Component labels; for a dask array ``X``, a lazy dask array.
 
         Examples
         --------
@@ -231,26 +309,100 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         array([50, 50])
         """
         X = self._validate_fit_data(X)
+        if _dask.is_dask_array(X) and self._starts_need_rows(sample_weight):
+            raise ValueError(
+                "sample_weight, warm_start, weights_init, means_init, precisions_init and "
+                "init_params other than 'transformer' need X in memory; fit on a numpy array "
+                "(X.compute()) to use them."
+            )
+        sample_weight = _initialization.check_sample_weight(sample_weight, X, self.n_components)
         random_state = check_random_state(self.random_state)
         device = _backend.resolve_device(self.device)
-        backbone = self._load_backbone()
-        n_transformer_inits, n_kmeans_inits = self._starts(backbone is not None)
-        fits = _backend.fit_mixtures(
+        backbone, n_transformer_inits, n_kmeans_inits, given, starts = self._plan_starts(
+            X, sample_weight, random_state
+        )
+        extra = {} if given is None else {"given": given}
+        if sample_weight is not None:
+            extra["sample_weight"] = [sample_weight]
+        fit_mixtures = _dask.fit_mixtures if _dask.is_dask_array(X) else _backend.fit_mixtures
+        fits = fit_mixtures(
             [X],
             **self._em_options(device),
             seed=draw_seed(random_state),
             n_kmeans_inits=n_kmeans_inits,
             backbone=backbone,
             n_transformer_inits=n_transformer_inits,
+            **extra,
         )
-        self._store_fit(fits, 0, device, n_transformer_inits, X.dtype)
+        self._store_fit(fits, 0, device, n_transformer_inits, X.dtype, starts=starts)
+        if self.verbose and fits.lower_bounds is not None:
+            _verbose.report(
+                fits.lower_bounds[0],
+                fits.iteration_times,
+                best_run=int(fits.best_run[0]),
+                best_converged=self.converged_,
+                tol=self.tol,
+                initial_lower_bound=-np.inf if given is None else given.lower_bound,
+                max_iter=self.max_iter,
+                verbose=self.verbose,
+                verbose_interval=self.verbose_interval,
+            )
         if not self.converged_ and self.max_iter > 0:
             warn_user(
-                "EM did not converge for the kept initialisation. Increase max_iter or tol, "
-                "or check the data for degenerate (duplicated or collapsed) samples.",
+                "Best performing initialization did not converge. Try different init "
+                "parameters, or increase max_iter, tol, or check for degenerate data.",
                 ConvergenceWarning,
             )
         return self._estimate_weighted_log_prob(X).argmax(axis=1)
+
+    def _plan_starts(self, X, sample_weight, random_state) -> tuple:
+        """Where EM starts: the backbone (or None), the numbers of the transformer's and
+        of k-means's starts, the other starts and the given parameters (or None), and the
+        name of each run's start. Draws the random starts from ``random_state`` first, as
+        scikit-learn does."""
+        if self.warm_start and hasattr(self, "converged_"):
+            return None, 0, 0, self._previous_fit(X.shape[1]), ["warm_start"]
+        given = _initialization.initial_parameters(self, X.shape[1])
+        if len(given) == 3:  # nothing left to initialise
+            return None, 0, 0, _backend.GivenStarts(**given), ["user"]
+        n_init = 1 if self.n_init == "auto" else self.n_init
+        starts = [self.init_params] * n_init
+        if self.init_params == "transformer":
+            backbone = self._load_backbone()
+            n_transformer, n_kmeans = self._starts(backbone is not None)
+            starts = ["transformer"] * n_transformer + ["k-means++"] * n_kmeans
+            given = _backend.GivenStarts(**given) if given else None
+            return backbone, n_transformer, n_kmeans, given, starts
+        if self.init_params == "kmeans":
+            return None, 0, n_init, _backend.GivenStarts(**given) if given else None, starts
+        if self.init_params == "k-means++":
+            return None, 0, 0, _backend.GivenStarts(n_seedings=n_init, **given), starts
+        resp = _initialization.random_responsibilities(
+            self.init_params, X, self.n_components, n_init, random_state, sample_weight
+        )
+        return None, 0, 0, _backend.GivenStarts(resp=resp, **given), starts
+
+    def _starts_need_rows(self, sample_weight) -> bool:
+        """Whether the fit uses GaussianMixture's ways to start, or weights."""
+        given = (self.weights_init, self.means_init, self.precisions_init, sample_weight)
+        warm = self.warm_start and hasattr(self, "converged_")
+        return warm or self.init_params != "transformer" or any(p is not None for p in given)
+
+    def _previous_fit(self, n_features: int) -> _backend.GivenStarts:
+        """The fitted parameters, for ``warm_start``."""
+        shape = (self.n_components, n_features)
+        if self.means_.shape != shape:
+            raise ValueError(
+                f"warm_start=True continues the previous fit, whose means have shape "
+                f"{self.means_.shape}, but this fit asks for {shape} (n_components, "
+                "n_features). Set warm_start=False, or fit a new estimator."
+            )
+        return _backend.GivenStarts(
+            weights=self.weights_.astype(np.float64),
+            means=self.means_.astype(np.float64),
+            precisions_cholesky=self.precisions_cholesky_.astype(np.float64),
+            lower_bound=self.lower_bound_,
+        )
 
     def _em_options(self, device: str) -> dict:
         return dict(
@@ -269,10 +421,12 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         device: str,
         n_transformer_inits: int,
         dtype: np.dtype,
+        starts: list[str] | None = None,
     ) -> None:
         """Take dataset ``i`` of a batch's fits, in the training data's ``dtype`` (as
         GaussianMixture keeps float32); copies, so that no estimator keeps the whole
-        batch's arrays alive."""
+        batch's arrays alive. ``starts`` names each run's start, when not the
+        transformer's then k-means++'s."""
         precisions_cholesky = fits.precisions_cholesky[i]
         # From the float64 factors: squaring float32 ones would double their rounding.
         precisions = _precisions(precisions_cholesky, self.covariance_type)
@@ -284,6 +438,12 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         self.converged_ = bool(fits.converged[i])
         self.n_iter_ = int(fits.n_iter[i])
         self.lower_bound_ = float(fits.lower_bound[i])
+        self.__dict__.pop("lower_bounds_", None)  # unknown when EM ran by blocks
+        if fits.lower_bounds is not None:
+            bounds = fits.lower_bounds[i, fits.best_run[i]]
+            self.lower_bounds_ = bounds[~np.isnan(bounds)]
         transformer_won = fits.best_run[i] < n_transformer_inits  # its starts come first
         self.init_method_ = "transformer" if transformer_won else "k-means++"
+        if starts is not None:
+            self.init_method_ = starts[fits.best_run[i]]
         self.device_ = device

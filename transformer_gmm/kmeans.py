@@ -53,8 +53,11 @@ def _zero_padding(X: Tensor, mask: Tensor | None) -> Tensor:
     return X if mask is None else X.masked_fill(~mask[..., None], 0.0)
 
 
-def _point_weights(X: Tensor, mask: Tensor | None) -> Tensor:
-    """1.0 for real points, 0.0 for padding: (B|1, N) in X's dtype."""
+def _point_weights(X: Tensor, mask: Tensor | None, sample_weight: Tensor | None = None) -> Tensor:
+    """1.0 for real points, 0.0 for padding: (B|1, N) in X's dtype; or ``sample_weight``
+    (B|1, N), zero on padding, when given."""
+    if sample_weight is not None:
+        return _compact(sample_weight).to(X.dtype)
     if mask is None:
         return X.new_ones(X.shape[:2])
     return mask.to(X.dtype)
@@ -146,7 +149,12 @@ def _sample(weights: Tensor, n_draws: int, generator: torch.Generator) -> Tensor
 
 
 def kmeans_plusplus(
-    X: Tensor, n_clusters: int, *, generator: torch.Generator, mask: Tensor | None = None
+    X: Tensor,
+    n_clusters: int,
+    *,
+    generator: torch.Generator,
+    mask: Tensor | None = None,
+    sample_weight: Tensor | None = None,
 ) -> Tensor:
     """Greedy k-means++ seeds for each dataset of the batch, as scikit-learn picks them.
 
@@ -160,13 +168,16 @@ def kmeans_plusplus(
         The only source of randomness (on X's device).
     mask : bool Tensor of shape (B, N) or (1, N), optional
         True for real points.
+    sample_weight : Tensor of shape (B, N) or (1, N), optional
+        Non-negative weights of the points, zero on padding: draws and potentials are
+        weighted as in scikit-learn's ``kmeans_plusplus(sample_weight=...)``.
 
     Returns
     -------
     centers : Tensor of shape (B, K, d)
-        Rows of X (real points only). The first is drawn uniformly; each next one is the
-        best of ``2 + int(log K)`` candidates drawn proportionally to the squared distance
-        to the closest seed so far.
+        Rows of X (real points only). The first is drawn uniformly (proportionally to
+        the weights); each next one is the best of ``2 + int(log K)`` candidates drawn
+        proportionally to the (weighted) squared distance to the closest seed so far.
 
     Examples
     --------
@@ -183,15 +194,27 @@ def kmeans_plusplus(
     >>> bool(is_row.any(-1).all())  # every seed is a point of X
     True
     """
-    n_batch = _check_batch(X, mask=mask)
+    return _kmeans_plusplus(X, n_clusters, generator, mask, sample_weight)[0]
+
+
+def _kmeans_plusplus(
+    X: Tensor,
+    n_clusters: int,
+    generator: torch.Generator,
+    mask: Tensor | None,
+    sample_weight: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`kmeans_plusplus`'s seeds (B, K, d) and their row indices (B, K)."""
+    n_batch = _check_batch(X, *([] if sample_weight is None else [sample_weight]), mask=mask)
     n_points = X.shape[1]
     X = _zero_padding(_compact(X), _compact(mask))  # (B|1, N, d)
-    weights = _point_weights(X, _compact(mask)).expand(n_batch, n_points)  # (B, N)
+    weights = _point_weights(X, _compact(mask), sample_weight).expand(n_batch, n_points)  # (B, N)
     n_trials = 2 + int(math.log(n_clusters))
     rows = torch.arange(n_batch, device=X.device)
     points = X.expand(n_batch, -1, -1)  # view, for gathering the chosen rows
 
     index = _sample(weights, 1, generator)[:, 0]  # (B,)
+    indices = [index]
     centers = [points[rows, index]]  # list of (B, d)
     x_norms = _squared_norms(X)
     closest = _squared_distances(X, centers[0][:, None, :], x_norms)[..., 0] * weights  # (B, N)
@@ -205,8 +228,9 @@ def kmeans_plusplus(
         trial_closest = torch.minimum(closest[:, None, :], distances) * weights[:, None, :]
         best = trial_closest.sum(-1).argmin(-1)  # (B,) candidate lowering the potential most
         closest = trial_closest[rows, best]
-        centers.append(points[rows, candidates[rows, best]])
-    return torch.stack(centers, dim=1)
+        indices.append(candidates[rows, best])
+        centers.append(points[rows, indices[-1]])
+    return torch.stack(centers, dim=1), torch.stack(indices, dim=1)
 
 
 # --- Lloyd -----------------------------------------------------------------------------
@@ -250,8 +274,10 @@ def _lloyd_loop(
     threshold: Tensor,
     padded: Tensor,
     max_iter: int,
+    weighted_X: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Lloyd's iterations for :func:`lloyd` on centred ``X``: (centers, n_iter)."""
+    """Lloyd's iterations for :func:`lloyd` on centred ``X``: (centers, n_iter).
+    ``weighted_X`` is ``X * weights`` when the weights are sample weights."""
     n_batch, n_clusters = centers.shape[:2]
     labels_old = X.new_full((n_batch, X.shape[1]), -1, dtype=torch.long)
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
@@ -264,7 +290,7 @@ def _lloyd_loop(
         # Matmuls rather than scatter_add: deterministic on CUDA too. Padded rows of X
         # are zero, so only the counts need the weights.
         counts = one_hot.mT @ weights  # (A, K, 1)
-        sums = one_hot.mT @ X  # (A, K, d)
+        sums = one_hot.mT @ (X if weighted_X is None else weighted_X)  # (A, K, d)
         new_centers = torch.where(counts > 0, sums / counts.clamp_min(1.0) + offset, centers)
         shift = (new_centers - centers).square().sum((1, 2))  # (A,)
         strict = ((labels == labels_old) | padded).all(-1)  # (A,)
@@ -278,8 +304,8 @@ def _lloyd_loop(
             break
         if iteration < max_iter and batch.should_shrink(n_running):
             keep = batch.shrink(converged, n_running, (centers, n_iter))
-            X, offset, weights, threshold, padded = (
-                _take(t, keep) for t in (X, offset, weights, threshold, padded)
+            X, offset, weights, threshold, padded, weighted_X = (
+                _take(t, keep) for t in (X, offset, weights, threshold, padded, weighted_X)
             )
             centers, labels_old, n_iter = centers[keep], labels_old[keep], n_iter[keep]
             converged = converged[keep]
@@ -293,6 +319,7 @@ def lloyd(
     max_iter: int,
     tol: float = 1e-4,
     mask: Tensor | None = None,
+    sample_weight: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Lloyd's k-means from ``centers``, batched, with scikit-learn's stopping rule.
 
@@ -312,6 +339,10 @@ def lloyd(
         Relative tolerance on the centre shift.
     mask : bool Tensor of shape (B, N) or (1, N), optional
         True for real points.
+    sample_weight : Tensor of shape (B, N) or (1, N), optional
+        Non-negative weights of the points, zero on padding: centres are weighted means
+        and the inertia a weighted sum, as in scikit-learn's ``KMeans``; the tolerance
+        stays unweighted, as there.
 
     Returns
     -------
@@ -319,7 +350,7 @@ def lloyd(
     labels : long Tensor of shape (B, N)
         Closest returned centre of each point; -1 for padded points.
     inertia : Tensor of shape (B,)
-        Sum of squared distances of real points to their centre.
+        Sum of (weighted) squared distances of real points to their centre.
     n_iter : long Tensor of shape (B,)
 
     Examples
@@ -337,7 +368,8 @@ def lloyd(
     >>> labels.shape, bool(labels[0, 0] != labels[0, -1])
     (torch.Size([1, 40]), True)
     """
-    n_batch = _check_batch(X, centers, mask=mask)
+    weighted = [] if sample_weight is None else [sample_weight]
+    n_batch = _check_batch(X, centers, *weighted, mask=mask)
     if centers.dim() != 3 or centers.shape[-1] != X.shape[-1]:
         raise ValueError(f"centers must have shape (B, K, {X.shape[-1]}), got {centers.shape}")
     X, mask = _compact(X), _compact(mask)
@@ -359,9 +391,15 @@ def lloyd(
     padded = (
         torch.zeros(1, X.shape[1], dtype=torch.bool, device=X.device) if mask is None else ~mask
     )
+    weighted_X = None
+    if sample_weight is not None:  # the counts, sums and inertia weigh the points
+        weights = _point_weights(X, mask, sample_weight)[..., None]  # (B|1, N, 1)
+        weighted_X = X * weights
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
     if max_iter > 0:
-        centers, n_iter = _lloyd_loop(X, centers, offset, weights, threshold, padded, max_iter)
+        centers, n_iter = _lloyd_loop(
+            X, centers, offset, weights, threshold, padded, max_iter, weighted_X
+        )
 
     # Final assignment, so that labels and inertia belong to the returned centres.
     centered = centers - offset

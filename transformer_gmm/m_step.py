@@ -15,9 +15,22 @@ import torch
 from torch import Tensor
 
 from .gaussian import _lookup, compute_precision_cholesky, needs_grad
-from .kmeans import _check_batch, _compact, _point_weights, _zero_padding, kmeans_plusplus, lloyd
+from .kmeans import (
+    _check_batch,
+    _compact,
+    _kmeans_plusplus,
+    _point_weights,
+    _zero_padding,
+    kmeans_plusplus,
+    lloyd,
+)
 
-__all__ = ["MixtureParams", "estimate_gaussian_parameters", "initialize_kmeans"]
+__all__ = [
+    "MixtureParams",
+    "estimate_gaussian_parameters",
+    "initialize_kmeans",
+    "initialize_kmeans_plusplus",
+]
 
 
 @dataclass
@@ -125,6 +138,7 @@ def estimate_gaussian_parameters(
     reg_covar: float,
     means: Tensor | None = None,
     mask: Tensor | None = None,
+    sample_weight: Tensor | None = None,
 ) -> MixtureParams:
     """The M-step, as scikit-learn's ``_estimate_gaussian_parameters``.
 
@@ -139,11 +153,14 @@ def estimate_gaussian_parameters(
     means : Tensor of shape (B, K, d), optional
         Means to use (in the covariances too) instead of the weighted means.
     mask : bool Tensor of shape (B, N) or (1, N), optional
+    sample_weight : Tensor of shape (B, N) or (1, N), optional
+        Non-negative weights of the points, zero on padding; they multiply ``resp``.
 
     Returns
     -------
     MixtureParams
-        weights ``nk / n_real_points`` (as scikit-learn's initialisation), means,
+        weights ``nk / n_real_points`` (as scikit-learn's initialisation; the sum of the
+        weights of the points, when weighted), means,
         covariances and precisions_cholesky. ValueError if a covariance is not positive
         definite.
 
@@ -166,16 +183,19 @@ def estimate_gaussian_parameters(
     >>> params.covariances.shape  # diag: (B, K, d)
     torch.Size([1, 2, 2])
     """
-    n_batch = _check_batch(X, resp, *([] if means is None else [means]), mask=mask)
+    given = [t for t in (means, sample_weight) if t is not None]
+    n_batch = _check_batch(X, resp, *given, mask=mask)
     if resp.dim() != 3 or resp.shape[1] != X.shape[1]:
         raise ValueError(f"resp must have shape (B, {X.shape[1]}, K), got {resp.shape}")
     if means is not None and means.shape[1:] != (resp.shape[2], X.shape[2]):
         raise ValueError(f"means must have shape (B, K, d), got {means.shape}")
     X, mask, resp = _compact(X), _compact(mask), resp.expand(n_batch, -1, -1)
-    n_real = _point_weights(X, mask).sum(-1, keepdim=True)  # (B|1, 1)
+    n_real = _point_weights(X, mask, sample_weight).sum(-1, keepdim=True)  # (B|1, 1)
     X = _zero_padding(X, mask)
     if mask is not None:
         resp = resp.masked_fill(~mask[..., None], 0.0)
+    if sample_weight is not None:
+        resp = resp * _compact(sample_weight)[..., None]
     nk, means, covariances = _estimate_parameters(X, resp, covariance_type, reg_covar, means)
     return MixtureParams(
         nk / n_real, means, covariances, compute_precision_cholesky(covariances, covariance_type)
@@ -194,6 +214,7 @@ def initialize_kmeans(
     generator: torch.Generator,
     mask: Tensor | None = None,
     n_init_lloyd_iter: int = 300,
+    sample_weight: Tensor | None = None,
 ) -> MixtureParams:
     """scikit-learn's default GaussianMixture initialisation, once per dataset of the batch.
 
@@ -214,6 +235,9 @@ def initialize_kmeans(
         True for real points.
     n_init_lloyd_iter : int, default=300
         Maximum Lloyd iterations.
+    sample_weight : Tensor of shape (B, N) or (1, N), optional
+        Non-negative weights of the points, zero on padding: weighted k-means++, Lloyd
+        and M-step, as scikit-learn's ``KMeans.fit(sample_weight=...)``.
 
     Returns
     -------
@@ -234,10 +258,52 @@ def initialize_kmeans(
     >>> params.weights.shape, params.means.shape, params.covariances.shape
     (torch.Size([3, 2]), torch.Size([3, 2, 2]), torch.Size([3, 2]))
     """
-    seeds = kmeans_plusplus(X, n_components, generator=generator, mask=mask)
-    _, labels, _, _ = lloyd(X, seeds, max_iter=n_init_lloyd_iter, tol=1e-4, mask=mask)
+    weighted = {} if sample_weight is None else {"sample_weight": sample_weight}
+    seeds = kmeans_plusplus(X, n_components, generator=generator, mask=mask, **weighted)
+    _, labels, _, _ = lloyd(X, seeds, max_iter=n_init_lloyd_iter, tol=1e-4, mask=mask, **weighted)
     # Padded points have label -1: give them a column, then masking zeroes their row.
     resp = torch.nn.functional.one_hot(labels.clamp_min(0), n_components).to(X.dtype)
     return estimate_gaussian_parameters(
-        X, resp, covariance_type=covariance_type, reg_covar=reg_covar, mask=mask
+        X, resp, covariance_type=covariance_type, reg_covar=reg_covar, mask=mask, **weighted
+    )
+
+
+def initialize_kmeans_plusplus(
+    X: Tensor,
+    n_components: int,
+    *,
+    covariance_type: str,
+    reg_covar: float,
+    generator: torch.Generator,
+    mask: Tensor | None = None,
+    sample_weight: Tensor | None = None,
+) -> MixtureParams:
+    """scikit-learn's ``init_params="k-means++"``, once per dataset of the batch.
+
+    k-means++ seeds alone: each component's responsibilities are one at its seed and zero
+    elsewhere, then one M-step, so the means start at the seeds and the covariances at
+    ``reg_covar``. Arguments as :func:`initialize_kmeans`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import em
+    >>> X = torch.tensor([[[0.0], [1.0], [10.0], [11.0]]], dtype=torch.float64)
+    >>> params = em.initialize_kmeans_plusplus(X, 2, covariance_type="spherical",
+    ...     reg_covar=1e-6, generator=torch.Generator().manual_seed(0))
+    >>> params.means.flatten().round(decimals=6).tolist()  # two of the points
+    [0.0, 10.0]
+    >>> params.covariances.round(decimals=9).tolist()
+    [[1e-06, 1e-06]]
+    """
+    _, seeds = _kmeans_plusplus(X, n_components, generator, mask, sample_weight)  # (B, K)
+    resp = X.new_zeros(seeds.shape[0], X.shape[1], n_components)
+    resp.scatter_(1, seeds[:, None, :], 1.0)  # resp[b, seeds[b, k], k] = 1
+    return estimate_gaussian_parameters(
+        X,
+        resp,
+        covariance_type=covariance_type,
+        reg_covar=reg_covar,
+        mask=mask,
+        sample_weight=sample_weight,
     )

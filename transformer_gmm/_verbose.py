@@ -1,0 +1,67 @@
+"""The ``verbose`` report of a TransformerGMM fit, in scikit-learn's words.
+
+scikit-learn's ``BaseMixture`` prints as each initialisation runs; here every
+initialisation runs in one batched EM loop, so the same lines are printed when the loop
+has ended, from each run's lower bound at each iteration, with the batch's clock for the
+time lapses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _changes(bounds: np.ndarray, initial: float) -> np.ndarray:
+    """The change of the lower bound at each iteration of one run, as its loop saw it."""
+    with np.errstate(invalid="ignore"):  # -inf - -inf is never reached: initial < bounds
+        return np.diff(np.concatenate([[initial], bounds]))
+
+
+def report(
+    lower_bounds: np.ndarray,
+    iteration_times: np.ndarray,
+    *,
+    best_run: int,
+    best_converged: bool,
+    tol: float,
+    initial_lower_bound: float,
+    max_iter: int,
+    verbose: int,
+    verbose_interval: int,
+) -> None:
+    """Print, for each run (row of ``lower_bounds`` (R, T), NaN after it stopped),
+    scikit-learn's ``Initialization i``, an ``Iteration`` line every ``verbose_interval``
+    iterations, and whether it converged (the kept run ``best_run`` as the fit says, the
+    others by their last change); with ``verbose >= 2``, the time lapses (of the batch:
+    ``iteration_times`` (T,) are seconds from EM's start) and the changes and final value
+    of the lower bound.
+    """
+    if len(lower_bounds) > 1:
+        print(f"{len(lower_bounds)} initializations run as one batch; time lapses are the batch's.")
+    for run, bounds in enumerate(lower_bounds):
+        print(f"Initialization {run}")
+        if max_iter == 0:
+            continue
+        bounds = bounds[~np.isnan(bounds)]
+        changes = _changes(bounds, initial_lower_bound)
+        previous_time = 0.0
+        for n_iter, change in enumerate(changes, start=1):
+            if n_iter % verbose_interval:
+                continue
+            if verbose == 1:
+                print(f"  Iteration {n_iter}")
+            else:
+                lapse = iteration_times[n_iter - 1] - previous_time
+                print(f"  Iteration {n_iter}\t time lapse {lapse:.5f}s\t ll change {change:.5f}")
+                previous_time = iteration_times[n_iter - 1]
+        converged = best_converged if run == best_run else bool(np.abs(changes[-1:]) < tol)
+        message = "converged" if converged else "did not converge"
+        if verbose == 1:
+            print(f"Initialization {message}.")
+        else:
+            lapse = iteration_times[len(bounds) - 1] if len(bounds) else 0.0
+            lower_bound = bounds[-1] if len(bounds) else initial_lower_bound
+            print(
+                f"Initialization {message}. time lapse {lapse:.5f}s\t lower bound "
+                f"{lower_bound:.5f}."
+            )

@@ -1,0 +1,471 @@
+"""EM and Lloyd from sums over blocks of rows, batched, in torch.
+
+An EM iteration needs the data only through sums over its rows: per component, the
+responsibilities, the weighted sums of the points and of their outer products (or
+squares), and the log-likelihood; a Lloyd iteration needs the counts and sums of each
+cluster. So data split into blocks of rows (the chunks of a Dask array, held by other
+processes or machines) is fitted by computing each block's statistics where the block
+lives, adding them up, and updating the parameters from the totals: K x d (x d) numbers a
+block, never its rows. :mod:`transformer_gmm._dask` does that with Dask.
+
+A block's statistics come from the in-memory kernels (the E-step of
+:mod:`transformer_gmm.em`, the covariance estimators of :mod:`transformer_gmm.m_step`,
+the assignment and inertia of :mod:`transformer_gmm.kmeans`), and the loops below keep
+:func:`~transformer_gmm.em.fit_em`'s and :func:`~transformer_gmm.kmeans.lloyd`'s rules,
+so from the same start they reach the in-memory fit to rounding. The loops take
+``statistics_of``, a function from the parameters of the runs still going to their
+statistics summed over every block. Shapes follow :mod:`transformer_gmm.em`, with B runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from .em import EMResult, MixtureParams, _e_step
+from .gaussian import _PARAM_SHAPES, _error_message, _lookup, _precision_cholesky
+from .kmeans import _assign, _inertia
+from .m_step import _COVARIANCE_ESTIMATORS
+
+__all__ = [
+    "LloydStatistics",
+    "MixtureStatistics",
+    "fit_em_from_statistics",
+    "lloyd_from_statistics",
+    "lloyd_statistics",
+    "mixture_statistics",
+    "parameters_from_statistics",
+]
+
+
+class _Summable:
+    """Statistics of disjoint blocks add up field by field; a flat vector carries them."""
+
+    def __add__(self, other):
+        return type(self)(*(a + b for a, b in zip(self._fields(), other._fields(), strict=True)))
+
+    def _fields(self) -> tuple[Tensor, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def to_vector(self) -> Tensor:
+        """Every field, flattened and concatenated: what travels from a block."""
+        return torch.cat([t.reshape(-1) for t in self._fields()])
+
+    @classmethod
+    def _from_vector(cls, vector: Tensor, shapes: list[tuple[int, ...]]):
+        sizes = [torch.Size(shape).numel() for shape in shapes]
+        parts = torch.split(vector, sizes)
+        return cls(*(part.reshape(shape) for part, shape in zip(parts, shapes, strict=True)))
+
+
+# --- Gaussian mixtures -----------------------------------------------------------------
+
+
+@dataclass
+class MixtureStatistics(_Summable):
+    """What an EM iteration needs of some rows, for B runs.
+
+    Attributes
+    ----------
+    log_likelihood : Tensor of shape (B,)
+        Sum over the rows of ``log p(x_n)``.
+    nk : Tensor of shape (B, K)
+        Sum of the responsibilities.
+    sums : Tensor of shape (B, K, d)
+        ``sum_n r_nk x_n``.
+    scatter : Tensor
+        ``sum_n r_nk (x_n - c_k)(x_n - c_k)^T`` about the means ``c_k`` of the E-step,
+        kept as the covariance type keeps covariances: full (B, K, d, d), tied (B, d, d)
+        (summed over k), diag (B, K, d) (the diagonal), spherical (B, K) (its mean).
+        About the current means rather than the origin, so that the M-step subtracts
+        small numbers from large ones only when the means moved far.
+    """
+
+    log_likelihood: Tensor
+    nk: Tensor
+    sums: Tensor
+    scatter: Tensor
+
+    @classmethod
+    def from_vector(
+        cls, vector: Tensor, n_runs: int, n_components: int, n_features: int, covariance_type: str
+    ) -> MixtureStatistics:
+        """Undo :meth:`to_vector`."""
+        return cls._from_vector(
+            vector, _mixture_shapes(n_runs, n_components, n_features, covariance_type)
+        )
+
+
+def _mixture_shapes(n_runs: int, k: int, d: int, covariance_type: str) -> list[tuple[int, ...]]:
+    scatter = _lookup(_PARAM_SHAPES, covariance_type)(k, d)
+    return [(n_runs,), (n_runs, k), (n_runs, k, d), (n_runs, *scatter)]
+
+
+def mixture_statistics_size(
+    n_runs: int, n_components: int, n_features: int, covariance_type: str
+) -> int:
+    """Length of :meth:`MixtureStatistics.to_vector` for these sizes."""
+    shapes = _mixture_shapes(n_runs, n_components, n_features, covariance_type)
+    return sum(torch.Size(shape).numel() for shape in shapes)
+
+
+# The in-memory covariance estimators divide the scatter by nk (tied: by its sum); the
+# statistics multiply that back, and the M-step divides again.
+_SCATTER_SCALE = {
+    "full": lambda nk: nk[..., None, None],
+    "tied": lambda nk: nk.sum(-1)[:, None, None],
+    "diag": lambda nk: nk[..., None],
+    "spherical": lambda nk: nk,
+}
+
+
+def _outer(a: Tensor, b: Tensor) -> Tensor:
+    return a[..., :, None] * b[..., None, :]
+
+
+def _correction_full(centred_sums: Tensor, shift: Tensor, nk: Tensor) -> Tensor:
+    # sum_n r (x - m)(x - m)^T = sum_n r (x - c)(x - c)^T - s e^T - e s^T + nk e e^T, with
+    # e = m - c and s = sum_n r (x - c); exact whatever the means m are.
+    return (
+        _outer(centred_sums, shift)
+        + _outer(shift, centred_sums)
+        - nk[..., None, None] * _outer(shift, shift)
+    )
+
+
+def _correction_diag(centred_sums: Tensor, shift: Tensor, nk: Tensor) -> Tensor:
+    return 2.0 * centred_sums * shift - nk[..., None] * shift.square()
+
+
+_CORRECTIONS = {
+    "full": _correction_full,
+    "tied": lambda *args: _correction_full(*args).sum(1),
+    "diag": _correction_diag,
+    "spherical": lambda *args: _correction_diag(*args).mean(-1),
+}
+
+
+def mixture_statistics(X: Tensor, params: MixtureParams, covariance_type: str) -> MixtureStatistics:
+    """The E-step on rows ``X`` and the sums the M-step needs, for each run of ``params``.
+
+    Parameters
+    ----------
+    X : Tensor of shape (1, n, d) or (B, n, d)
+        Rows, all real.
+    params : MixtureParams
+        B runs' current parameters (``covariances`` is not used).
+    covariance_type : {"full", "tied", "diag", "spherical"}
+
+    Returns
+    -------
+    MixtureStatistics
+        Of B runs, the scatter about ``params.means``.
+
+    Examples
+    --------
+    Statistics of two halves add up to those of the whole:
+
+    >>> import torch
+    >>> from transformer_gmm import em, sufficient_stats
+    >>> X = torch.randn(1, 40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> resp = torch.rand(1, 40, 3, dtype=torch.float64, generator=torch.Generator())
+    >>> params = em.estimate_gaussian_parameters(
+    ...     X, resp / resp.sum(-1, keepdim=True), covariance_type="full", reg_covar=1e-6)
+    >>> whole = sufficient_stats.mixture_statistics(X, params, "full")
+    >>> halves = [sufficient_stats.mixture_statistics(x, params, "full") for x in X.split(20, 1)]
+    >>> torch.allclose((halves[0] + halves[1]).to_vector(), whole.to_vector())
+    True
+    """
+    log_prob_norm, log_resp = _e_step(X, params, covariance_type, None)
+    resp = log_resp.exp()  # (B, n, K)
+    nk = resp.sum(1)  # (B, K)
+    # The in-memory M-step's 10 eps: a component no row of this block reaches divides 0 by
+    # it, not by zero, and the scale below multiplies it back.
+    nk_safe = nk + 10 * torch.finfo(resp.dtype).eps
+    estimator = _lookup(_COVARIANCE_ESTIMATORS, covariance_type)
+    scatter = estimator(resp, X, nk_safe, params.means, 0.0) * _SCATTER_SCALE[covariance_type](
+        nk_safe
+    )
+    return MixtureStatistics(log_prob_norm * X.shape[1], nk, resp.mT @ X, scatter)
+
+
+def parameters_from_statistics(
+    statistics: MixtureStatistics, centres: Tensor, covariance_type: str, reg_covar: float
+) -> tuple[MixtureParams, Tensor]:
+    """The M-step from statistics summed over every row, as :func:`~transformer_gmm.em.fit_em`'s.
+
+    Parameters
+    ----------
+    statistics : MixtureStatistics
+        Of B runs, summed over all the rows.
+    centres : Tensor of shape (B, K, d)
+        The means the scatter is about (those of the E-step).
+    covariance_type : {"full", "tied", "diag", "spherical"}
+    reg_covar : float
+        Added to the diagonal of the covariances.
+
+    Returns
+    -------
+    params : MixtureParams
+        Weights ``nk / sum(nk)``, the weighted means, covariances and their
+        precisions_cholesky.
+    failed : bool Tensor of shape (B,)
+        The runs whose covariances are not positive definite.
+
+    Examples
+    --------
+    One M-step from the statistics of two blocks equals the in-memory M-step:
+
+    >>> import torch
+    >>> from transformer_gmm import em, sufficient_stats
+    >>> X = torch.randn(1, 40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> resp = torch.rand(1, 40, 3, dtype=torch.float64, generator=torch.Generator())
+    >>> start = em.estimate_gaussian_parameters(
+    ...     X, resp / resp.sum(-1, keepdim=True), covariance_type="diag", reg_covar=1e-6)
+    >>> halves = [sufficient_stats.mixture_statistics(x, start, "diag") for x in X.split(20, 1)]
+    >>> params, failed = sufficient_stats.parameters_from_statistics(
+    ...     halves[0] + halves[1], start.means, "diag", 1e-6)
+    >>> _, log_resp = em.e_step(X, start, "diag")
+    >>> expected = em.estimate_gaussian_parameters(
+    ...     X, log_resp.exp(), covariance_type="diag", reg_covar=1e-6)
+    >>> torch.allclose(params.covariances, expected.covariances), failed.tolist()
+    (True, [False])
+    """
+    nk = statistics.nk + 10 * torch.finfo(statistics.nk.dtype).eps  # as the in-memory M-step
+    means = statistics.sums / nk[..., None]  # (B, K, d)
+    centred_sums = statistics.sums - statistics.nk[..., None] * centres  # sum_n r (x - c)
+    correction = _CORRECTIONS[covariance_type](centred_sums, means - centres, statistics.nk)
+    scale = _SCATTER_SCALE[covariance_type](nk)
+    covariances = (statistics.scatter - correction) / scale
+    if covariance_type in ("full", "tied"):
+        eye = torch.eye(means.shape[-1], dtype=means.dtype, device=means.device)
+        covariances = covariances + reg_covar * eye
+    else:
+        covariances = covariances + reg_covar
+    precisions_cholesky, failed = _precision_cholesky(covariances, covariance_type)
+    weights = nk / nk.sum(-1, keepdim=True)
+    return MixtureParams(weights, means, covariances, precisions_cholesky), failed
+
+
+def _take_runs(params: MixtureParams, index: Tensor) -> MixtureParams:
+    return MixtureParams(*(None if t is None else t[index] for t in _params_tuple(params)))
+
+
+def _params_tuple(params: MixtureParams) -> tuple:
+    return (params.weights, params.means, params.covariances, params.precisions_cholesky)
+
+
+def fit_em_from_statistics(
+    params: MixtureParams,
+    statistics_of: Callable[[MixtureParams], MixtureStatistics],
+    n_rows: int,
+    *,
+    covariance_type: str,
+    reg_covar: float,
+    max_iter: int,
+    tol: float,
+) -> EMResult:
+    """EM from ``params`` with :func:`~transformer_gmm.em.fit_em`'s rules, on data seen
+    through ``statistics_of`` only.
+
+    Each iteration asks ``statistics_of`` once, for the runs still going: their
+    statistics summed over the ``n_rows`` rows (one pass over the data). A run's lower
+    bound is the mean log-likelihood of its E-step; it converges once that changes by less
+    than ``tol``, and then stops changing. ``max_iter=0`` asks once, for the lower bound
+    of ``params``.
+
+    Parameters
+    ----------
+    params : MixtureParams
+        B runs' starts.
+    statistics_of : callable
+        ``statistics_of(params)`` returns the summed :class:`MixtureStatistics` of the
+        runs of ``params``, for the scatter about ``params.means``.
+    n_rows : int
+        The number of rows the statistics sum over.
+    covariance_type, reg_covar, max_iter, tol : as in :func:`~transformer_gmm.em.fit_em`
+
+    Returns
+    -------
+    EMResult
+        ValueError if a run still going gets a covariance that is not positive definite.
+
+    Examples
+    --------
+    The same fit as :func:`~transformer_gmm.em.fit_em`, from statistics of four blocks:
+
+    >>> import torch
+    >>> from transformer_gmm import em, sufficient_stats
+    >>> X = torch.randn(1, 200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X[0, :100] += 4.0
+    >>> start = em.initialize_kmeans(X, 2, covariance_type="tied", reg_covar=1e-6,
+    ...                              generator=torch.Generator().manual_seed(0))
+    >>> def statistics_of(params):
+    ...     blocks = [sufficient_stats.mixture_statistics(x, params, "tied")
+    ...               for x in X.split(50, 1)]
+    ...     return sum(blocks[1:], blocks[0])
+    >>> by_blocks = sufficient_stats.fit_em_from_statistics(
+    ...     start, statistics_of, 200, covariance_type="tied", reg_covar=1e-6,
+    ...     max_iter=100, tol=1e-3)
+    >>> in_memory = em.fit_em(X, start, covariance_type="tied", reg_covar=1e-6,
+    ...                       max_iter=100, tol=1e-3)
+    >>> torch.allclose(by_blocks.params.means, in_memory.params.means)
+    True
+    >>> by_blocks.n_iter.tolist() == in_memory.n_iter.tolist()
+    True
+    """
+    n_runs = params.means.shape[0]
+    dtype, device = params.means.dtype, params.means.device
+    n_iter = torch.zeros(n_runs, dtype=torch.long, device=device)
+    converged = torch.zeros(n_runs, dtype=torch.bool, device=device)
+    if max_iter == 0:
+        lower_bound = statistics_of(params).log_likelihood / n_rows
+        return EMResult(params, lower_bound, n_iter, converged)
+    lower_bound = torch.full((n_runs,), -torch.inf, dtype=dtype, device=device)
+    fitted = list(_params_tuple(params))
+    for iteration in range(1, max_iter + 1):
+        active = (~converged).nonzero().flatten()  # only these are read and updated
+        current = _take_runs(MixtureParams(*fitted), active)
+        statistics = statistics_of(current)
+        new, failed = parameters_from_statistics(
+            statistics, current.means, covariance_type, reg_covar
+        )
+        if bool(failed.any()):
+            raise ValueError(_error_message(dtype))
+        for i, value in enumerate(_params_tuple(new)):
+            if fitted[i] is None:  # a start without covariances: every run is active now
+                fitted[i] = value
+            else:
+                fitted[i] = fitted[i].index_copy(0, active, value)
+        log_prob_norm = statistics.log_likelihood / n_rows
+        change = log_prob_norm - lower_bound[active]  # +inf on the first iteration
+        lower_bound[active] = log_prob_norm
+        n_iter[active] = iteration
+        converged[active] = change.abs() < tol
+        if bool(converged.all()):
+            break
+    return EMResult(MixtureParams(*fitted), lower_bound, n_iter, converged)
+
+
+# --- k-means ---------------------------------------------------------------------------
+
+
+@dataclass
+class LloydStatistics(_Summable):
+    """What a Lloyd iteration needs of some rows, for B runs.
+
+    Attributes
+    ----------
+    counts : Tensor of shape (B, K)
+        Rows nearest to each centre.
+    sums : Tensor of shape (B, K, d)
+        Their sum, less ``offset`` each (the data's mean, as Lloyd centres the data).
+    inertia : Tensor of shape (B,)
+        Sum of squared distances of the rows to their nearest centre (zero unless asked).
+    """
+
+    counts: Tensor
+    sums: Tensor
+    inertia: Tensor
+
+    @classmethod
+    def from_vector(cls, vector: Tensor, n_runs: int, n_clusters: int, n_features: int):
+        """Undo :meth:`to_vector`."""
+        return cls._from_vector(vector, _lloyd_shapes(n_runs, n_clusters, n_features))
+
+
+def _lloyd_shapes(n_runs: int, k: int, d: int) -> list[tuple[int, ...]]:
+    return [(n_runs, k), (n_runs, k, d), (n_runs,)]
+
+
+def lloyd_statistics_size(n_runs: int, n_clusters: int, n_features: int) -> int:
+    """Length of :meth:`LloydStatistics.to_vector` for these sizes."""
+    return sum(torch.Size(s).numel() for s in _lloyd_shapes(n_runs, n_clusters, n_features))
+
+
+def lloyd_statistics(
+    X: Tensor, centers: Tensor, offset: Tensor, *, with_inertia: bool = False
+) -> LloydStatistics:
+    """Assign rows ``X`` (1, n, d) to the nearest of each run's ``centers`` (B, K, d).
+
+    As :func:`~transformer_gmm.kmeans.lloyd`, the rows are centred on ``offset`` (1, 1, d),
+    the mean of all the data, before the distances are taken. The inertia, from
+    differences as the in-memory one, is left at zero unless ``with_inertia``: the
+    iterations do not need it.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import sufficient_stats
+    >>> X = torch.tensor([[[0.0], [1.0], [9.0], [10.0]]], dtype=torch.float64)
+    >>> centers = torch.tensor([[[0.0], [10.0]]], dtype=torch.float64)
+    >>> offset = X.mean(1, keepdim=True)
+    >>> stats = sufficient_stats.lloyd_statistics(X, centers, offset, with_inertia=True)
+    >>> stats.counts.tolist(), stats.inertia.tolist()
+    ([[2.0, 2.0]], [2.0])
+    """
+    x = X - offset
+    labels = _assign(x, centers - offset)  # (B, n)
+    one_hot = x.new_zeros(*labels.shape, centers.shape[1]).scatter_(2, labels[..., None], 1.0)
+    inertia = x.new_zeros(labels.shape[:1])
+    if with_inertia:
+        inertia = _inertia(x, centers - offset, labels, x.new_ones(1, x.shape[1], 1))
+    return LloydStatistics(one_hot.sum(1), one_hot.mT @ x, inertia)
+
+
+def lloyd_from_statistics(
+    centers: Tensor,
+    statistics_of: Callable[[Tensor], LloydStatistics],
+    offset: Tensor,
+    threshold: float,
+    max_iter: int,
+) -> tuple[Tensor, Tensor]:
+    """Lloyd from ``centers`` (B, K, d) with :func:`~transformer_gmm.kmeans.lloyd`'s rule,
+    on data seen through ``statistics_of`` only.
+
+    ``statistics_of(centers)`` returns the summed :class:`LloydStatistics` of the runs
+    still going (one pass over the data). A run stops when the squared shift of its
+    centres is at most ``threshold`` (``tol`` times the mean variance of the features);
+    an empty cluster keeps its centre. Lloyd in memory also stops when no row changes
+    cluster, but then the centres come out of the same sums again and do not move, so
+    this rule stops on the same iteration without comparing labels. Returns the centres
+    and the iterations run, (B,).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm import kmeans, sufficient_stats
+    >>> X = torch.randn(1, 200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X[0, :100] += 4.0
+    >>> start = X[:, [0, 1]]  # two points of the same cluster
+    >>> offset = X.mean(1, keepdim=True)
+    >>> threshold = 1e-4 * (X - offset).square().mean().item()
+    >>> def statistics_of(centers):
+    ...     blocks = [sufficient_stats.lloyd_statistics(x, centers, offset)
+    ...               for x in X.split(50, 1)]
+    ...     return sum(blocks[1:], blocks[0])
+    >>> centers, n_iter = sufficient_stats.lloyd_from_statistics(
+    ...     start, statistics_of, offset, threshold, 300)
+    >>> expected, _, _, expected_n_iter = kmeans.lloyd(X, start, max_iter=300)
+    >>> torch.allclose(centers, expected), n_iter.tolist() == expected_n_iter.tolist()
+    (True, True)
+    """
+    n_runs = centers.shape[0]
+    n_iter = torch.zeros(n_runs, dtype=torch.long, device=centers.device)
+    converged = torch.zeros(n_runs, dtype=torch.bool, device=centers.device)
+    for iteration in range(1, max_iter + 1):
+        active = (~converged).nonzero().flatten()
+        current = centers[active]
+        statistics = statistics_of(current)
+        counts = statistics.counts[..., None]  # (A, K, 1)
+        new = torch.where(counts > 0, statistics.sums / counts.clamp_min(1.0) + offset, current)
+        shift = (new - current).square().sum((1, 2))  # (A,)
+        centers = centers.index_copy(0, active, new)
+        n_iter[active] = iteration
+        converged[active] = shift <= threshold
+        if bool(converged.all()):
+            break
+    return centers, n_iter
