@@ -140,7 +140,7 @@ def chosen_start(method: str, X_dask, checkpoint) -> dict:
     sample (one more pass over the array) as the fit builds it."""
     from sklearn.utils import check_random_state
 
-    from transformer_gmm import _backend, _dask
+    from transformer_gmm import _dask, _fit
     from transformer_gmm._base import draw_seed
 
     model = make_estimator(method, checkpoint)
@@ -154,12 +154,12 @@ def chosen_start(method: str, X_dask, checkpoint) -> dict:
         raise SystemExit("the same-start check needs several starts and more rows than the "
                          "sample: raise --n-samples")
     if method == "TransformerGMM":
-        fit = _backend.fit_mixtures([sample], n_components=N_COMPONENTS,
-                                    covariance_type=model.covariance_type,
-                                    reg_covar=model.reg_covar, **options)
+        fit = _fit.fit_mixtures([sample], n_components=N_COMPONENTS,
+                                covariance_type=model.covariance_type,
+                                reg_covar=model.reg_covar, **options)
         return dict(weights=fit.weights, means=fit.means, covariances=fit.covariances,
                     n_iter=fit.n_iter)
-    fit = _backend.fit_kmeans(sample, n_clusters=N_COMPONENTS, **options)
+    fit = _fit.fit_kmeans(sample, n_clusters=N_COMPONENTS, **options)
     return dict(centers=fit.centers[None], n_iter=np.array([fit.n_iter]))
 
 

@@ -11,7 +11,7 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 
-from transformer_gmm import FallbackWarning, TransformerClusterer, _backend
+from transformer_gmm import FallbackWarning, TransformerClusterer, _backend, _fit
 from transformer_gmm._preprocessing import fit_standardization
 
 
@@ -138,7 +138,7 @@ def test_views_add_starts_and_never_raise_the_inertia():
 
 
 def test_large_fit_compares_starts_on_a_subsample_then_runs_lloyd_on_all_rows(monkeypatch):
-    monkeypatch.setattr(_backend, "_SELECTION_ROWS", 100)  # 400 rows count as large
+    monkeypatch.setattr(_fit, "SELECTION_ROWS", 100)  # 400 rows count as large
     centers = [[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0], [0.0, -6.0]]
     X = make_blobs(100, centers, seed=13)
     km = TransformerClusterer(4, checkpoint=TINY_CHECKPOINT, random_state=0).fit(X)

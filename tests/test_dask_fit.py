@@ -17,7 +17,7 @@ from conftest import make_blobs  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.utils import check_random_state  # noqa: E402
 
-from transformer_gmm import TransformerClusterer, TransformerGMM, _backend, _dask, em, runs  # noqa: E402
+from transformer_gmm import TransformerClusterer, TransformerGMM, _dask, _fit, em, runs  # noqa: E402
 from transformer_gmm._base import draw_seed  # noqa: E402
 
 K = 3
@@ -125,7 +125,7 @@ def test_large_array_matches_in_memory_em_from_its_start():
         sample = _dask._summarize(X_dask, seed, "TransformerGMM").sample
     assert sample.shape == (8_192, 3)
     options = dict(covariance_type="full", reg_covar=1e-6, max_iter=100, tol=1e-3)
-    chosen = _backend.fit_mixtures(
+    chosen = _fit.fit_mixtures(
         [sample], n_components=K, device="cpu", seed=seed, n_kmeans_inits=2, **options
     )
     start = em.MixtureParams(*(torch.from_numpy(getattr(chosen, f)) for f in runs.FIELDS))

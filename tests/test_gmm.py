@@ -15,12 +15,15 @@ from sklearn.mixture import GaussianMixture
 from transformer_gmm import (
     CheckpointError,
     FallbackWarning,
+    TransformerClusterer,
     TransformerGMM,
     _backend,
+    _fit,
     fit_many,
     runs,
 )
 from transformer_gmm._preprocessing import fit_standardization
+from transformer_gmm.standardize import subsample_rows
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
 
@@ -344,7 +347,7 @@ def test_n_init_keeps_the_best_lower_bound(three_blobs):
 @pytest.fixture
 def small_selection(monkeypatch):
     """Compare starts on 100 rows, so that a dataset of a few hundred counts as large."""
-    monkeypatch.setattr(_backend, "_SELECTION_ROWS", 100)
+    monkeypatch.setattr(_fit, "SELECTION_ROWS", 100)
 
 
 @pytest.mark.parametrize("checkpoint", [TINY_CHECKPOINT, None])
@@ -374,7 +377,24 @@ def test_large_fit_runs_em_on_all_rows_from_the_best_start(small_selection, chec
 def test_one_start_is_never_subsampled(small_selection):
     X = make_blobs(100, [[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0]], seed=12)
     subsampled = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=1, random_state=0).fit(X)
-    _backend._SELECTION_ROWS = 10**9  # undone by monkeypatch
+    _fit.SELECTION_ROWS = 10**9  # undone by monkeypatch
     whole = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=1, random_state=0).fit(X)
     np.testing.assert_array_equal(subsampled.means_, whole.means_)
     assert subsampled.n_iter_ == whole.n_iter_
+
+
+def test_every_fit_of_several_starts_reads_the_selection_rows(small_selection, monkeypatch):
+    """The fits read ``_fit.SELECTION_ROWS`` when they run, so shrinking it (as the tests
+    of large fits do) makes each of them compare its starts on that many rows."""
+    taken = []
+
+    def recording(shape, mask, n_rows, generator):
+        taken.append(n_rows)
+        return subsample_rows(shape, mask, n_rows, generator)
+
+    monkeypatch.setattr(_fit, "subsample_rows", recording)
+    X = make_blobs(100, [[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0]], seed=12)  # 300 rows > 100
+    TransformerGMM(3, checkpoint=None, n_init=2, random_state=0).fit(X)
+    TransformerClusterer(3, checkpoint=None, n_init=2, random_state=0).fit(X)
+    fit_many([X, X[:50]], 3, checkpoint=None, n_init=2, random_state=0)
+    assert taken == [100, 100, 100]

@@ -213,9 +213,9 @@ def test_lower_bounds_trace_the_kept_run(blobs, checkpoint):
 
 
 def test_large_fits_trace_both_stages(monkeypatch):
-    from transformer_gmm import _backend
+    from transformer_gmm import _fit
 
-    monkeypatch.setattr(_backend, "_SELECTION_ROWS", 64)
+    monkeypatch.setattr(_fit, "SELECTION_ROWS", 64)
     X = make_blobs(100, [[-6.0, 0.0], [6.0, 0.0]], seed=0)
     gmm = TransformerGMM(2, checkpoint=None, n_init=3, random_state=0).fit(X)
     assert gmm.lower_bounds_.shape == (gmm.n_iter_,)
@@ -294,9 +294,9 @@ def test_weights_pull_the_transformers_fit(blobs):
 
 @pytest.mark.parametrize("init_params", ["transformer", "kmeans", "k-means++", "random"])
 def test_large_weighted_fits_take_the_weights_of_the_subsampled_rows(monkeypatch, init_params):
-    from transformer_gmm import _backend
+    from transformer_gmm import _fit
 
-    monkeypatch.setattr(_backend, "_SELECTION_ROWS", 64)  # the starts compete on 64 rows
+    monkeypatch.setattr(_fit, "SELECTION_ROWS", 64)  # the starts compete on 64 rows
     X = make_blobs(100, [[-6.0, 0.0], [6.0, 0.0]], seed=0)
     weights = np.where(X[:, 0] < 0, 3.0, 1.0)
     gmm = TransformerGMM(

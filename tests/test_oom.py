@@ -15,6 +15,7 @@ from transformer_gmm import (
     TransformerClusterer,
     TransformerGMM,
     _backend,
+    em,
     fit_many,
 )
 
@@ -50,7 +51,7 @@ def assert_helpful(excinfo: pytest.ExceptionInfo, original: Exception) -> None:
     ids=["OutOfMemoryError", "RuntimeError"],
 )
 def test_fit_explains_out_of_memory(monkeypatch, X, original):
-    monkeypatch.setattr(_backend.em, "fit_em", raising(original))
+    monkeypatch.setattr(em, "fit_em", raising(original))
     with pytest.raises(DeviceMemoryError) as excinfo:
         TransformerGMM(2, checkpoint=None, random_state=0).fit(X)
     assert_helpful(excinfo, original)
@@ -58,7 +59,7 @@ def test_fit_explains_out_of_memory(monkeypatch, X, original):
 
 def test_fit_many_explains_out_of_memory(monkeypatch, X):
     original = torch.cuda.OutOfMemoryError(CUDA_OOM)
-    monkeypatch.setattr(_backend.em, "fit_em", raising(original))
+    monkeypatch.setattr(em, "fit_em", raising(original))
     with pytest.raises(DeviceMemoryError) as excinfo:
         fit_many([X, X[:30]], 2, checkpoint=None, random_state=0)
     assert_helpful(excinfo, original)
@@ -66,7 +67,7 @@ def test_fit_many_explains_out_of_memory(monkeypatch, X):
 
 def test_clusterer_explains_out_of_memory(monkeypatch, X):
     original = torch.cuda.OutOfMemoryError(CUDA_OOM)
-    monkeypatch.setattr(_backend.em, "lloyd", raising(original))
+    monkeypatch.setattr(em, "lloyd", raising(original))
     with pytest.raises(DeviceMemoryError) as excinfo:
         TransformerClusterer(2, checkpoint=None, random_state=0).fit(X)
     assert_helpful(excinfo, original)
@@ -75,7 +76,7 @@ def test_clusterer_explains_out_of_memory(monkeypatch, X):
 def test_scoring_explains_out_of_memory(monkeypatch, X):
     gmm = TransformerGMM(2, checkpoint=None, random_state=0).fit(X)
     original = torch.cuda.OutOfMemoryError(CUDA_OOM)
-    monkeypatch.setattr(_backend.em, "estimate_weighted_log_prob", raising(original))
+    monkeypatch.setattr(em, "estimate_weighted_log_prob", raising(original))
     with pytest.raises(DeviceMemoryError) as excinfo:
         gmm.predict(X)
     assert_helpful(excinfo, original)
@@ -83,7 +84,7 @@ def test_scoring_explains_out_of_memory(monkeypatch, X):
 
 def test_transformer_forward_pass_explains_out_of_memory(monkeypatch, X, tiny_checkpoint):
     original = torch.cuda.OutOfMemoryError(CUDA_OOM)
-    monkeypatch.setattr(_backend, "_model_on", raising(original))
+    monkeypatch.setattr(_backend, "model_on", raising(original))
     with pytest.raises(DeviceMemoryError) as excinfo:
         TransformerGMM(2, checkpoint=tiny_checkpoint, random_state=0).fit(X)
     assert_helpful(excinfo, original)
@@ -91,7 +92,7 @@ def test_transformer_forward_pass_explains_out_of_memory(monkeypatch, X, tiny_ch
 
 def test_other_runtime_errors_pass_through_unchanged(monkeypatch, X):
     original = RuntimeError("shape mismatch")
-    monkeypatch.setattr(_backend.em, "fit_em", raising(original))
+    monkeypatch.setattr(em, "fit_em", raising(original))
     with pytest.raises(RuntimeError) as excinfo:
         TransformerGMM(2, checkpoint=None, random_state=0).fit(X)
     assert excinfo.value is original

@@ -61,7 +61,7 @@ def reference_init(backbone, X: np.ndarray, n_components: int, rows: np.ndarray)
 
 
 def padded(datasets):
-    x, mask = _backend._pad(datasets, "cpu", torch.float64)
+    x, mask = _backend.pad(datasets, "cpu", torch.float64)
     return x, mask
 
 

@@ -1,6 +1,7 @@
 """What TransformerGMM and TransformerClusterer share: parameters, validation, and the
-choice between the backbone and the k-means++ fallback. No torch here: the backbone's
-estimate is read in :mod:`transformer_gmm._backend`, batched."""
+choice between the backbone and the k-means++ fallback. No torch here: the backbone is
+loaded by :mod:`transformer_gmm._backend` and read in :mod:`transformer_gmm._starts`,
+batched."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
-from . import _backend
+from . import _backend, _fit
 from ._base import draw_seed, warn_user
 from .gmm import TransformerGMM
 
@@ -160,7 +160,7 @@ random_state
     device = _backend.resolve_device(device)
     backbone = template._load_backbone()
     n_transformer_inits, n_kmeans_inits = template._starts(backbone is not None)
-    fits = _backend.fit_mixtures(
+    fits = _fit.fit_mixtures(
         Xs,
         **template._em_options(device),
         seed=draw_seed(random_state),

@@ -17,7 +17,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
-from . import _backend, _dask
+from . import _backend, _dask, _fit
 from ._base import _TransformerMixtureBase, draw_seed, warn_user
 
 
@@ -184,7 +184,7 @@ class TransformerClusterer(
         device = _backend.resolve_device(self.device)
         backbone = self._load_backbone()
         n_transformer_inits, n_kmeans_inits = self._starts(backbone is not None)
-        fit_kmeans = _dask.fit_kmeans if _dask.is_dask_array(X) else _backend.fit_kmeans
+        fit_kmeans = _dask.fit_kmeans if _dask.is_dask_array(X) else _fit.fit_kmeans
         fit = fit_kmeans(
             X,
             n_clusters=self.n_clusters,

@@ -10,7 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from . import _backend, _dask, _initialization, _verbose
+from . import _backend, _dask, _fit, _initialization, _starts, _verbose
 from ._base import _TransformerMixtureBase, draw_seed, warn_user
 from ._mixture_methods import FittedMixtureMixin, _precisions
 
@@ -324,7 +324,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         extra = {} if given is None else {"given": given}
         if sample_weight is not None:
             extra["sample_weight"] = [sample_weight]
-        fit_mixtures = _dask.fit_mixtures if _dask.is_dask_array(X) else _backend.fit_mixtures
+        fit_mixtures = _dask.fit_mixtures if _dask.is_dask_array(X) else _fit.fit_mixtures
         fits = fit_mixtures(
             [X],
             **self._em_options(device),
@@ -364,23 +364,23 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
             return None, 0, 0, self._previous_fit(X.shape[1]), ["warm_start"]
         given = _initialization.initial_parameters(self, X.shape[1])
         if len(given) == 3:  # nothing left to initialise
-            return None, 0, 0, _backend.GivenStarts(**given), ["user"]
+            return None, 0, 0, _starts.GivenStarts(**given), ["user"]
         n_init = 1 if self.n_init == "auto" else self.n_init
         starts = [self.init_params] * n_init
         if self.init_params == "transformer":
             backbone = self._load_backbone()
             n_transformer, n_kmeans = self._starts(backbone is not None)
             starts = ["transformer"] * n_transformer + ["k-means++"] * n_kmeans
-            given = _backend.GivenStarts(**given) if given else None
+            given = _starts.GivenStarts(**given) if given else None
             return backbone, n_transformer, n_kmeans, given, starts
         if self.init_params == "kmeans":
-            return None, 0, n_init, _backend.GivenStarts(**given) if given else None, starts
+            return None, 0, n_init, _starts.GivenStarts(**given) if given else None, starts
         if self.init_params == "k-means++":
-            return None, 0, 0, _backend.GivenStarts(n_seedings=n_init, **given), starts
+            return None, 0, 0, _starts.GivenStarts(n_seedings=n_init, **given), starts
         resp = _initialization.random_responsibilities(
             self.init_params, X, self.n_components, n_init, random_state, sample_weight
         )
-        return None, 0, 0, _backend.GivenStarts(resp=resp, **given), starts
+        return None, 0, 0, _starts.GivenStarts(resp=resp, **given), starts
 
     def _starts_need_rows(self, sample_weight) -> bool:
         """Whether the fit uses GaussianMixture's ways to start, or weights."""
@@ -388,7 +388,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         warm = self.warm_start and hasattr(self, "converged_")
         return warm or self.init_params != "transformer" or any(p is not None for p in given)
 
-    def _previous_fit(self, n_features: int) -> _backend.GivenStarts:
+    def _previous_fit(self, n_features: int) -> _starts.GivenStarts:
         """The fitted parameters, for ``warm_start``."""
         shape = (self.n_components, n_features)
         if self.means_.shape != shape:
@@ -397,7 +397,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
                 f"{self.means_.shape}, but this fit asks for {shape} (n_components, "
                 "n_features). Set warm_start=False, or fit a new estimator."
             )
-        return _backend.GivenStarts(
+        return _starts.GivenStarts(
             weights=self.weights_.astype(np.float64),
             means=self.means_.astype(np.float64),
             precisions_cholesky=self.precisions_cholesky_.astype(np.float64),
@@ -416,7 +416,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
 
     def _store_fit(
         self,
-        fits: _backend.MixtureFits,
+        fits: _fit.MixtureFits,
         i: int,
         device: str,
         n_transformer_inits: int,

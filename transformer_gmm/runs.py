@@ -1,8 +1,8 @@
 """Several EM runs per dataset in one batch: laying them out, and keeping one.
 
 Parameters of B datasets' R runs travel as (B, R, ...) tensors, or flattened to
-(B * R, ...), dataset-major, for EM. All torch; :mod:`transformer_gmm._backend` is the
-numpy side.
+(B * R, ...), dataset-major, for EM. All torch: the fits (:mod:`transformer_gmm._fit`,
+:mod:`transformer_gmm._fit_by_blocks`) make them from numpy arrays and back.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ def repeat(tensor: torch.Tensor, n_runs: int) -> torch.Tensor:
     if tensor.shape[0] == 1:
         return tensor.expand(n_runs, *tensor.shape[1:])
     return tensor.repeat_interleave(n_runs, dim=0)
+
+
+def weighted(sample_weight: torch.Tensor | None, n_runs: int) -> dict:
+    """``sample_weight=`` for ``n_runs`` runs on each dataset, or nothing when unweighted."""
+    return {} if sample_weight is None else {"sample_weight": repeat(sample_weight, n_runs)}
 
 
 FIELDS = ("weights", "means", "covariances", "precisions_cholesky")

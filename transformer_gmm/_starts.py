@@ -1,0 +1,225 @@
+"""Where EM and Lloyd start: the transformer's starts, k-means++'s, and the estimator's own.
+
+Both fits (:mod:`transformer_gmm._fit` in memory, :mod:`transformer_gmm._fit_by_blocks`
+for a Dask array) build their starts here, in torch, on the fit's device; the backbone
+reads the data through :mod:`transformer_gmm.readout`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import _backend, em, readout, runs
+from .standardize import take_rows
+
+# --- Gaussian mixtures ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GivenStarts:
+    """What the estimator fixed about the starts of a mixture fit, for one dataset:
+    scikit-learn's other initialisations, and parameters that replace every start's.
+
+    ``n_seedings`` starts from k-means++ seeds alone (scikit-learn's
+    ``init_params="k-means++"``), then one start for each of the ``resp`` (R, N, K), by
+    one M-step on those responsibilities (the estimator draws them as scikit-learn's
+    ``"random"`` and ``"random_from_data"`` do). ``weights`` (K,), ``means`` (K, d) and
+    ``precisions_cholesky`` (by covariance type), where given, replace those of every
+    start (``weights_init``, ``means_init``, ``precisions_init``, or the previous fit for a
+    warm start), and the covariances follow the precisions. Given all three and no other
+    start, EM runs once from them, its first change measured from ``lower_bound``.
+    """
+
+    n_seedings: int = 0
+    resp: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    means: np.ndarray | None = None
+    precisions_cholesky: np.ndarray | None = None
+    lower_bound: float = -math.inf
+
+    @property
+    def complete(self) -> bool:
+        return all(p is not None for p in (self.weights, self.means, self.precisions_cholesky))
+
+    @property
+    def n_runs(self) -> int:
+        n_runs = self.n_seedings + (0 if self.resp is None else len(self.resp))
+        return 1 if n_runs == 0 and self.complete else n_runs
+
+
+def mixture_starts(
+    x: torch.Tensor,
+    mask: torch.Tensor | None,
+    generator: torch.Generator,
+    *,
+    n_components: int,
+    covariance_type: str,
+    reg_covar: float,
+    n_kmeans_inits: int,
+    backbone: _backend.Backbone | None,
+    n_transformer_inits: int,
+    device: str,
+    sample_weight: torch.Tensor | None = None,
+    given: GivenStarts | None = None,
+    index: torch.Tensor | None = None,
+) -> em.MixtureParams:
+    """The starts of :func:`~transformer_gmm._fit.fit_mixtures` for the datasets ``x``
+    (B, N, d), flattened to (B * R, ...), dataset-major: the transformer's first, then
+    k-means++'s, then ``given``'s (see :class:`GivenStarts`; ``index`` (B, N) is where
+    ``x``'s rows sit in the data, or None), all with ``given``'s parameters in place of
+    theirs. With ``sample_weight`` (B, N), the transformer reads rows drawn in proportion
+    to their weights, and the other starts are weighted."""
+    n_datasets = x.shape[0]
+    run_params = []  # each (B, R_i, ...) parameters
+    if n_transformer_inits > 0:
+        model = _backend.model_on(backbone.model, device)
+        x_read, mask_read = x, mask
+        if sample_weight is not None:
+            x_read, mask_read = _weighted_draw(x, sample_weight, backbone.context_size, generator)
+        starts = readout.mixture_inits(
+            model, x_read, mask_read, n_components, generator, n_starts=n_transformer_inits
+        )
+        for init in starts:
+            params = em.estimate_gaussian_parameters(
+                init.x,
+                init.resp,
+                covariance_type=covariance_type,
+                reg_covar=reg_covar,
+                means=init.means,
+                mask=init.mask,
+            )
+            params.weights = init.weights
+            run_params.append(runs.unflatten(params, n_datasets))
+    if n_kmeans_inits > 0:
+        params = em.initialize_kmeans(
+            runs.repeat(x, n_kmeans_inits),
+            n_components,
+            covariance_type=covariance_type,
+            reg_covar=reg_covar,
+            generator=generator,
+            mask=None if mask is None else runs.repeat(mask, n_kmeans_inits),
+            **runs.weighted(sample_weight, n_kmeans_inits),
+        )
+        run_params.append(runs.unflatten(params, n_datasets))
+    if given is None:
+        return runs.flatten(runs.concatenate(run_params))
+    run_params += _given_starts(
+        x,
+        mask,
+        sample_weight,
+        index,
+        generator,
+        given,
+        n_components=n_components,
+        covariance_type=covariance_type,
+        reg_covar=reg_covar,
+    )
+    return _with_given(runs.flatten(runs.concatenate(run_params)), given, covariance_type)
+
+
+def _weighted_draw(
+    x: torch.Tensor, sample_weight: torch.Tensor, context_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, None]:
+    """The rows the transformer reads of weighted data: ``min(N, context_size)`` rows of
+    each dataset of ``x`` (B, N, d), drawn with replacement in proportion to their weights
+    (B, N), so a row of weight w is read about w times as often as one of weight 1; and
+    their mask (None: no drawn row is padding, whose weight is zero)."""
+    cumulative = sample_weight.cumsum(dim=-1)  # (B, N)
+    n_read = min(x.shape[1], context_size)
+    u = torch.rand(x.shape[0], n_read, generator=generator, dtype=x.dtype, device=x.device)
+    # The first row whose cumulative weight exceeds u * total: never one of weight zero.
+    index = torch.searchsorted(cumulative, u * cumulative[:, -1:], right=True)
+    return take_rows(x, index.clamp_max_(x.shape[1] - 1)), None
+
+
+def _given_starts(
+    x: torch.Tensor,
+    mask: torch.Tensor | None,
+    sample_weight: torch.Tensor | None,
+    index: torch.Tensor | None,
+    generator: torch.Generator,
+    given: GivenStarts,
+    *,
+    n_components: int,
+    covariance_type: str,
+    reg_covar: float,
+) -> list[em.MixtureParams]:
+    """``given``'s own starts (each (B, R_i, ...)): its k-means++ seedings, its
+    responsibilities (their rows at ``index``), or, with neither, its parameters."""
+    n_datasets, starts = x.shape[0], []
+    options = dict(covariance_type=covariance_type, reg_covar=reg_covar)
+    if given.n_seedings > 0:
+        params = em.initialize_kmeans_plusplus(
+            runs.repeat(x, given.n_seedings),
+            n_components,
+            generator=generator,
+            mask=None if mask is None else runs.repeat(mask, given.n_seedings),
+            **runs.weighted(sample_weight, given.n_seedings),
+            **options,
+        )
+        starts.append(runs.unflatten(params, n_datasets))
+    if given.resp is not None:
+        resp = _backend.tensor(given.resp, str(x.device), x.dtype)  # (R, N, K), for one dataset
+        if index is not None:
+            resp = take_rows(resp, index.expand(resp.shape[0], -1))
+        params = em.estimate_gaussian_parameters(
+            x, resp, mask=mask, **runs.weighted(sample_weight, 1), **options
+        )
+        starts.append(runs.unflatten(params, n_datasets))
+    if given.n_runs == 1 and not starts:  # complete: one start, which _with_given fills in
+        shapes = (given.weights.shape, given.means.shape, given.precisions_cholesky.shape)
+        weights, means, precisions_cholesky = (x.new_zeros(n_datasets, 1, *s) for s in shapes)
+        starts.append(em.MixtureParams(weights, means, precisions_cholesky, precisions_cholesky))
+    return starts
+
+
+def _with_given(
+    params: em.MixtureParams, given: GivenStarts, covariance_type: str
+) -> em.MixtureParams:
+    """``params`` (B * R, ...) with ``given``'s weights, means and precisions in place of
+    theirs, and the covariances those precisions give."""
+
+    def replace(array: np.ndarray | None, like: torch.Tensor) -> torch.Tensor:
+        if array is None:
+            return like
+        return _backend.tensor(array, str(like.device), like.dtype).expand_as(like).contiguous()
+
+    weights = replace(given.weights, params.weights)
+    means = replace(given.means, params.means)
+    if given.precisions_cholesky is None:
+        return em.MixtureParams(weights, means, params.covariances, params.precisions_cholesky)
+    precisions_cholesky = replace(given.precisions_cholesky, params.precisions_cholesky)
+    covariances = em.covariances_from_precisions_cholesky(precisions_cholesky, covariance_type)
+    return em.MixtureParams(weights, means, covariances, precisions_cholesky)
+
+
+# --- k-means -------------------------------------------------------------------------
+
+
+def kmeans_starts(
+    x: torch.Tensor,
+    generator: torch.Generator,
+    *,
+    n_clusters: int,
+    n_kmeans_inits: int,
+    backbone: _backend.Backbone | None,
+    n_transformer_inits: int,
+    device: str,
+) -> torch.Tensor:
+    """The starting centres (R, K, d) of :func:`~transformer_gmm._fit.fit_kmeans` for one
+    dataset ``x`` (1, N, d): the transformer's first, then k-means++'s."""
+    starts = []
+    if n_transformer_inits > 0:
+        model = _backend.model_on(backbone.model, device)
+        starts += readout.cluster_centers(
+            model, x, None, n_clusters, generator, n_starts=n_transformer_inits
+        )
+    if n_kmeans_inits > 0:
+        starts.append(
+            em.kmeans_plusplus(x.expand(n_kmeans_inits, -1, -1), n_clusters, generator=generator)
+        )
+    return torch.cat(starts)
