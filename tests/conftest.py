@@ -66,3 +66,20 @@ def no_bundled_checkpoint(tmp_path, monkeypatch) -> None:
     empty = tmp_path / "no_bundled_checkpoints"
     empty.mkdir()
     monkeypatch.setattr(checkpoints, "_bundled_root", lambda: empty)
+
+
+@pytest.fixture(scope="session")
+def dask_client():
+    """A 2-process LocalCluster for every Dask test: worker processes, not threads, so
+    estimators and statistics must survive pickling to reach them. One for the session:
+    starting and stopping a cluster takes seconds."""
+    distributed = pytest.importorskip(
+        "distributed", reason='needs dask: pip install "dask[array,distributed]"'
+    )
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        yield client

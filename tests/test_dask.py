@@ -19,16 +19,10 @@ from transformer_gmm import TransformerClusterer, TransformerGMM  # noqa: E402
 K = 3
 
 
-@pytest.fixture(scope="module")
-def client():
-    # Worker processes, not threads: the estimators must survive pickling to reach them.
-    with (
-        distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
-        yield client
+@pytest.fixture
+def client(dask_client):
+    with dask_client.as_current():
+        yield dask_client
 
 
 @pytest.fixture(scope="module")

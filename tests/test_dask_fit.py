@@ -26,15 +26,10 @@ CENTERS = [[-5.0, 0.0, 1.0], [0.0, 5.0, -1.0], [4.0, -1.0, 0.0]]
 CHUNKS = ((2, 700, 1, 597, 500), (3,))
 
 
-@pytest.fixture(scope="module")
-def client():
-    with (
-        distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
-        yield client
+@pytest.fixture
+def client(dask_client):
+    with dask_client.as_current():
+        yield dask_client
 
 
 @pytest.fixture(params=["local", "distributed"])

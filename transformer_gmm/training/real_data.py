@@ -27,7 +27,8 @@ FEATURES = (
 )
 
 
-def _log_uniform(rng: np.random.Generator, low: float, high: float, size=None) -> np.ndarray:
+def log_uniform(rng: np.random.Generator, low: float, high: float, size=None) -> np.ndarray:
+    """Draws whose logarithm is uniform on [log low, log high] (the sampler's scale draws)."""
     return np.exp(rng.uniform(np.log(low), np.log(high), size))
 
 
@@ -54,7 +55,7 @@ def covariance_factors(rng: np.random.Generator, prior: Prior, stds: np.ndarray)
         return np.einsum("kd,de->kde", stds, np.eye(d))
     factors = np.empty((K, d, d))
     for k in range(K):
-        condition = _log_uniform(rng, 1.0, prior.max_condition)
+        condition = log_uniform(rng, 1.0, prior.max_condition)
         log_var = rng.uniform(-0.5, 0.5, d) * np.log(condition)  # variances' ratio <= condition
         log_var -= log_var.mean()  # geometric mean 1: the component's size is stds[k]
         axes = np.exp(log_var / 2) * stds[k, 0]
@@ -86,7 +87,7 @@ def add_irrelevant_features(rng, prior, means, factors):
     means[:, d - m :] = 0.0
     factors[:, d - m :, :] = 0.0
     spread = np.sqrt((factors[:, : d - m] ** 2).sum(-1).mean())  # a typical signal std
-    noise_std = spread * _log_uniform(rng, 0.5, 2.0)
+    noise_std = spread * log_uniform(rng, 0.5, 2.0)
     factors[:, d - m :, d - m :] = noise_std * np.eye(m)
     return means, factors
 
@@ -97,7 +98,7 @@ def mix_features(rng, prior, means, factors):
     if d < 2 or not _happens(rng, prior.mixing_prob):
         return means, factors
     q = _random_rotation(rng, d)
-    a = q * _log_uniform(rng, 1.0, 10.0, d) ** 0.5 @ q.T
+    a = q * log_uniform(rng, 1.0, 10.0, d) ** 0.5 @ q.T
     return means @ a.T, a @ factors
 
 

@@ -25,6 +25,7 @@ from .real_data import (
     add_outliers,
     covariance_factors,
     has_real_data_features,
+    log_uniform,
     mix_features,
     reshape_noise,
     standardize_features,
@@ -234,10 +235,6 @@ class Task:
 # --- sampling ------------------------------------------------------------------------
 
 
-def _log_uniform(rng: np.random.Generator, low: float, high: float, size=None) -> np.ndarray:
-    return np.exp(rng.uniform(np.log(low), np.log(high), size))
-
-
 def _draw_weights(rng: np.random.Generator, prior: Prior, K: int) -> np.ndarray:
     if rng.random() < prior.dirichlet_prob:
         w = rng.dirichlet(np.full(K, prior.dirichlet_alpha))
@@ -286,12 +283,12 @@ def sample_task(
     >>> task.X.shape, task.standardization.transform(task.X).shape  # 1 direction, padded
     ((20, 6), (20, 4))
     """
-    h = _log_uniform(rng, *prior.half_width)
+    h = log_uniform(rng, *prior.half_width)
     means = rng.uniform(-h, h, (K, d))  # (K, d)
     weights = _draw_weights(rng, prior, K)  # (K,)
-    stds = np.repeat(_log_uniform(rng, *prior.scale_range, (K, 1)), d, axis=1)  # (K, d)
+    stds = np.repeat(log_uniform(rng, *prior.scale_range, (K, 1)), d, axis=1)  # (K, d)
     if rng.random() < prior.diag_prob:
-        stds = stds * _log_uniform(rng, 0.5, 2.0, (K, d))
+        stds = stds * log_uniform(rng, 0.5, 2.0, (K, d))
     labels = np.concatenate([np.arange(K), rng.choice(K, n - K, p=weights)])
     labels = labels[rng.permutation(n)]  # (n,)
     if rng.random() < prior.heavy_prob:
@@ -316,7 +313,7 @@ def sample_task(
 
 def _draw_d(rng: np.random.Generator, d_range: tuple[int, int]) -> int:
     low, high = d_range
-    return int(np.clip(np.floor(_log_uniform(rng, low, high + 1)), low, high))
+    return int(np.clip(np.floor(log_uniform(rng, low, high + 1)), low, high))
 
 
 def sample_batch(
