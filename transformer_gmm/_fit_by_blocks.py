@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from . import _backend, _fit, _starts, em, runs, sufficient_stats
+from . import _backend, _fit, _row_order, _starts, em, runs, sufficient_stats
 
 ReduceBlocks = Callable[[Callable[..., np.ndarray], tuple, int], np.ndarray]
 
@@ -114,7 +114,10 @@ def fit_mixtures_by_blocks(
     from every start, one pass over the blocks an iteration for all of them, and
     :func:`transformer_gmm.runs.choose` keeps one. When the sample holds every row, the
     starts and the choice are the in-memory fit's, and the fit equals it to rounding.
+    The sample is put in the in-memory fit's canonical order of rows for that; which rows
+    the sample holds, when it does not hold all, still depends on where they lie.
     """
+    sample = sample[_row_order.canonical_order(sample)]
     options = dict(
         n_components=n_components,
         covariance_type=covariance_type,
@@ -201,8 +204,10 @@ def fit_kmeans_by_blocks(
     ``mean`` (d,) is the mean of every row, on which Lloyd centres the data, and
     ``sum_of_squares`` the sum of their squared differences from it, which scales
     ``tol``. The fit's ``labels`` are None (the caller labels the rows lazily); a last
-    pass gives the inertia and the number of clusters that hold a row.
+    pass gives the inertia and the number of clusters that hold a row. The sample is put
+    in the canonical order of rows, as :func:`fit_mixtures_by_blocks` puts it.
     """
+    sample = sample[_row_order.canonical_order(sample)]
     options = dict(
         n_kmeans_inits=n_kmeans_inits,
         backbone=backbone,

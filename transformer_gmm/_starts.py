@@ -95,16 +95,18 @@ def mixture_starts(
             params.weights = init.weights
             run_params.append(runs.unflatten(params, n_datasets))
     if n_kmeans_inits > 0:
+        # Run-major: k-means++ draws each row of its batch independently of the batch's
+        # size, so run r of every dataset is the same for any n_kmeans_inits > r.
         params = em.initialize_kmeans(
-            runs.repeat(x, n_kmeans_inits),
+            runs.repeat(x, n_kmeans_inits, run_major=True),
             n_components,
             covariance_type=covariance_type,
             reg_covar=reg_covar,
             generator=generator,
-            mask=None if mask is None else runs.repeat(mask, n_kmeans_inits),
-            **runs.weighted(sample_weight, n_kmeans_inits),
+            mask=None if mask is None else runs.repeat(mask, n_kmeans_inits, run_major=True),
+            **runs.weighted(sample_weight, n_kmeans_inits, run_major=True),
         )
-        run_params.append(runs.unflatten(params, n_datasets))
+        run_params.append(runs.unflatten(params, n_datasets, run_major=True))
     if given is None:
         return runs.flatten(runs.concatenate(run_params))
     run_params += _given_starts(
@@ -152,16 +154,17 @@ def _given_starts(
     responsibilities (their rows at ``index``), or, with neither, its parameters."""
     n_datasets, starts = x.shape[0], []
     options = dict(covariance_type=covariance_type, reg_covar=reg_covar)
-    if given.n_seedings > 0:
+    if given.n_seedings > 0:  # run-major, as mixture_starts lays out k-means++'s runs
+        n_seedings = given.n_seedings
         params = em.initialize_kmeans_plusplus(
-            runs.repeat(x, given.n_seedings),
+            runs.repeat(x, n_seedings, run_major=True),
             n_components,
             generator=generator,
-            mask=None if mask is None else runs.repeat(mask, given.n_seedings),
-            **runs.weighted(sample_weight, given.n_seedings),
+            mask=None if mask is None else runs.repeat(mask, n_seedings, run_major=True),
+            **runs.weighted(sample_weight, n_seedings, run_major=True),
             **options,
         )
-        starts.append(runs.unflatten(params, n_datasets))
+        starts.append(runs.unflatten(params, n_datasets, run_major=True))
     if given.resp is not None:
         resp = _backend.tensor(given.resp, str(x.device), x.dtype)  # (R, N, K), for one dataset
         if index is not None:
@@ -209,17 +212,31 @@ def kmeans_starts(
     backbone: _backend.Backbone | None,
     n_transformer_inits: int,
     device: str,
+    sample_weight: torch.Tensor | None = None,
+    given: np.ndarray | None = None,
 ) -> torch.Tensor:
     """The starting centres (R, K, d) of :func:`~transformer_gmm._fit.fit_kmeans` for one
-    dataset ``x`` (1, N, d): the transformer's first, then k-means++'s."""
+    dataset ``x`` (1, N, d): the transformer's first, then k-means++'s, then ``given``'s
+    (R_given, K, d), the estimator's own. With ``sample_weight`` (1, N), the transformer
+    reads rows drawn in proportion to their weights, and k-means++ is weighted."""
     starts = []
     if n_transformer_inits > 0:
         model = _backend.model_on(backbone.model, device)
+        x_read = x
+        if sample_weight is not None:
+            x_read, _ = _weighted_draw(x, sample_weight, backbone.context_size, generator)
         starts += readout.cluster_centers(
-            model, x, None, n_clusters, generator, n_starts=n_transformer_inits
+            model, x_read, None, n_clusters, generator, n_starts=n_transformer_inits
         )
     if n_kmeans_inits > 0:
         starts.append(
-            em.kmeans_plusplus(x.expand(n_kmeans_inits, -1, -1), n_clusters, generator=generator)
+            em.kmeans_plusplus(
+                x.expand(n_kmeans_inits, -1, -1),
+                n_clusters,
+                generator=generator,
+                **runs.weighted(sample_weight, n_kmeans_inits),
+            )
         )
+    if given is not None:
+        starts.append(_backend.tensor(given, str(x.device), x.dtype))
     return torch.cat(starts)

@@ -1,4 +1,5 @@
-"""The ``verbose`` report of a TransformerGMM fit, in scikit-learn's words.
+"""The ``verbose`` reports of TransformerGMM and TransformerClusterer fits, in
+scikit-learn's words.
 
 scikit-learn's ``BaseMixture`` prints as each initialisation runs; here every
 initialisation runs in one batched EM loop, so the same lines are printed when the loop
@@ -65,3 +66,45 @@ def report(
                 f"Initialization {message}. time lapse {lapse:.5f}s\t lower bound "
                 f"{lower_bound:.5f}."
             )
+
+
+def _lloyd_lines(steps: list, threshold: float) -> list[list[str]]:
+    """scikit-learn's lines for each run of one batched Lloyd loop (``steps``, its
+    :class:`~transformer_gmm.kmeans.LloydStep` per iteration)."""
+    if not steps:
+        return []
+    lines = [[] for _ in range(int(steps[0].rows.max()) + 1)]
+    for iteration, step in enumerate(steps):
+        columns = (step.rows, step.active, step.inertia, step.shift, step.strict)
+        for run, active, inertia, shift, strict in zip(*(c.tolist() for c in columns), strict=True):
+            if not active:
+                continue
+            lines[run].append(f"Iteration {iteration}, inertia {inertia}.")
+            if strict:
+                lines[run].append(f"Converged at iteration {iteration}: strict convergence.")
+            elif shift <= threshold:
+                lines[run].append(
+                    f"Converged at iteration {iteration}: center shift {shift} within "
+                    f"tolerance {threshold}."
+                )
+    return lines
+
+
+def kmeans_report(trace: list[list], *, threshold: float) -> None:
+    """Print scikit-learn's ``KMeans`` report for each run of a TransformerClusterer fit:
+    ``Initialization complete``, then each Lloyd iteration's inertia (of the assignment
+    to the centres it started from) and how the run converged. ``trace`` holds the
+    steps of the batched loop and, where the runs were compared on a subsample, those of
+    the kept run on every row; ``threshold`` is ``tol`` times the mean variance of the
+    features."""
+    runs, refit = (_lloyd_lines(steps, threshold) for steps in trace)
+    if len(runs) > 1:
+        print(f"{len(runs)} initializations run as one batch.")
+    for lines in runs:
+        print("Initialization complete")
+        for line in lines:
+            print(line)
+    if refit:
+        print("The kept initialization, on every row:")
+        for line in refit[0]:
+            print(line)

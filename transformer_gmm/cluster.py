@@ -14,11 +14,12 @@ from sklearn.base import (
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from . import _backend, _dask, _fit
+from . import _backend, _dask, _fit, _initialization, _verbose
 from ._base import _TransformerMixtureBase, draw_seed, warn_user
+from ._cluster_initialization import given_centers, init_kind, n_runs
 
 
 def _nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
@@ -42,35 +43,55 @@ class TransformerClusterer(
     ----------
     n_clusters : int, default=8
         The number of clusters.
-    checkpoint : str, path or None, default="default"
-        The transformer: a bundled name, a local checkpoint folder, or a Hugging Face
-        Hub id. ``None`` uses k-means++ without a warning. A checkpoint that is named
-        but cannot be found or loaded raises an error.
+    init : {"transformer", "k-means++", "random"}, callable or array-like, default="transformer"
+        Where Lloyd starts. ``"transformer"``: the transformer's clusterings, then
+        k-means++ (see ``n_init``). The others skip the transformer and are
+        :class:`~sklearn.cluster.KMeans`'s: k-means++ seeding; ``n_clusters`` rows drawn
+        at random (in proportion to ``sample_weight``); an array of shape
+        (n_clusters, n_features) of centres; or a callable
+        ``init(X, n_clusters, random_state=random_state)`` that returns one (it is
+        given ``X`` as passed to ``fit``, densified if sparse).
+    n_init : "auto" or int, default="auto"
+        Initialisations to run, all as one batch; the one with the lowest inertia is
+        kept. With ``init="transformer"``, the transformer gives the first
+        ``2 * n_views``, two per view: the centres of its per-point labels (``n_init=1``
+        runs the first view's alone), then the means of its mixture; the others come
+        from k-means++. ``"auto"`` then runs all of the transformer's starts and two
+        k-means++ starts (with ``max_iter=0``, the transformer's alone), or a single
+        k-means++ start when no transformer runs. With another ``init``, ``"auto"`` is
+        KMeans's: 1 for "k-means++" or an array, 10 for "random" or a callable.
     max_iter : int, default=300
-        Lloyd iterations that refine the transformer's clustering; ``0`` keeps the
-        transformer's own centres (with ``n_init="auto"``, of the centres of its labels
-        and the means of its mixture, those with the lower inertia; points are then
-        labelled by their nearest centre).
+        Lloyd iterations that refine the starts; ``0`` keeps the starting centres (with
+        the transformer and ``n_init="auto"``, of the centres of its labels and the means
+        of its mixture, those with the lower inertia; points are then labelled by their
+        nearest centre).
     tol : float, default=1e-4
         Lloyd stops when the squared shift of the centres falls below ``tol`` times the
         mean variance of the features, or when no label changes.
-    n_init : "auto" or int, default="auto"
-        Initialisations to run, all as one batch; the one with the lowest inertia is
-        kept. The transformer gives the first ``2 * n_views``, two per view: the centres
-        of its per-point labels (``n_init=1`` runs the first view's alone), then the
-        means of its mixture; the others come from k-means++. ``"auto"`` runs all of the
-        transformer's starts and two k-means++ starts (with ``max_iter=0``, the
-        transformer's alone), or a single k-means++ start when no transformer runs, as
-        ``KMeans(n_init="auto")`` does.
+    verbose : int, default=0
+        Print scikit-learn's report of each initialisation's Lloyd iterations (after
+        the batch has run).
+    random_state : int, RandomState instance or None, default=None
+        Seeds the random starts, the subsample the transformer reads when ``n_samples``
+        exceeds its context size, and the k-means++ seedings.
+    copy_x : bool, default=True
+        Accepted for :class:`~sklearn.cluster.KMeans`'s signature: ``X`` is never
+        modified, whatever its value.
+    algorithm : {"lloyd", "elkan"}, default="lloyd"
+        Accepted for :class:`~sklearn.cluster.KMeans`'s signature: both run the same
+        batched Lloyd iterations (Elkan's triangle-inequality bounds give the same
+        result, and pay off for a single run on a CPU, not for a batch).
+    checkpoint : str, path or None, default="default"
+        The transformer: a bundled name, a local checkpoint folder, or a Hugging Face
+        Hub id. ``None`` uses k-means++ without a warning. A checkpoint that is named
+        but cannot be found or loaded raises an error. Used by ``init="transformer"``
+        only.
     n_views : int, default=1
         Readings of the data by the transformer, in one batch: the data, then
         reflections of its principal axes. Each view costs a forward pass and gives two
         more starts; see :class:`TransformerGMM`.
     device : str, default="auto"
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
-    random_state : int, RandomState instance or None, default=None
-        Seeds the subsample the transformer reads when ``n_samples`` exceeds its context
-        size, and the k-means++ seedings.
 
     Attributes
     ----------
@@ -82,11 +103,12 @@ class TransformerClusterer(
         graph, which pickles with the estimator only where that graph pickles: compute
         or delete it before pickling the estimator to keep the pickle small and portable.
     inertia_ : float
-        Sum of squared distances of the training samples to their nearest centre.
+        Sum of squared distances of the training samples to their nearest centre,
+        weighted by ``sample_weight``.
     n_iter_ : int
         Lloyd iterations run for the kept initialisation. Above 8,192 samples, where the
         initialisations are compared on a subsample, those there plus those on all of X.
-    init_method_ : {"transformer", "k-means++"}
+    init_method_ : {"transformer", "k-means++", "random", "array", "callable"}
         Where the kept clustering started.
     device_ : str
         The device the fit ran on.
@@ -116,51 +138,77 @@ class TransformerClusterer(
     _parameter_constraints: dict = {
         **_TransformerMixtureBase._parameter_constraints,
         "n_clusters": [Interval(Integral, 1, None, closed="left")],
+        "init": [StrOptions({"transformer", "k-means++", "random"}), callable, "array-like"],
+        "verbose": ["verbose"],
+        "copy_x": ["boolean"],
+        "algorithm": [StrOptions({"lloyd", "elkan"})],
     }
     _fallback_algorithm = "k-means (Lloyd) with k-means++ seeding"
+    _accept_sparse = "csr"
 
     def __init__(
         self,
         n_clusters=8,
         *,
-        checkpoint="default",
+        init="transformer",
+        n_init="auto",
         max_iter=300,
         tol=1e-4,
-        n_init="auto",
+        verbose=0,
+        random_state=None,
+        copy_x=True,
+        algorithm="lloyd",
+        checkpoint="default",
         n_views=1,
         device="auto",
-        random_state=None,
     ):
         self.n_clusters = n_clusters
-        self.checkpoint = checkpoint
+        self.init = init
+        self.n_init = n_init
         self.max_iter = max_iter
         self.tol = tol
-        self.n_init = n_init
+        self.verbose = verbose
+        self.random_state = random_state
+        self.copy_x = copy_x
+        self.algorithm = algorithm
+        self.checkpoint = checkpoint
         self.n_views = n_views
         self.device = device
-        self.random_state = random_state
 
     def _n_components(self) -> int:
         return self.n_clusters
+
+    def _too_few_samples_message(self, n_samples: int) -> str:
+        return (  # KMeans's words, then what to do
+            f"n_samples={n_samples} should be >= n_clusters={self.n_clusters}. Pass more "
+            "samples or lower n_clusters."
+        )
 
     @property
     def _n_features_out(self) -> int:
         return self.cluster_centers_.shape[0]
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y=None):
+    def fit(self, X, y=None, sample_weight=None):
         """Cluster ``X``.
 
         Parameters
         ----------
-        X : array-like or dask array of shape (n_samples, n_features)
-            Training data. A ``dask.array.Array`` chunked by rows (all the columns in one
-            chunk) is clustered where its chunks live, on the active Dask scheduler,
-            without gathering it: the starts come from a sample of it, and each Lloyd
+        X : array-like, sparse matrix or dask array of shape (n_samples, n_features)
+            Training data. A sparse matrix is densified for the fit (a clear error says
+            when it would be too large; reduce its dimension first). A
+            ``dask.array.Array`` chunked by rows (all the columns in one chunk) is
+            clustered where its chunks live, on the active Dask scheduler, without
+            gathering it: the starts come from a sample of it, and each Lloyd
             iteration is one pass that sums the chunks' counts and sums; ``labels_`` is
             then lazy.
         y : Ignored
             Not used, present for API consistency.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the samples, as in :class:`~sklearn.cluster.KMeans`:
+            centres are weighted means and the inertia a weighted sum; the transformer
+            reads rows drawn in proportion to their weights, and k-means++ and "random"
+            draw in proportion to them. Integer weights fit as repeated rows.
 
         Returns
         -------
@@ -180,10 +228,32 @@ class TransformerClusterer(
         [-5.0, 5.0]
         """
         X = self._validate_fit_data(X)
+        if _dask.is_dask_array(X) and (
+            sample_weight is not None or init_kind(self.init) not in ("transformer", "k-means++")
+        ):
+            raise ValueError(
+                "sample_weight and init other than 'transformer' or 'k-means++' need X in "
+                "memory; fit on a numpy array (X.compute()) to use them."
+            )
+        if sample_weight is not None:
+            sample_weight = _initialization.check_sample_weight(sample_weight, X, self.n_clusters)
         random_state = check_random_state(self.random_state)
+        if self.algorithm == "elkan" and self.n_clusters == 1:
+            # KMeans's words; both algorithms run Lloyd's iterations here.
+            warn_user(
+                "algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
+                RuntimeWarning,
+            )
         device = _backend.resolve_device(self.device)
-        backbone = self._load_backbone()
-        n_transformer_inits, n_kmeans_inits = self._starts(backbone is not None)
+        backbone, n_transformer_inits, n_kmeans_inits, given, starts = self._plan_starts(
+            X, sample_weight, random_state
+        )
+        self._n_init = len(starts)
+        extra = {} if given is None else {"given": given}
+        if sample_weight is not None:
+            extra["sample_weight"] = sample_weight
+        if self.verbose and not _dask.is_dask_array(X):
+            extra["trace"] = True
         fit_kmeans = _dask.fit_kmeans if _dask.is_dask_array(X) else _fit.fit_kmeans
         fit = fit_kmeans(
             X,
@@ -195,6 +265,7 @@ class TransformerClusterer(
             n_kmeans_inits=n_kmeans_inits,
             backbone=backbone,
             n_transformer_inits=n_transformer_inits,
+            **extra,
         )
         # Computed in float64 on CPU; returned in X's dtype, as KMeans does.
         self.cluster_centers_ = fit.centers.astype(X.dtype, copy=False)
@@ -202,9 +273,10 @@ class TransformerClusterer(
         self.labels_ = self.predict(X) if fit.labels is None else fit.labels
         self.inertia_ = fit.inertia
         self.n_iter_ = fit.n_iter
-        # The transformer's starts come first.
-        self.init_method_ = "transformer" if fit.best_run < n_transformer_inits else "k-means++"
+        self.init_method_ = starts[fit.best_run]
         self.device_ = device
+        if fit.trace is not None:
+            _verbose.kmeans_report(fit.trace, threshold=self.tol * float(np.var(X, axis=0).mean()))
         n_distinct = fit.n_distinct
         if n_distinct < self.n_clusters:
             # KMeans's warning, word for word, so that filters written for it apply.
@@ -215,7 +287,24 @@ class TransformerClusterer(
             )
         return self
 
-    def fit_predict(self, X, y=None):
+    def _plan_starts(self, X, sample_weight, random_state) -> tuple:
+        """Where Lloyd starts: the backbone (or None), the numbers of the transformer's and
+        of k-means++'s starts, the estimator's own starting centres (R, K, d) or None, and
+        the name of each run's start. Draws the random starts from ``random_state`` first,
+        as scikit-learn does."""
+        kind = init_kind(self.init)
+        if kind == "transformer":
+            backbone = self._load_backbone()
+            n_transformer, n_kmeans = self._starts(backbone is not None)
+            starts = ["transformer"] * n_transformer + ["k-means++"] * n_kmeans
+            return backbone, n_transformer, n_kmeans, None, starts
+        n_init = n_runs(self)
+        if kind == "k-means++":
+            return None, 0, n_init, None, ["k-means++"] * n_init
+        given = given_centers(self.init, X, self.n_clusters, n_init, random_state, sample_weight)
+        return None, 0, 0, given, [kind] * len(given)
+
+    def fit_predict(self, X, y=None, sample_weight=None):
         """Cluster ``X`` and return ``labels_``.
 
         Parameters
@@ -224,6 +313,8 @@ class TransformerClusterer(
             Training data; a dask array is clustered as :meth:`fit` says.
         y : Ignored
             Not used, present for API consistency.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples, as in :meth:`fit`.
 
         Returns
         -------
@@ -241,7 +332,35 @@ class TransformerClusterer(
         >>> np.bincount(labels).tolist()
         [50, 50]
         """
-        return self.fit(X).labels_
+        return self.fit(X, sample_weight=sample_weight).labels_
+
+    def fit_transform(self, X, y=None, sample_weight=None):
+        """Cluster ``X`` and return its distances to the cluster centres.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+            Training data.
+        y : Ignored
+            Not used, present for API consistency.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples, as in :meth:`fit`.
+
+        Returns
+        -------
+        distances : ndarray of shape (n_samples, n_clusters)
+            Euclidean distances to each centre.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerClusterer
+        >>> X = np.array([[0.0, 0.0], [0.0, 1.0], [9.0, 9.0], [9.0, 10.0]])
+        >>> km = TransformerClusterer(n_clusters=2, checkpoint=None, random_state=0)
+        >>> km.fit_transform(X).shape
+        (4, 2)
+        """
+        return self.fit(X, sample_weight=sample_weight).transform(X)
 
     def predict(self, X):
         """The nearest cluster centre of each sample.
@@ -307,7 +426,7 @@ class TransformerClusterer(
             )
         return euclidean_distances(X, self.cluster_centers_)
 
-    def score(self, X, y=None):
+    def score(self, X, y=None, sample_weight=None):
         """Minus the inertia of ``X`` with respect to the fitted centres (higher is better).
 
         Parameters
@@ -316,11 +435,13 @@ class TransformerClusterer(
             Samples.
         y : Ignored
             Not used, present for API consistency.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples; ``None`` weighs each by one.
 
         Returns
         -------
         score : float
-            ``-sum(min_k ||x - c_k||^2)``.
+            ``-sum(w * min_k ||x - c_k||^2)``.
 
         Examples
         --------
@@ -332,4 +453,8 @@ class TransformerClusterer(
         >>> bool(np.isclose(km.score(X), -km.inertia_))
         True
         """
-        return -float((self.transform(X).min(axis=1) ** 2).sum())
+        squared = self.transform(X).min(axis=1) ** 2
+        if sample_weight is None:
+            return -float(squared.sum())
+        sample_weight = _initialization.checked_sample_weight(sample_weight, squared.shape[0], 0)
+        return -float((squared * sample_weight).sum())

@@ -50,6 +50,7 @@ from .kmeans import (
 from .m_step import (
     MixtureParams,
     _estimate_parameters,
+    _pool_covariances,
     estimate_gaussian_parameters,
     initialize_kmeans,
     initialize_kmeans_plusplus,
@@ -253,6 +254,120 @@ def e_step(
     return _e_step(_zero_padding(X, mask), params, covariance_type, mask, _compact(sample_weight))
 
 
+# --- empty components ------------------------------------------------------------------
+
+# A component is empty when its weighted count (its total responsibility) is below
+# EMPTY_COUNT of an average point's weight, or below GUARD_MARGIN times the M-step's
+# 10 eps guard (scikit-learn's), whichever is larger. Its mean is then the ratio of two
+# vanishing sums, which that guard pulls toward the origin: near the guard the mean lies
+# anywhere, far from the data, and its responsibilities then underflow to zero for good.
+# A millionth of a point is far above the guard in float64 (which moves such a mean by
+# 2e-9 of its norm) and far below any component that explains data. In float32 the guard
+# is 1.2e-6, so there the margin sets the bound: 1.2e-3 of a point, a pull of 1e-3.
+EMPTY_COUNT = 1e-6
+GUARD_MARGIN = 1e3
+
+
+def _empty_bound(unit: Tensor | float, dtype: torch.dtype) -> Tensor | float:
+    """The weighted count (B|1, 1), or one for all, below which a component is empty."""
+    guard = GUARD_MARGIN * 10 * torch.finfo(dtype).eps
+    if isinstance(unit, float):
+        return max(EMPTY_COUNT * unit, guard)
+    return (EMPTY_COUNT * unit).clamp_min(guard)
+
+
+def _points(mask: Tensor | None, sample_weight: Tensor | None, X: Tensor) -> Tensor:
+    """The points that count, (B|1, N) bool: real, and of positive weight when weighted."""
+    if sample_weight is not None:
+        return sample_weight > 0
+    if mask is not None:
+        return mask
+    return torch.ones(X.shape[:2], dtype=torch.bool, device=X.device)
+
+
+def _point_weight(points: Tensor, sample_weight: Tensor | None, X: Tensor) -> Tensor | float:
+    """The weight of an average point, (B|1, 1); 1.0 when unweighted."""
+    if sample_weight is None:
+        return 1.0
+    return sample_weight.sum(-1, keepdim=True) / points.sum(-1, keepdim=True).to(X.dtype)
+
+
+def _take_rows(t: Tensor | float, index: Tensor) -> Tensor | float:
+    """``_take``, which also passes a number shared by every row."""
+    return t if isinstance(t, float) else _take(t, index)
+
+
+def _reseed_means(
+    X: Tensor,
+    params: MixtureParams,
+    empty: Tensor,
+    points: Tensor,
+    covariance_type: str,
+) -> Tensor:
+    """``params.means`` with each empty component (``empty``, (B, K)) moved onto a point
+    that the other components explain worst: the j-th empty one (by index) takes the
+    j-th worst point, as k-means relocates empty clusters, so several empty components
+    part. Only ``points`` (B|1, N) are candidates: never padding, nor a row of weight 0.
+    """
+    others = MixtureParams(
+        params.weights.masked_fill(empty, 0.0),  # the empty components explain nothing
+        params.means,
+        params.covariances,
+        params.precisions_cholesky,
+    )
+    log_likelihood = estimate_weighted_log_prob(X, others, covariance_type).logsumexp(-1)
+    log_likelihood = log_likelihood.masked_fill(~points, math.inf)  # (B, N)
+    n_worst = min(empty.shape[1], X.shape[1])
+    worst = log_likelihood.topk(n_worst, dim=1, largest=False).indices  # (B, n_worst)
+    last = (points.sum(-1, keepdim=True) - 1).clamp(0, n_worst - 1)  # (B|1, 1)
+    rank = torch.minimum((empty.cumsum(1) - 1).clamp_min(0), last)  # (B, K)
+    point = worst.gather(1, rank)  # (B, K) the point each component would take
+    n_batch, n_features = empty.shape[0], X.shape[-1]
+    seeds = X.expand(n_batch, -1, -1).gather(1, point[..., None].expand(-1, -1, n_features))
+    return torch.where(empty[..., None], seeds, params.means)
+
+
+def _reseed(
+    X: Tensor,
+    params: MixtureParams,
+    counts: Tensor,
+    empty: Tensor,
+    unit: Tensor | float,
+    points: Tensor,
+    covariance_type: str,
+) -> tuple[MixtureParams, Tensor]:
+    """Re-seed the ``empty`` (B, K) components of ``params``.
+
+    Each takes the others' average covariance (weighted by ``counts`` (B, K), the
+    components' weighted counts), one average point's weight ``unit`` beside the
+    others' ``counts``, and a mean at a point the others explain worst
+    (:func:`_reseed_means`). Datasets without an empty component keep their parameters
+    bit for bit.
+
+    Returns
+    -------
+    params : MixtureParams
+    failed : bool Tensor of shape (B,)
+        The re-seeded datasets whose covariances are not positive definite.
+    """
+    covariances = params.covariances
+    if covariances is None:
+        covariances = covariances_from_precisions_cholesky(
+            params.precisions_cholesky, covariance_type
+        )
+    covariances = _pool_covariances(covariances, counts, empty, covariance_type)
+    precisions_chol, failed = _precision_cholesky(covariances, covariance_type)
+    counts = torch.where(empty, unit, counts)
+    weights = counts / counts.sum(-1, keepdim=True)
+    rows = empty.any(-1)  # (B,)
+    # Selected by dataset, so that the others keep every bit of their parameters.
+    reseeded = _select(
+        rows, MixtureParams(weights, params.means, covariances, precisions_chol), params
+    )
+    reseeded.means = _reseed_means(X, reseeded, empty, points, covariance_type)
+    return reseeded, failed & rows
+
+
 # --- EM --------------------------------------------------------------------------------
 
 
@@ -294,6 +409,13 @@ def fit_em(
     of the batch has converged, the others go on in a smaller batch, so the work follows
     the datasets still running rather than the whole batch.
 
+    Unlike scikit-learn, a component that empties (its weighted count below
+    ``EMPTY_COUNT`` of an average point's) is re-seeded, as k-means relocates an empty
+    cluster: its mean moves onto a point the others explain worst, it takes their average
+    covariance and one point's weight, and EM goes on; neither that iteration nor the
+    next counts towards convergence. Where no component empties, the iterations are
+    scikit-learn's.
+
     Parameters
     ----------
     X : Tensor of shape (B, N, d), or (1, N, d) for B restarts on one dataset
@@ -311,8 +433,9 @@ def fit_em(
     Returns
     -------
     EMResult
-        With ``max_iter=0``: the given params, ``n_iter`` 0, not converged, and the mean
-        log-likelihood of the given params as ``lower_bound``. ValueError if a dataset still
+        With ``max_iter=0``: the given params (their empty components re-seeded),
+        ``n_iter`` 0, not converged, and the mean log-likelihood of those params as
+        ``lower_bound``. ValueError if a dataset still
         iterating gets a covariance that is not positive definite.
 
     Examples
@@ -340,7 +463,18 @@ def fit_em(
     X = _zero_padding(X, mask)
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
     converged = torch.zeros(n_batch, dtype=torch.bool, device=X.device)
+    points = _points(mask, sample_weight, X)  # (B|1, N)
+    unit = _point_weight(points, sample_weight, X)  # (B|1, 1) or 1.0
+    bound = _empty_bound(unit, X.dtype)  # see EMPTY_COUNT
     if max_iter == 0:
+        # A start may hold an empty component too (a k-means cluster left empty): it is
+        # re-seeded as EM would, so that no fit returns one.
+        counts = params.weights * points.sum(-1, keepdim=True).to(X.dtype) * unit  # (B, K)
+        empty = counts < bound
+        if bool(empty.any()):
+            params, failed = _reseed(X, params, counts, empty, unit, points, covariance_type)
+            if bool(failed.any()):
+                raise ValueError(_error_message(X.dtype))
         log_prob_norm, _ = _e_step(X, params, covariance_type, mask, sample_weight)
         return EMResult(
             params,
@@ -355,6 +489,7 @@ def fit_em(
     else:
         lower_bound = initial_lower_bound.to(X).expand(n_batch).clone()
     batch = _ShrinkingBatch(n_batch, X.device)
+    fresh = torch.zeros(n_batch, dtype=torch.bool, device=X.device)  # re-seeded last iteration
     history, times, started = [], [], time.perf_counter()  # lower bounds, (B,) an iteration
     for iteration in range(1, max_iter + 1):
         active = ~converged  # (A,) over the working batch of A <= B datasets
@@ -368,18 +503,32 @@ def fit_em(
         # scikit-learn's _m_step normalises by sum(nk) here, not by the number of points.
         new = MixtureParams(nk / nk.sum(-1, keepdim=True), means, covariances, precisions_chol)
         params = _select(active, new, params)
+        empty = nk < bound  # (A, K)
+        reseeded = empty.any(-1) & active  # (A,) re-seeded below
         change = log_prob_norm - lower_bound  # +inf on the first iteration
         lower_bound = torch.where(active, log_prob_norm, lower_bound)
         n_iter = n_iter.masked_fill(active, iteration)
-        converged = converged | (active & (change.abs() < tol))
+        # A re-seed changes the mixture, not the fit's progress: no convergence on the
+        # iteration that re-seeds, nor on the next, whose change would compare two
+        # different mixtures' bounds.
+        steady = ~(reseeded | fresh)
+        converged = converged | (active & steady & (change.abs() < tol))
+        fresh = reseeded
         bounds = X.new_full((n_batch,), math.nan)
         history.append(
             bounds.index_copy_(0, batch.rows, torch.where(active, log_prob_norm, math.nan))
         )
-        # One host sync per iteration for both checks. Datasets that already converged
-        # may fail harmlessly: scikit-learn would not have run this M-step for them.
-        any_failed, n_running = torch.stack([(failed & active).any(), (~converged).sum()]).tolist()
+        # One host sync per iteration for the three checks. Datasets that already
+        # converged may fail harmlessly: scikit-learn would not have run this M-step for
+        # them; nor do the re-seeded ones, whose empty components get new covariances.
+        any_failed, any_empty, n_running = torch.stack(
+            [(failed & active & ~reseeded).any(), reseeded.any(), (~converged).sum()]
+        ).tolist()
         times.append(time.perf_counter() - started)
+        if any_empty:
+            empty = empty & reseeded[:, None]
+            params, failed = _reseed(X, params, nk, empty, unit, points, covariance_type)
+            any_failed = any_failed or bool(failed.any())
         if any_failed:
             raise ValueError(_error_message(X.dtype))
         if n_running == 0:
@@ -388,8 +537,10 @@ def fit_em(
             state = (*_astuple(params), lower_bound, n_iter, converged)
             keep = batch.shrink(converged, n_running, state)
             X, mask, sample_weight = (_take(t, keep) for t in (X, mask, sample_weight))
+            points, unit, bound = (_take_rows(t, keep) for t in (points, unit, bound))
             params = MixtureParams(*(_take(t, keep) for t in _astuple(params)))
             lower_bound, n_iter, converged = lower_bound[keep], n_iter[keep], converged[keep]
+            fresh = fresh[keep]
     *fitted, lower_bound, n_iter, converged = batch.results(
         (*_astuple(params), lower_bound, n_iter, converged)
     )

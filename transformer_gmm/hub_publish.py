@@ -33,6 +33,11 @@ def push_to_hub(
     them), so what is uploaded loads back through ``checkpoint="<repo_id>"``. Needs a
     token with write access: ``token=``, ``HF_TOKEN``, or ``hf auth login``.
 
+    The requests run under :func:`transformer_gmm.hub.time_limits`: a Hub that does not
+    answer, or stops answering, ends the push with a :class:`CheckpointError` within
+    about twice ``HF_HUB_DOWNLOAD_TIMEOUT`` (10 s by default), where ``huggingface_hub``
+    alone would wait forever. (An upload through ``hf_xet`` keeps that library's limits.)
+
     Returns the ``huggingface_hub`` commit info (its ``commit_url`` links to the commit).
 
     Parameters
@@ -54,6 +59,11 @@ def push_to_hub(
     -------
     commit_info : huggingface_hub.CommitInfo
 
+    Raises
+    ------
+    CheckpointError
+        Without a token, or when the Hub cannot be reached or does not answer in time.
+
     Examples
     --------
     Uploading needs the network and a write token, so this example is not run:
@@ -64,6 +74,10 @@ def push_to_hub(
     >>> push_to_hub("./my-checkpoint", "me/my-gmm")  # doctest: +SKIP
     """
     import huggingface_hub
+    from huggingface_hub import constants
+
+    # Imported here: hub imports this module.
+    from .hub import no_answer, time_limits
 
     token = token or huggingface_hub.get_token()
     if not token:
@@ -71,16 +85,27 @@ def push_to_hub(
             f"Pushing to {repo_id!r} needs a Hugging Face token with write access: run "
             "`hf auth login`, set HF_TOKEN, or pass token=."
         )
-    api = huggingface_hub.HfApi(token=token)
     with tempfile.TemporaryDirectory(prefix="transformer_gmm_push_") as tmp:
         if isinstance(source, (str, os.PathLike)):
             folder = export_checkpoint(source, Path(tmp) / "checkpoint", model_card=model_card)
         else:
             folder = save_checkpoint(source, Path(tmp) / "checkpoint", model_card=model_card)
-        api.create_repo(repo_id, private=private, exist_ok=True)
-        return api.upload_folder(
-            repo_id=repo_id,
-            folder_path=str(folder),
-            allow_patterns=list(CHECKPOINT_FILES),
-            commit_message=commit_message or "Upload transformer_gmm checkpoint",
-        )
+        try:
+            with time_limits() as headers:
+                api = huggingface_hub.HfApi(token=token, headers=headers or None)
+                api.create_repo(repo_id, private=private, exist_ok=True)
+                return api.upload_folder(
+                    repo_id=repo_id,
+                    folder_path=str(folder),
+                    allow_patterns=list(CHECKPOINT_FILES),
+                    commit_message=commit_message or "Upload transformer_gmm checkpoint",
+                )
+        except Exception as error:
+            why = no_answer(error)
+            if why is None:  # the Hub's own answer (no access, bad name): its message says it
+                raise
+            raise CheckpointError(
+                f"Pushing to {repo_id!r} failed: the Hub at {constants.ENDPOINT} {why}. Check "
+                "the connection (and HF_ENDPOINT, if set) and push again; the repository may "
+                "already exist, which is fine."
+            ) from error

@@ -12,6 +12,7 @@ which Lloyd and EM stop working on the datasets that have converged.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -132,18 +133,29 @@ def _squared_distances(X: Tensor, centers: Tensor, x_norms: Tensor) -> Tensor:
 # --- k-means++ -------------------------------------------------------------------------
 
 
-def _sample(weights: Tensor, n_draws: int, generator: torch.Generator) -> Tensor:
-    """Indices (B, n_draws) drawn with probability proportional to ``weights`` (B, N)."""
+def _uniforms(
+    n_batch: int, n_draws: int, generator: torch.Generator, dtype: torch.dtype, device
+) -> Tensor:
+    """Uniforms in (0, 1], (n_batch, n_draws), whose row b depends on b and on
+    ``generator``'s state alone, never on n_batch.
+
+    One number drawn from ``generator`` seeds a CPU generator, which draws the rows one
+    after another: so the first rows of a larger batch are the rows of a smaller one, and
+    ``generator`` moves on by that one draw whatever the batch. A CUDA generator's draws
+    would not do: which number lands where depends on the size of the tensor drawn.
+    """
+    seed = torch.randint(2**63 - 1, (1,), generator=generator, device=generator.device)
+    rows = torch.Generator().manual_seed(int(seed))
+    u = 1.0 - torch.rand(n_batch, n_draws, generator=rows, dtype=torch.float64)
+    return u.to(device=device, dtype=dtype)
+
+
+def _sample(weights: Tensor, u: Tensor) -> Tensor:
+    """Indices (B, T) drawn with probability proportional to ``weights`` (B, N), one for
+    each of the uniforms ``u`` (B, T) in (0, 1]."""
     cumulative = weights.cumsum(-1)  # (B, N)
     # u in (0, 1] and values at most the last cumulative sum: searchsorted then always
     # lands on a point of positive weight, so never on padding.
-    u = 1.0 - torch.rand(
-        weights.shape[0],
-        n_draws,
-        generator=generator,
-        dtype=weights.dtype,
-        device=weights.device,
-    )
     index = torch.searchsorted(cumulative, u * cumulative[:, -1:])
     return index.clamp_max_(weights.shape[1] - 1)
 
@@ -165,7 +177,10 @@ def kmeans_plusplus(
     n_clusters : int
         Number of seeds K.
     generator : torch.Generator
-        The only source of randomness (on X's device).
+        The only source of randomness (on X's device). Each seeding's draws depend on its
+        place b in the batch and on the generator's state, not on B: the first B'
+        seedings of a batch are those of a batch of B' (so restarts nest, and more of them
+        never lose one), and the generator moves on by one draw whatever B is.
     mask : bool Tensor of shape (B, N) or (1, N), optional
         True for real points.
     sample_weight : Tensor of shape (B, N) or (1, N), optional
@@ -212,21 +227,29 @@ def _kmeans_plusplus(
     n_trials = 2 + int(math.log(n_clusters))
     rows = torch.arange(n_batch, device=X.device)
     points = X.expand(n_batch, -1, -1)  # view, for gathering the chosen rows
+    # Every draw of a seeding at once, (B, 1 + (K - 1) * T): one for the first seed, then
+    # T candidates for each next one.
+    uniforms = _uniforms(n_batch, 1 + (n_clusters - 1) * n_trials, generator, X.dtype, X.device)
 
-    index = _sample(weights, 1, generator)[:, 0]  # (B,)
+    index = _sample(weights, uniforms[:, :1])[:, 0]  # (B,)
     indices = [index]
     centers = [points[rows, index]]  # list of (B, d)
     x_norms = _squared_norms(X)
-    closest = _squared_distances(X, centers[0][:, None, :], x_norms)[..., 0] * weights  # (B, N)
-    for _ in range(1, n_clusters):
+    # Squared distances to the closest seed, unweighted as in scikit-learn: the weights
+    # enter the draws and the potentials, once.
+    closest = _squared_distances(X, centers[0][:, None, :], x_norms)[..., 0]  # (B, N)
+    for k in range(1, n_clusters):
+        weighted = closest * weights  # (B, N)
         # All real points already sit on a seed (fewer distinct points than K): fall back
         # to uniform draws rather than to index 0, which might be padding.
-        potential = closest.sum(-1, keepdim=True)  # (B, 1)
-        candidates = _sample(torch.where(potential > 0, closest, weights), n_trials, generator)
+        potential = weighted.sum(-1, keepdim=True)  # (B, 1)
+        draws = uniforms[:, 1 + (k - 1) * n_trials : 1 + k * n_trials]  # (B, T)
+        candidates = _sample(torch.where(potential > 0, weighted, weights), draws)
         trials = points[rows[:, None], candidates]  # (B, T, d)
         distances = _squared_distances(X, trials, x_norms).mT  # (B, T, N)
-        trial_closest = torch.minimum(closest[:, None, :], distances) * weights[:, None, :]
-        best = trial_closest.sum(-1).argmin(-1)  # (B,) candidate lowering the potential most
+        trial_closest = torch.minimum(closest[:, None, :], distances)  # (B, T, N)
+        # (B,) the candidate that lowers the potential most
+        best = (trial_closest * weights[:, None, :]).sum(-1).argmin(-1)
         closest = trial_closest[rows, best]
         indices.append(candidates[rows, best])
         centers.append(points[rows, indices[-1]])
@@ -266,6 +289,45 @@ def _inertia(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor) -> Ten
     return inertia
 
 
+def _relocate_empty(
+    X: Tensor,
+    weights: Tensor,
+    centers: Tensor,
+    labels: Tensor,
+    counts: Tensor,
+    sums: Tensor,
+    padded: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """scikit-learn's relocation of empty clusters, batched: the j-th empty cluster (by
+    index) takes the j-th point farthest from its centre, which leaves its old cluster.
+    Nothing moves where every point sits on its centre (fewer distinct points than
+    clusters). ``counts`` (A, K, 1) and ``sums`` (A, K, d) are the weighted counts and
+    sums of the assignment ``labels`` (A, N) to ``centers`` (A, K, d); returns them
+    updated."""
+    n_batch, n_clusters = counts.shape[:2]
+    empty = counts[..., 0] == 0  # (A, K)
+    nearest = centers.gather(1, labels[..., None].expand(-1, -1, X.shape[-1]))  # (A, N, d)
+    distances = (X.expand(n_batch, -1, -1) - nearest).square().sum(-1)  # (A, N)
+    distances = distances.masked_fill(padded, -1.0)
+    n_far = min(n_clusters, X.shape[1])
+    far = distances.topk(n_far, dim=1).indices  # (A, n_far), farthest first
+    rank = (empty.cumsum(1) - 1).clamp_(0, n_far - 1)  # (A, K): j-th empty cluster -> j
+    point = far.gather(1, rank)  # (A, K) the point each empty cluster takes
+    movable = distances.amax(1, keepdim=True) > 0  # (A, 1)
+    moves = empty & movable & (empty.cumsum(1) <= n_far)  # (A, K)
+    rows = torch.arange(n_batch, device=X.device)[:, None]
+    weight = weights.expand(n_batch, -1, -1)[rows, point, 0] * moves  # (A, K)
+    moved = X.expand(n_batch, -1, -1)[rows, point] * weight[..., None]  # (A, K, d) weighted
+    # What leaves each old cluster, summed by a matmul (deterministic on CUDA too).
+    old = torch.nn.functional.one_hot(labels.gather(1, point), n_clusters).to(X.dtype)
+    leaving = old * moves[..., None]  # (A, K new, K old)
+    sums = torch.where(moves[..., None], moved, sums - leaving.mT @ moved)
+    counts = torch.where(
+        moves[..., None], weight[..., None], counts - leaving.mT @ weight[..., None]
+    )
+    return counts, sums
+
+
 def _lloyd_loop(
     X: Tensor,
     centers: Tensor,
@@ -275,9 +337,11 @@ def _lloyd_loop(
     padded: Tensor,
     max_iter: int,
     weighted_X: Tensor | None = None,
+    trace: list | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Lloyd's iterations for :func:`lloyd` on centred ``X``: (centers, n_iter).
-    ``weighted_X`` is ``X * weights`` when the weights are sample weights."""
+    ``weighted_X`` is ``X * weights`` when the weights are sample weights. ``trace``, a
+    list, receives one :class:`LloydStep` per iteration."""
     n_batch, n_clusters = centers.shape[:2]
     labels_old = X.new_full((n_batch, X.shape[1]), -1, dtype=torch.long)
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
@@ -285,15 +349,24 @@ def _lloyd_loop(
     batch = _ShrinkingBatch(n_batch, X.device)
     for iteration in range(1, max_iter + 1):
         active = ~converged  # (A,) over the working batch of A <= B datasets
-        labels = _assign(X, centers - offset)  # (A, N)
+        centered = centers - offset
+        labels = _assign(X, centered)  # (A, N)
         one_hot = X.new_zeros(*labels.shape, n_clusters).scatter_(2, labels[..., None], 1.0)
         # Matmuls rather than scatter_add: deterministic on CUDA too. Padded rows of X
         # are zero, so only the counts need the weights.
         counts = one_hot.mT @ weights  # (A, K, 1)
         sums = one_hot.mT @ (X if weighted_X is None else weighted_X)  # (A, K, d)
-        new_centers = torch.where(counts > 0, sums / counts.clamp_min(1.0) + offset, centers)
+        if bool((counts == 0).any()):
+            counts, sums = _relocate_empty(X, weights, centered, labels, counts, sums, padded)
+        new_centers = sums / torch.where(counts > 0, counts, 1.0) + offset
+        # A cluster still empty sits on the heaviest one, as in scikit-learn.
+        heaviest = counts.argmax(1, keepdim=True).expand(-1, -1, X.shape[-1])  # (A, 1, d)
+        new_centers = torch.where(counts > 0, new_centers, new_centers.gather(1, heaviest))
         shift = (new_centers - centers).square().sum((1, 2))  # (A,)
         strict = ((labels == labels_old) | padded).all(-1)  # (A,)
+        if trace is not None:
+            inertia = _inertia(X, centered, labels, weights)
+            trace.append(LloydStep(batch.rows.clone(), active, inertia, shift, strict))
 
         centers = torch.where(active[:, None, None], new_centers, centers)
         labels_old = torch.where(active[:, None], labels, labels_old)
@@ -312,6 +385,19 @@ def _lloyd_loop(
     return batch.results((centers, n_iter))
 
 
+@dataclass(frozen=True)
+class LloydStep:
+    """One iteration of the working batch, for ``verbose``: which runs it held (``rows``
+    of the full batch), which were still running, the inertia of the assignment to the
+    centres it started from, the squared centre shift, and whether no label changed."""
+
+    rows: Tensor  # (A,) long
+    active: Tensor  # (A,) bool
+    inertia: Tensor  # (A,)
+    shift: Tensor  # (A,)
+    strict: Tensor  # (A,) bool
+
+
 def lloyd(
     X: Tensor,
     centers: Tensor,
@@ -320,13 +406,15 @@ def lloyd(
     tol: float = 1e-4,
     mask: Tensor | None = None,
     sample_weight: Tensor | None = None,
+    trace: list | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Lloyd's k-means from ``centers``, batched, with scikit-learn's stopping rule.
 
     A dataset stops when its labels do not change (strict convergence) or when the
     squared centre shift summed over centres is at most ``tol`` times the mean over
     features of the variance of its real points; the others go on, up to ``max_iter``.
-    An empty cluster keeps its previous centre (scikit-learn relocates it instead).
+    An empty cluster takes the point farthest from its centre, as scikit-learn relocates
+    it; where all points sit on their centres, it joins the heaviest cluster.
 
     Parameters
     ----------
@@ -343,6 +431,8 @@ def lloyd(
         Non-negative weights of the points, zero on padding: centres are weighted means
         and the inertia a weighted sum, as in scikit-learn's ``KMeans``; the tolerance
         stays unweighted, as there.
+    trace : list, optional
+        Receives a :class:`LloydStep` per iteration (for a ``verbose`` report).
 
     Returns
     -------
@@ -398,7 +488,7 @@ def lloyd(
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
     if max_iter > 0:
         centers, n_iter = _lloyd_loop(
-            X, centers, offset, weights, threshold, padded, max_iter, weighted_X
+            X, centers, offset, weights, threshold, padded, max_iter, weighted_X, trace
         )
 
     # Final assignment, so that labels and inertia belong to the returned centres.

@@ -130,6 +130,36 @@ def _estimate_parameters(
     return nk, means.expand(nk.shape[0], -1, -1), covariances
 
 
+def _pool_covariances(
+    covariances: Tensor, counts: Tensor, empty: Tensor, covariance_type: str
+) -> Tensor:
+    """Covariances with each ``empty`` component's replaced by the others' average.
+
+    Parameters
+    ----------
+    covariances : Tensor
+        Of ``covariance_type``'s shape, batch B.
+    counts : Tensor of shape (B, K)
+        Weighted counts (or weights) of the components: the average's weights.
+    empty : bool Tensor of shape (B, K)
+        The components whose covariances are replaced.
+    covariance_type : {"full", "tied", "diag", "spherical"}
+
+    Returns
+    -------
+    Tensor
+        Of the shape of ``covariances``, equal to it where no component is empty; tied
+        covariances are shared, so they are returned as they are.
+    """
+    if covariance_type == "tied":
+        return covariances
+    share = torch.where(empty, 0.0, counts)
+    share = share / share.sum(-1, keepdim=True)  # (B, K), zero on the empty components
+    trailing = [1] * (covariances.dim() - 2)  # the dimensions of one covariance
+    pooled = (share.view(*share.shape, *trailing) * covariances).sum(1, keepdim=True)
+    return torch.where(empty.view(*empty.shape, *trailing), pooled, covariances)
+
+
 def estimate_gaussian_parameters(
     X: Tensor,
     resp: Tensor,
@@ -292,7 +322,7 @@ def initialize_kmeans_plusplus(
     >>> params = em.initialize_kmeans_plusplus(X, 2, covariance_type="spherical",
     ...     reg_covar=1e-6, generator=torch.Generator().manual_seed(0))
     >>> params.means.flatten().round(decimals=6).tolist()  # two of the points
-    [0.0, 10.0]
+    [1.0, 11.0]
     >>> params.covariances.round(decimals=9).tolist()
     [[1e-06, 1e-06]]
     """

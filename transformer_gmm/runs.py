@@ -40,25 +40,38 @@ def choose(
     return torch.where(gain > KMEANS_MARGIN_NATS, kmeans_best + n_t, transformer_best)
 
 
-def repeat(tensor: torch.Tensor, n_runs: int) -> torch.Tensor:
-    """Each dataset's rows n_runs times, dataset-major; copied only when both B and n_runs
-    exceed one (one dataset is broadcast; one run per dataset is the tensor itself)."""
+def repeat(tensor: torch.Tensor, n_runs: int, run_major: bool = False) -> torch.Tensor:
+    """Each dataset's rows n_runs times, dataset-major (or, with ``run_major``, the B
+    datasets n_runs times over, so that row ``r * B + i``, run r of dataset i, does not
+    depend on n_runs); copied only when both B and n_runs exceed one (one dataset is
+    broadcast; one run per dataset is the tensor itself)."""
     if n_runs == 1:
         return tensor
     if tensor.shape[0] == 1:
         return tensor.expand(n_runs, *tensor.shape[1:])
+    if run_major:
+        return tensor.repeat(n_runs, *[1] * (tensor.dim() - 1))
     return tensor.repeat_interleave(n_runs, dim=0)
 
 
-def weighted(sample_weight: torch.Tensor | None, n_runs: int) -> dict:
-    """``sample_weight=`` for ``n_runs`` runs on each dataset, or nothing when unweighted."""
-    return {} if sample_weight is None else {"sample_weight": repeat(sample_weight, n_runs)}
+def weighted(sample_weight: torch.Tensor | None, n_runs: int, run_major: bool = False) -> dict:
+    """``sample_weight=`` for ``n_runs`` runs on each dataset (laid out as :func:`repeat`
+    lays them), or nothing when unweighted."""
+    if sample_weight is None:
+        return {}
+    return {"sample_weight": repeat(sample_weight, n_runs, run_major)}
 
 
 FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
 
 
-def unflatten(params: em.MixtureParams, n_datasets: int) -> em.MixtureParams:
+def unflatten(
+    params: em.MixtureParams, n_datasets: int, run_major: bool = False
+) -> em.MixtureParams:
+    """(B * R, ...) parameters, dataset-major (or run-major), as (B, R, ...)."""
+    if run_major:
+        fields = (getattr(params, f).unflatten(0, (-1, n_datasets)).transpose(0, 1) for f in FIELDS)
+        return em.MixtureParams(*fields)
     return em.MixtureParams(*(getattr(params, f).unflatten(0, (n_datasets, -1)) for f in FIELDS))
 
 
