@@ -16,10 +16,10 @@ quotes the list.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from sklearn.mixture.tests import test_gaussian_mixture as sklearn_tests
 from sklearn.mixture.tests.test_gaussian_mixture import *  # noqa: F403 (collected by pytest)
+from sklearn_suite import global_dtype, global_random_seed, substitute  # noqa: F401 (fixtures)
 
 from transformer_gmm import TransformerGMM
 
@@ -81,22 +81,14 @@ class GaussianMixture(TransformerGMM):
     """TransformerGMM under the name scikit-learn's tests expect in error messages."""
 
 
-@pytest.fixture(params=[np.float32, np.float64])
-def global_dtype(request):
-    return request.param
-
-
-@pytest.fixture
-def global_random_seed():
-    return 42  # scikit-learn's default for this fixture
-
-
 @pytest.fixture(autouse=True)
 def _transformer_gmm_as_gaussian_mixture(request, monkeypatch):
-    for name in (request.node.name, request.node.originalname):
-        if name in NOT_APPLICABLE:
-            pytest.skip(f"not applicable: {NOT_APPLICABLE[name]}")
-        if name in DIFFERENCES:
-            request.applymarker(pytest.mark.xfail(reason=DIFFERENCES[name], strict=True))
-            break
-    monkeypatch.setattr(sklearn_tests, "GaussianMixture", GaussianMixture)
+    substitute(
+        request,
+        monkeypatch,
+        sklearn_tests,
+        "GaussianMixture",
+        GaussianMixture,
+        NOT_APPLICABLE,
+        DIFFERENCES,
+    )

@@ -17,10 +17,10 @@ docs/coming_from_sklearn.md quotes the list.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from sklearn.cluster.tests import test_k_means as sklearn_tests
 from sklearn.cluster.tests.test_k_means import *  # noqa: F403 (collected by pytest)
+from sklearn_suite import global_dtype, global_random_seed, substitute  # noqa: F401 (fixtures)
 
 from transformer_gmm import TransformerClusterer
 
@@ -66,26 +66,10 @@ class KMeans(TransformerClusterer):
     """TransformerClusterer under the name scikit-learn's tests expect."""
 
 
-@pytest.fixture(params=[np.float32, np.float64])
-def global_dtype(request):
-    return request.param
-
-
-@pytest.fixture
-def global_random_seed():
-    return 42  # scikit-learn's default for this fixture
-
-
 @pytest.fixture(autouse=True)
 def _transformer_clusterer_as_kmeans(request, monkeypatch):
-    for name in (request.node.name, request.node.originalname):
-        if name in NOT_APPLICABLE:
-            pytest.skip(f"not applicable: {NOT_APPLICABLE[name]}")
-        if name in DIFFERENCES:
-            request.applymarker(pytest.mark.xfail(reason=DIFFERENCES[name], strict=True))
-            break
     callspec = getattr(request.node, "callspec", None)
     estimator = None if callspec is None else callspec.params.get("Estimator")
     if estimator is not None and estimator.__name__ == "MiniBatchKMeans":
         pytest.skip("not applicable: tests MiniBatchKMeans")
-    monkeypatch.setattr(sklearn_tests, "KMeans", KMeans)
+    substitute(request, monkeypatch, sklearn_tests, "KMeans", KMeans, NOT_APPLICABLE, DIFFERENCES)
