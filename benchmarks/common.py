@@ -231,18 +231,29 @@ def write_csv(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def standard_parser(doc: str, out: str, quick_help: str) -> argparse.ArgumentParser:
-    """The options every benchmark script takes (see accuracy.py)."""
+def shared_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """The options every benchmark script takes: ``--quick``, ``--seed`` and ``--results``
+    (tests/test_benchmark_scripts.py checks that each script accepts them)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=quick_help)
-    parser.add_argument("--tasks", type=int, default=None, help="tasks per cell (default 200)")
-    parser.add_argument("--checkpoint", default="default", help="the transformer to evaluate")
-    parser.add_argument("--out", default=out, help="file stem of the CSV and PNG files")
     parser.add_argument("--results", type=Path, default=RESULTS, help="folder for CSV and PNG")
     parser.add_argument(
         "--seed", type=int, default=0,
-        help="draws the tasks (default 0, the published tables); another seed draws fresh "
-             "tasks, to check that a difference is not an accident of one draw")
+        help="draws the data (default 0, the published tables); another seed draws fresh "
+             "data, to check that a difference is not an accident of one draw")
+    return parser
+
+
+def standard_parser(doc: str, out: str, quick_help: str,
+                    tasks: bool = True) -> argparse.ArgumentParser:
+    """``shared_parser`` and the options of the scripts that evaluate a checkpoint (see
+    accuracy.py): ``--checkpoint``, ``--out`` and, where a script draws tasks, ``--tasks``."""
+    parser = shared_parser(doc, quick_help)
+    if tasks:
+        parser.add_argument("--tasks", type=int, default=None,
+                            help="tasks per cell (default 200)")
+    parser.add_argument("--checkpoint", default="default", help="the transformer to evaluate")
+    parser.add_argument("--out", default=out, help="file stem of the CSV and PNG files")
     return parser
 
 

@@ -421,7 +421,8 @@ def print_targets(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> list[dict]:
-    parser = standard_parser(__doc__, "dask_fit", "200,000 rows in chunks of 25,000")
+    parser = standard_parser(__doc__, "dask_fit", "200,000 rows in chunks of 25,000",
+                             tasks=False)
     parser.add_argument("--n-samples", type=int, help="rows (default 10^7; --quick 200,000)")
     parser.add_argument("--chunk-rows", type=int,
                         help="rows per chunk (default 250,000; --quick 25,000)")

@@ -41,10 +41,10 @@ from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
-    RESULTS,
     backbone_flops,
     mean_error,
     sample_tgmm_task,
+    shared_parser,
     single_threaded,
     write_csv,
 )
@@ -67,8 +67,8 @@ def median_ms(fit, repeats: int) -> float:
     return 1000 * float(np.median(times))
 
 
-def latency(checkpoint, device, repeats):
-    task = sample_tgmm_task(np.random.default_rng(0), 4, 8)
+def latency(checkpoint, device, repeats, seed=0):
+    task = sample_tgmm_task(np.random.default_rng(seed), 4, 8)  # stages.py's task too
     candidates = {
         "TransformerGMM": lambda: TransformerGMM(
             4, covariance_type="spherical", checkpoint=checkpoint, device=device, random_state=0
@@ -92,11 +92,11 @@ def latency(checkpoint, device, repeats):
     return rows
 
 
-def throughput(checkpoint, device, batch_sizes, peak_tflops):
-    rng = np.random.default_rng(1)
+def throughput(checkpoint, device, batch_sizes, peak_tflops, seed=0):
+    rng = np.random.default_rng(seed + 1)
     flops = np.nan
     if checkpoint is not None:
-        from transformer_gmm.checkpoints import load_model
+        from transformer_gmm.storage import load_model
 
         flops = backbone_flops(load_model(checkpoint).config, 128, 4)
     rows = []
@@ -165,9 +165,9 @@ def large_n_estimators(checkpoint, device) -> dict:
     }
 
 
-def large_n(checkpoint, device, n_samples, method):
+def large_n(checkpoint, device, n_samples, method, seed=0):
     """One fit of ``method`` on the large data: its time, error and peak memory growth."""
-    rng = np.random.default_rng(2)
+    rng = np.random.default_rng(seed + 2)
     means = rng.uniform(-5, 5, (5, 16))
     X = means[rng.choice(5, n_samples)] + rng.standard_normal((n_samples, 16))
     make = large_n_estimators(checkpoint, device)[method]
@@ -188,7 +188,7 @@ def large_n(checkpoint, device, n_samples, method):
                  unit="MB", error=np.nan, mfu=np.nan)]
 
 
-def large_n_in_fresh_processes(checkpoint, device, n_samples):
+def large_n_in_fresh_processes(checkpoint, device, n_samples, seed=0):
     """large_n, each method in a process of its own: memory that an earlier fit (or the
     throughput batches) freed stays resident for the next one to reuse, which would hide
     part of that one's growth."""
@@ -196,7 +196,7 @@ def large_n_in_fresh_processes(checkpoint, device, n_samples):
     for method in large_n_estimators(checkpoint, device):
         command = [sys.executable, __file__, "--large-n-worker", str(n_samples), method,
                    "--checkpoint", "none" if checkpoint is None else str(checkpoint),
-                   "--device", device]
+                   "--device", device, "--seed", str(seed)]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"the large_n measurement of {method} failed:\n{done.stderr}")
@@ -208,8 +208,8 @@ MEASUREMENTS = ("latency", "throughput", "large_n")
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
+    # --seed draws the data: the three measurements use seeds seed, seed + 1 and seed + 2.
+    parser = shared_parser(__doc__, "5 repeats, batches of 10 and 100, 100,000 points")
     parser.add_argument("--checkpoint", default="default",
                         help="a checkpoint name, or 'none' for the EM fallback")
     parser.add_argument("--device", default="auto")
@@ -220,7 +220,6 @@ def main(argv=None):
     parser.add_argument("--peak-tflops", type=float, default=989.0,
                         help="the device's peak, for the MFU column (default: 989, an "
                              "H100 SXM's dense bf16 tensor-core TFLOP/s)")
-    parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--large-n-worker", nargs=2, metavar=("N", "METHOD"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -232,16 +231,16 @@ def main(argv=None):
         warnings.simplefilter("ignore", FallbackWarning)
         if args.large_n_worker:
             n_samples, method = args.large_n_worker
-            rows = large_n(checkpoint, args.device, int(n_samples), method)
+            rows = large_n(checkpoint, args.device, int(n_samples), method, args.seed)
             print(json.dumps(rows))
             return rows
         if "latency" in args.only:
-            rows += latency(checkpoint, args.device, 5 if args.quick else 30)
+            rows += latency(checkpoint, args.device, 5 if args.quick else 30, args.seed)
         if "throughput" in args.only:
-            rows += throughput(checkpoint, args.device, batches, args.peak_tflops)
+            rows += throughput(checkpoint, args.device, batches, args.peak_tflops, args.seed)
         if "large_n" in args.only:
             n_samples = 100_000 if args.quick else 1_000_000
-            rows += large_n_in_fresh_processes(checkpoint, args.device, n_samples)
+            rows += large_n_in_fresh_processes(checkpoint, args.device, n_samples, args.seed)
     print(f"{'measure':<34} {'method':<23} {'value':>12} {'unit':<11} {'error':>8} {'MFU':>8}")
     for row in rows:
         mfu = "" if np.isnan(row["mfu"]) else f"{100 * row['mfu']:.3f}%"

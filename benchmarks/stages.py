@@ -41,7 +41,7 @@ from common import (  # noqa: E402
 )
 
 from transformer_gmm import TransformerGMM, _base, em, readout  # noqa: E402
-from transformer_gmm.checkpoints import load_model  # noqa: E402
+from transformer_gmm.storage import load_model  # noqa: E402
 
 # (label, module, attribute): the functions timed, looked up by the package at call time.
 STAGES = [
@@ -148,7 +148,7 @@ def flop_rates(checkpoint: str, repeats: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = standard_parser(__doc__, "stages", "20 fits per configuration")
+    parser = standard_parser(__doc__, "stages", "20 fits per configuration", tasks=False)
     parser.add_argument("--repeats", type=int, default=None,
                         help="fits per configuration (default 200; 20 with --quick)")
     args = parser.parse_args(argv)

@@ -4,13 +4,9 @@ TransformerGMM beside GaussianMixture and KMeans
 
 The same data, three estimators: the mixture estimators draw one ellipse per component
 (two standard deviations along each principal axis of its covariance), the clusterers
-colour the points by label. Saves ``compare_with_sklearn.png``.
+colour the points by label.
 """
 
-
-import matplotlib
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Ellipse
@@ -44,11 +40,12 @@ for ax, (name, estimator) in zip(axes, estimators.items(), strict=True):
             angle = np.degrees(np.arctan2(eigenvectors[1, 1], eigenvectors[0, 1]))
             width, height = 4 * np.sqrt(eigenvalues[::-1])
             ax.add_patch(Ellipse(mean, width, height, angle=angle, fill=False, color="red"))
-        ax.set_title(f"{name}\nmean log-likelihood {estimator.score(X):.3f}")
+        summary = f"mean log-likelihood {estimator.score(X):.3f}"
     else:
         ax.scatter(*estimator.cluster_centers_.T, marker="x", color="red", s=80)
-        ax.set_title(f"{name}\ninertia {estimator.inertia_:.0f}")
+        summary = f"inertia {estimator.inertia_:.0f}"
+    ax.set_title(f"{name}\n{summary}")
+    print(f"{name:>20}: {summary}")
     ax.set_aspect("equal")
 fig.tight_layout()
-fig.savefig("compare_with_sklearn.png", dpi=100)
-print("saved compare_with_sklearn.png")
+plt.show()

@@ -4,15 +4,18 @@ Quickstart: TransformerGMM beside GaussianMixture
 
 Fit ``TransformerGMM`` and scikit-learn's ``GaussianMixture`` on the same synthetic
 mixture. Prints, for each, the error of the means (matched to the true ones), the mean
-log-likelihood per sample, and the fit time.
+log-likelihood per sample, and the fit time; the figure shows the data on its first two
+principal components, with the true means and both estimators' means.
 
     python examples/quickstart.py
 """
 
 import time
 
+import matplotlib.pyplot as plt
 import numpy as np
 from scipy.optimize import linear_sum_assignment
+from sklearn.decomposition import PCA
 from sklearn.mixture import GaussianMixture
 
 from transformer_gmm import TransformerGMM
@@ -49,3 +52,16 @@ for name, estimator in estimators.items():
         f"{name:<16} {mean_error(estimator.means_):>10.4f} {estimator.score(X):>9.4f} "
         f"{elapsed_ms:>8.1f}  {init}"
     )
+
+# Eight dimensions, seen on the two principal directions of the data.
+pca = PCA(n_components=2).fit(X)
+fig, ax = plt.subplots(figsize=(6, 5))
+ax.scatter(*pca.transform(X).T, c=labels, s=8, cmap="viridis", alpha=0.5)
+ax.scatter(*pca.transform(true_means).T, marker="*", s=300, color="black", label="true means")
+for (name, estimator), marker in zip(estimators.items(), ["x", "+"], strict=True):
+    ax.scatter(*pca.transform(estimator.means_).T, marker=marker, s=150, lw=2, label=name)
+ax.set(xlabel="first principal component", ylabel="second principal component",
+       title="4 Gaussians in 8 dimensions: true and fitted means")
+ax.legend()
+fig.tight_layout()
+plt.show()

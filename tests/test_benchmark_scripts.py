@@ -1,8 +1,9 @@
 """tgmm.py, clustering.py and realdata.py run in quick mode, stages.py accounts for a whole
-fit, and the helpers the scripts share hold."""
+fit, every script takes the shared options, and the helpers the scripts share hold."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import importlib.util
 import math
@@ -210,3 +211,44 @@ def test_stages_account_for_the_whole_fit(tmp_path):
         "forward pass"
     ] * 2
     assert all(0 < float(row["fraction_of_matmul"]) < 3 for row in flops)
+
+
+# --- the options every script takes --------------------------------------------------------
+
+SCRIPTS = sorted(path.stem for path in BENCHMARKS.glob("*.py")
+                 if 'if __name__ == "__main__":' in path.read_text())
+HELPERS = {"common", "spectral"}  # imported by the scripts, never run
+
+
+def test_every_benchmark_file_is_a_script_or_a_helper():
+    assert set(SCRIPTS) == {path.stem for path in BENCHMARKS.glob("*.py")} - HELPERS
+    assert set(SCRIPTS) >= {"accuracy", "clustering", "dask_fit", "realdata", "speed",
+                            "stages", "tgmm"}
+
+
+class _Parsed(Exception):
+    """Raised with a script's parser and the options it parsed, before it runs anything."""
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_script_takes_the_shared_options(name, tmp_path, monkeypatch):
+    """--quick, --seed and --results, from common.shared_parser; an option a script does
+    not take would end the parse with SystemExit (argparse's usage error)."""
+    main = _load(name).main
+    parse_args = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(parser, args=None, namespace=None):
+        raise _Parsed(parser, parse_args(parser, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    with pytest.raises(_Parsed) as parsed:
+        main(["--quick", "--seed", "7", "--results", str(tmp_path)])
+    parser, options = parsed.value.args
+    assert options.quick and options.seed == 7 and options.results == tmp_path
+    quick = next(action for action in parser._actions if "--quick" in action.option_strings)
+    assert quick.help  # what the quick mode runs
+    with pytest.raises(_Parsed) as parsed:
+        main([])
+    _, defaults = parsed.value.args
+    assert not defaults.quick and defaults.seed == 0
+    assert defaults.results == BENCHMARKS / "results"

@@ -53,11 +53,12 @@ def test_accuracy_quick_runs(tmp_path):
     assert min(r["ari"] for r in oracle) > 0.5
 
 
-def test_accuracy_seed_draws_fresh_tasks(tmp_path):
+def test_accuracy_seed_draws_fresh_tasks(tmp_path, monkeypatch):
     accuracy = _load("accuracy")
+    monkeypatch.setattr(accuracy, "plot", lambda rows, path: None)  # the figure: above
 
     def oracle_errors(seed):
-        main_args = ["--quick", "--tasks", "2", "--results", str(tmp_path), "--seed", str(seed)]
+        main_args = ["--quick", "--tasks", "1", "--results", str(tmp_path), "--seed", str(seed)]
         rows = accuracy.main(main_args)
         return [r["error"] for r in rows if r["method"] == "oracle"]
 
@@ -102,11 +103,27 @@ def test_accuracy_targets_tell_ties_from_wins():
     assert accuracy._count(task_errors, cells, "a", "b", {"lower", "tie"}).startswith("2/3")
 
 
-def test_speed_quick_runs(tmp_path):
-    # Runs the script, checks its figures are finite and its errors small; the timings
-    # themselves are reported by the script, never asserted here.
-    rows = _load("speed").main(["--quick", "--results", str(tmp_path)])
+def _check_speed_rows(rows, tmp_path):
+    # The script's figures are finite and its errors small; the timings themselves are
+    # reported by the script, never asserted here.
     assert (tmp_path / "speed.csv").is_file()
     assert all(math.isfinite(row["value"]) and row["value"] > 0 for row in rows)
     errors = [row["error"] for row in rows if not math.isnan(row["error"])]
     assert errors and max(errors) < 0.1
+
+
+def test_speed_quick_runs(tmp_path):
+    # The quick run's first two measurements, with the smaller of its two batches; the
+    # third, large_n, runs each method in a fresh process: the slow test below.
+    rows = _load("speed").main(["--quick", "--only", "latency", "throughput",
+                                "--batches", "10", "--results", str(tmp_path)])
+    assert {row["measure"] for row in rows} == {
+        "latency N=128 d=8 K=4", "fit_many batch=10", "loop of fits"}
+    _check_speed_rows(rows, tmp_path)
+
+
+@pytest.mark.slow  # four fresh processes that import torch and fit 100,000 points: 20 s
+def test_speed_quick_large_n_runs(tmp_path):
+    rows = _load("speed").main(["--quick", "--only", "large_n", "--results", str(tmp_path)])
+    assert len(rows) == 2 * 4  # time and memory of each method
+    _check_speed_rows(rows, tmp_path)

@@ -1,4 +1,4 @@
-"""Checkpoint folders: round trip, strict loading, resolving names, the per-process cache."""
+"""Checkpoint folders: round trip, strict loading, resolving names, the per-process caches."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from transformer_gmm import checkpoints
-from transformer_gmm.checkpoints import (
-    CheckpointError,
+import transformer_gmm
+from transformer_gmm import _backend
+from transformer_gmm.nn import MixtureTransformer, config_from_preset
+from transformer_gmm.storage import checkpoints
+from transformer_gmm.storage.checkpoints import (
     bundled_checkpoints,
     load_checkpoint,
     load_model,
     resolve_checkpoint,
-    save_checkpoint,
 )
-from transformer_gmm.nn import MixtureTransformer, config_from_preset
+from transformer_gmm.storage.format import CheckpointError, read_checkpoint, save_checkpoint
 
 
 def tiny_model(seed: int = 0, **overrides) -> MixtureTransformer:
@@ -94,6 +95,8 @@ def test_missing_config_file(folder):
 
 def test_missing_folder(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
+        read_checkpoint(tmp_path / "nowhere")
+    with pytest.raises(CheckpointError, match="was not found"):
         load_checkpoint(tmp_path / "nowhere")
 
 
@@ -243,3 +246,36 @@ def test_bundled_checkpoints_found_and_resolved(monkeypatch, tmp_path):
     assert load_model("demo").config == config_from_preset("tiny")
     with pytest.raises(CheckpointError, match="'demo'"):
         resolve_checkpoint("nothing")
+
+
+def test_load_model_keeps_the_most_recently_used_models(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoints, "_CACHE", type(checkpoints._CACHE)())
+    size = checkpoints._CACHE_SIZE
+    folders = [save_checkpoint(tiny_model(seed), tmp_path / str(seed)) for seed in range(size + 2)]
+    models = [load_model(folder) for folder in folders[:size]]
+    assert load_model(folders[0]) is models[0]  # used again: now the most recent
+    load_model(folders[size])  # one more than the cache holds: the oldest goes
+    assert len(checkpoints._CACHE) == size
+    assert load_model(folders[0]) is models[0]
+    reloaded = load_model(folders[1])
+    assert reloaded is not models[1]
+    assert torch.equal(reloaded.readin.weight, models[1].readin.weight)
+    assert load_model(folders[2]) is not models[2]  # evicted by the reload of folders[1]
+
+
+def test_copies_on_other_devices_are_bounded_and_cleared(tmp_path, monkeypatch):
+    monkeypatch.setattr(_backend, "_MODELS_ON_DEVICES", type(_backend._MODELS_ON_DEVICES)())
+    monkeypatch.setattr(checkpoints, "_CACHE", type(checkpoints._CACHE)())
+    size = _backend._DEVICE_CACHE_SIZE
+    models = [tiny_model(seed) for seed in range(size + 1)]
+    # The "meta" device holds no data, so this runs without a GPU.
+    copies = [_backend.model_on(model, "meta") for model in models[:size]]
+    assert copies[0].readin.weight.is_meta and _backend.model_on(models[0], "cpu") is models[0]
+    assert _backend.model_on(models[0], "meta") is copies[0]
+    _backend.model_on(models[size], "meta")
+    assert len(_backend._MODELS_ON_DEVICES) == size
+    assert _backend.model_on(models[0], "meta") is copies[0]
+    assert _backend.model_on(models[1], "meta") is not copies[1]  # the oldest went
+    load_model(save_checkpoint(models[0], tmp_path / "ckpt"))
+    transformer_gmm.clear_model_cache()
+    assert len(checkpoints._CACHE) == 0 and len(_backend._MODELS_ON_DEVICES) == 0

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,10 @@ import torch
 from conftest import make_tiny_checkpoint
 from test_hub import isolate_hf, serve, set_offline
 
-from transformer_gmm import FallbackWarning, TransformerGMM, checkpoints
-from transformer_gmm.checkpoints import load_checkpoint, save_checkpoint
+from transformer_gmm import FallbackWarning, TransformerGMM
 from transformer_gmm.cli import main
 from transformer_gmm.nn import MixtureTransformer, config_from_preset
+from transformer_gmm.storage import checkpoints, hub, load_checkpoint, save_checkpoint
 
 
 @pytest.fixture(autouse=True)
@@ -140,9 +141,7 @@ def test_download_to_the_cache_then_offline(capsys, published, hf_cache, monkeyp
     assert code == 0
     assert f"Downloaded org/name to the Hugging Face cache: {hf_cache}" in out
     assert "checkpoint='org/name'" in out
-    monkeypatch.setattr(checkpoints, "_CACHE", {})
-    from transformer_gmm import hub
-
+    monkeypatch.setattr(checkpoints, "_CACHE", OrderedDict())
     monkeypatch.setattr(hub, "_RESOLVED", {})
     set_offline(monkeypatch, True)
     assert checkpoints.load_model("org/name").config.k_max == 4

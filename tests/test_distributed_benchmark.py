@@ -18,6 +18,7 @@ pytest.importorskip(
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "dask_fit.py"
 
 
+@pytest.mark.slow  # a LocalCluster and fresh processes that import torch: about 20 s
 def test_quick_run(tmp_path):
     # dask-ml's first fit compiles with numba for most of a minute: left out here.
     done = subprocess.run(

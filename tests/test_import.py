@@ -86,3 +86,73 @@ def test_fitted_estimators_unpickle_in_a_fresh_process():
     scores, labels = pickle.loads(python("-c", code, stdin=payload).stdout)
     np.testing.assert_array_equal(scores, gmm.score_samples(X))
     np.testing.assert_array_equal(labels, clusterer.predict(X))
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Each module of the package and the package's modules it imports anywhere in it,
+    inside functions too; not under ``if TYPE_CHECKING:``, which never runs."""
+    root = Path(transformer_gmm.__file__).parent
+    files = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        never_run = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for statement in node.body
+            for inner in ast.walk(statement)
+        }
+        targets = set()
+        for node in ast.walk(tree):
+            if id(node) in never_run:
+                continue
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.rsplit(".", node.level - 1)[0]
+                    base = f"{anchor}.{base}" if base else anchor
+                for alias in node.names:
+                    submodule = f"{base}.{alias.name}"
+                    targets.add(submodule if submodule in files else base)
+        graph[name] = {target for target in targets if target in files and target != name}
+    return graph
+
+
+def test_no_import_cycles():
+    graph = package_imports()
+    assert "transformer_gmm.storage.checkpoints" in graph["transformer_gmm._backend"]
+    cycles, state = [], {}  # state: 1 while on the search path, 2 once done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycles.append(path[path.index(target) :] + [target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_the_model_imports_nothing_outside_nn():
+    graph = package_imports()
+    outside = {
+        (module, target)
+        for module, targets in graph.items()
+        if module.startswith("transformer_gmm.nn")
+        for target in targets
+        if not target.startswith("transformer_gmm.nn")
+    }
+    assert {"transformer_gmm.nn.model", "transformer_gmm.nn.config"} <= set(graph)
+    assert outside == set()

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from sklearn.mixture import GaussianMixture
 
-from transformer_gmm import TransformerClusterer, TransformerGMM, _backend, checkpoints
+from transformer_gmm import TransformerClusterer, TransformerGMM, _backend
 from transformer_gmm._preprocessing import fit_standardization
+from transformer_gmm.storage import checkpoints
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from common import mean_error, paper_em, sample_tgmm_task  # noqa: E402

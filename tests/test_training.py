@@ -15,9 +15,9 @@ import torch
 
 from transformer_gmm import TransformerGMM
 from transformer_gmm._preprocessing import fit_standardization
-from transformer_gmm.checkpoints import load_checkpoint
 from transformer_gmm.nn import MixtureOutput, MixtureTransformer, config_from_preset
 from transformer_gmm.readout import mixture_inits
+from transformer_gmm.storage import load_checkpoint
 from transformer_gmm.training import (
     PRIORS,
     Prior,
@@ -587,6 +587,7 @@ def test_command_line_overrides_the_preset():
     assert cfg.batch_size == T.PRESETS["tiny"]["batch_size"] and cfg.preset == "tiny"
 
 
+@pytest.mark.slow  # torchrun starts two processes that import torch: about 10 s
 def test_data_parallel_on_cpu_with_two_processes(tmp_path):
     """torchrun, gloo backend: both ranks step together and rank 0 writes the checkpoint."""
     command = [

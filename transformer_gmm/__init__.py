@@ -23,28 +23,29 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # type checkers and IDEs see the names; the runtime imports them lazily
-    from ._backend import DeviceMemoryError
+    from ._backend import DeviceMemoryError, clear_model_cache
     from ._base import FallbackWarning
     from .batch import FittedMixtures, fit_many
-    from .checkpoints import CheckpointError
     from .cluster import TransformerClusterer
     from .gmm import TransformerGMM
+    from .storage.format import CheckpointError
 
 __version__ = "0.1.0"
 
 # Each public name and the module that defines it, imported on first access.
 _LAZY_NAMES = {
-    "CheckpointError": ".checkpoints",
+    "CheckpointError": ".storage.format",
     "DeviceMemoryError": "._backend",
     "FallbackWarning": "._base",
     "FittedMixtures": ".batch",
     "TransformerClusterer": ".cluster",
     "TransformerGMM": ".gmm",
+    "clear_model_cache": "._backend",
     "fit_many": ".batch",
 }
-# Submodules that the package used to import eagerly: `import transformer_gmm` followed
-# by `transformer_gmm.em.fit_em` kept working then, so it keeps working now.
-_LAZY_SUBMODULES = {"batch", "checkpoints", "cluster", "em", "gaussian", "gmm", "kmeans", "nn"}
+# Submodules reachable as attributes after `import transformer_gmm` (as in
+# `transformer_gmm.em.fit_em`), imported on first access.
+_LAZY_SUBMODULES = {"batch", "cluster", "em", "gaussian", "gmm", "kmeans", "nn", "storage"}
 
 __all__ = [
     "CheckpointError",
@@ -54,6 +55,7 @@ __all__ = [
     "TransformerClusterer",
     "TransformerGMM",
     "__version__",
+    "clear_model_cache",
     "fit_many",
 ]
 

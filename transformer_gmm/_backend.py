@@ -15,13 +15,15 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import weakref
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from . import checkpoints, em, readout
+from . import em, readout
+from .storage import checkpoints
 
 # Rows per chunk when scoring: bounds memory at O(chunk * K * d) whatever n_samples is.
 _CHUNK_ROWS = 65536
@@ -134,18 +136,43 @@ def has_bundled(name: str) -> bool:
 
 
 # The loaded models are shared (checkpoints caches them on CPU): never move one in place,
-# keep one copy per other device instead.
-_MODELS_ON_DEVICES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# keep a copy on each other device instead, by (model, device), least recently used first.
+# As many as the CPU cache keeps models: a copy holds device memory, and a process that
+# tries many checkpoints keeps at most four of them there.
+_DEVICE_CACHE_SIZE = 4
+_MODELS_ON_DEVICES: OrderedDict[tuple[torch.nn.Module, str], torch.nn.Module] = OrderedDict()
+_MODELS_ON_DEVICES_LOCK = threading.Lock()
 
 
 def model_on(model: torch.nn.Module, device: str) -> torch.nn.Module:
-    """``model`` itself on CPU; on another device, its copy there (made once)."""
+    """``model`` itself on CPU; on another device, its copy there (made once while used)."""
     if device == "cpu":
         return model
-    copies = _MODELS_ON_DEVICES.setdefault(model, {})
-    if device not in copies:
-        copies[device] = copy.deepcopy(model).to(device)
-    return copies[device]
+    key = (model, device)
+    with _MODELS_ON_DEVICES_LOCK:  # one copy per model and device even when threads ask
+        if key not in _MODELS_ON_DEVICES:
+            _MODELS_ON_DEVICES[key] = copy.deepcopy(model).to(device)
+            while len(_MODELS_ON_DEVICES) > _DEVICE_CACHE_SIZE:
+                _MODELS_ON_DEVICES.popitem(last=False)
+        _MODELS_ON_DEVICES.move_to_end(key)
+        return _MODELS_ON_DEVICES[key]
+
+
+def clear_model_cache() -> None:
+    """Forget the loaded transformers and their copies on GPUs; later fits load them again.
+
+    A process keeps the four most recently used checkpoints' models (and their copies on
+    each device) so that fits after the first do not load them again; this frees that
+    memory.
+
+    Examples
+    --------
+    >>> import transformer_gmm
+    >>> transformer_gmm.clear_model_cache()
+    """
+    checkpoints.clear_cache()
+    with _MODELS_ON_DEVICES_LOCK:
+        _MODELS_ON_DEVICES.clear()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
-from . import _backend, _dask, checkpoints
+from . import _backend, _dask, storage
 
 
 class FallbackWarning(UserWarning):
@@ -37,9 +37,10 @@ class FallbackWarning(UserWarning):
     >>> import numpy as np
     >>> from transformer_gmm import FallbackWarning, TransformerGMM
     >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.storage import save_checkpoint
     >>> X = np.random.default_rng(0).normal(size=(40, 2))
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     folder = MixtureTransformer(config_from_preset("tiny")).save_pretrained(tmp)
+    ...     folder = save_checkpoint(MixtureTransformer(config_from_preset("tiny")), tmp)
     ...     with warnings.catch_warnings(record=True) as caught:
     ...         warnings.simplefilter("always")
     ...         gmm = TransformerGMM(n_components=5, checkpoint=folder, random_state=0).fit(X)
@@ -208,8 +209,10 @@ class _TransformerMixtureBase(BaseEstimator):
         >>> import tempfile
         >>> from transformer_gmm import TransformerGMM
         >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> from transformer_gmm.storage import save_checkpoint
+        >>> model = MixtureTransformer(config_from_preset("tiny"))
         >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     folder = MixtureTransformer(config_from_preset("tiny")).save_pretrained(tmp + "/m")
+        ...     folder = save_checkpoint(model, tmp + "/m")
         ...     gmm = TransformerGMM.from_pretrained(folder, n_components=2, random_state=0)
         ...     print(gmm.n_components, gmm.checkpoint == folder)
         2 True
@@ -242,14 +245,16 @@ class _TransformerMixtureBase(BaseEstimator):
         >>> import tempfile
         >>> from transformer_gmm import TransformerClusterer
         >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> from transformer_gmm.storage import save_checkpoint
+        >>> model = MixtureTransformer(config_from_preset("tiny"))
         >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     source = MixtureTransformer(config_from_preset("tiny")).save_pretrained(tmp + "/a")
+        ...     source = save_checkpoint(model, tmp + "/a")
         ...     km = TransformerClusterer(n_clusters=3, checkpoint=source)
         ...     copy = km.save_pretrained(tmp + "/b")
         ...     print(sorted(path.name for path in copy.iterdir()))
         ['README.md', 'config.json', 'model.safetensors']
         """
-        return checkpoints.export_checkpoint(
+        return storage.export_checkpoint(
             self._checkpoint_to_publish(), folder, model_card=model_card
         )
 
@@ -301,9 +306,7 @@ class _TransformerMixtureBase(BaseEstimator):
 
         >>> TransformerGMM(checkpoint="./my-model").push_to_hub("me/my-gmm")  # doctest: +SKIP
         """
-        from . import hub
-
-        return hub.push_to_hub(
+        return storage.push_to_hub(
             self._checkpoint_to_publish(),
             repo_id,
             token=token,
@@ -315,7 +318,7 @@ class _TransformerMixtureBase(BaseEstimator):
     def _checkpoint_to_publish(self) -> str | os.PathLike:
         if self.checkpoint is None or _is_missing_default(self.checkpoint):
             why = "it uses no transformer" if self.checkpoint is None else "no default is bundled"
-            raise checkpoints.CheckpointError(
+            raise storage.CheckpointError(
                 f"This estimator has no transformer checkpoint to save (checkpoint="
                 f"{self.checkpoint!r}: {why}). Set checkpoint= to a bundled name, a checkpoint "
                 "folder or a Hub id first."

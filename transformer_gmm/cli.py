@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help and usage errors: return the code, don't exit
         return int(exit_.code or 0)
-    from .checkpoints import CheckpointError
+    from .storage.format import CheckpointError
 
     try:
         return args.run(args)
@@ -134,9 +134,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from . import __version__, hub
-    from .checkpoints import bundled_checkpoints
-    from .hub_cache import cached_checkpoints
+    from . import __version__
+    from .storage import hub
+    from .storage.cache import cached_checkpoints
+    from .storage.checkpoints import bundled_checkpoints
 
     rows = []
     for name, folder in bundled_checkpoints().items():
@@ -176,7 +177,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _describe(folder: Path) -> list[str]:
     """[K range, d_max] of a checkpoint, or '?' for a config this version cannot read."""
-    from .checkpoints import CheckpointError, read_config
+    from .storage.format import CheckpointError, read_config
 
     try:
         config = read_config(folder)
@@ -201,9 +202,10 @@ def _human_size(size: int) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from . import hub
     from ._base import DEFAULT_CHECKPOINT
-    from .checkpoints import CARD_FILE, CONFIG_FILE, bundled_checkpoints, parse_hub_id
+    from .storage import hub
+    from .storage.checkpoints import bundled_checkpoints, parse_hub_id
+    from .storage.format import CARD_FILE, CONFIG_FILE
 
     name = args.checkpoint
     bundled = bundled_checkpoints()
@@ -220,7 +222,7 @@ def _info(args: argparse.Namespace) -> int:
         folder = hub.download(repo_id, revision, files=(CONFIG_FILE, CARD_FILE))
         source = f"Hugging Face Hub, {hub.spec(repo_id, revision)}"
     else:
-        from .checkpoints import resolve_checkpoint
+        from .storage.checkpoints import resolve_checkpoint
 
         resolve_checkpoint(name)  # raises the error that lists what checkpoint= accepts
         return 1
@@ -235,7 +237,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _summary(name: str, folder: Path, source: str) -> str:
-    from .checkpoints import WEIGHTS_FILE, read_config
+    from .storage.format import WEIGHTS_FILE, read_config
 
     config = read_config(folder)
     weights = folder / WEIGHTS_FILE
@@ -304,8 +306,9 @@ def _wrap(paragraph: str) -> str:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from . import hub
-    from .checkpoints import CheckpointError, load_checkpoint, parse_hub_id
+    from .storage import hub
+    from .storage.checkpoints import parse_hub_id
+    from .storage.format import CheckpointError, read_checkpoint
 
     parsed = parse_hub_id(args.repo_id)
     if parsed is None:
@@ -317,7 +320,7 @@ def _download(args: argparse.Namespace) -> int:
     folder = hub.download(
         repo_id, revision, local_dir=args.to, force_download=args.force, token=args.token
     )
-    load_checkpoint(folder)  # strict: a download that would not load is reported now
+    read_checkpoint(folder)  # strict: a download that would not load is reported now
     name = hub.spec(repo_id, revision)
     where = "the Hugging Face cache" if args.to is None else "a folder"
     print(f"Downloaded {name} to {where}: {folder}")
@@ -333,7 +336,8 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from .checkpoints import CheckpointError, export_checkpoint
+    from .storage.checkpoints import export_checkpoint
+    from .storage.format import CheckpointError
 
     if (args.source is None) == (args.preset is None):
         raise CheckpointError(
@@ -379,7 +383,7 @@ def _preset_model(preset: str, assignments: list[str], seed: int):
 
 
 def _save_untrained(model, folder: Path, preset: str, seed: int, card: str | None) -> Path:
-    from .checkpoints import default_model_card, save_checkpoint
+    from .storage.format import default_model_card, save_checkpoint
 
     if card is None:
         note = (

@@ -87,13 +87,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         reflections of its principal axes (every axis negated, then the odd ones, then
         the even ones, and so on). A reflected mixture is a mixture, but the transformer
         is not exactly equivariant, so where it is unsure each view gives other starts,
-        and the likeliest is kept. Each view costs a forward pass: ``n_views=4``
-        multiplies the transformer's share of the time by about four, and on
-        ``benchmarks/accuracy.py`` lowers its own estimate's error (``max_iter=0``) at
-        d = 2, K = 5 from 0.247 to 0.149 and at d = 8, K = 5 from 0.062 to 0.045. With
-        EM, more views mean more optima to choose from by likelihood, which where
-        components overlap is not always the better estimate (there four views helped
-        at d = 2, K = 5 and hurt at K = 4), so the default reads the data once.
+        and the likeliest is kept. Each view costs a forward pass. More views lower the
+        error of the transformer's own estimate (``max_iter=0``) where components
+        overlap; with EM, they give more optima to choose from by likelihood, which is
+        not always the better estimate there, so the default reads the data once
+        (docs/benchmarks.md measures both).
     device : str, default="auto"
         Where to run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when
         available). Fitting uses float64 on CPU and float32 on CUDA.

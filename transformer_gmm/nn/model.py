@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 # Smallest standard deviation the model can output, in standardized units (the data has
 # std 1). It keeps the Gaussian likelihood bounded: a zero-width component on one point
@@ -206,6 +202,9 @@ def _parse(raw: Tensor, point_logits: Tensor, d_max: int) -> MixtureOutput:
 class MixtureTransformer(nn.Module):
     """Shared set-transformer backbone with one readout head per number of components K.
 
+    Save, load and publish it with :mod:`transformer_gmm.storage`
+    (``save_checkpoint``, ``load_checkpoint``, ``push_to_hub``).
+
     Parameters
     ----------
     config : ModelConfig
@@ -348,95 +347,3 @@ class MixtureTransformer(nn.Module):
                 f"mask must be a bool tensor of shape {tuple(x.shape[:2])}, "
                 f"got {mask.dtype} of shape {tuple(mask.shape)}."
             )
-
-    # --- saving, loading, publishing: thin wrappers over transformer_gmm.checkpoints ------
-    # (imported inside each method: checkpoints imports this module)
-
-    def save_pretrained(self, folder: str | os.PathLike, *, model_card: str | None = None) -> Path:
-        """Write config, weights and model card to ``folder``; see ``save_checkpoint``.
-
-        Parameters
-        ----------
-        folder : str or path
-            Where to write the checkpoint (created if needed).
-        model_card : str, optional
-            The ``README.md`` text; by default a card that describes the config.
-
-        Returns
-        -------
-        folder : pathlib.Path
-
-        Examples
-        --------
-        >>> import torch
-        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-        >>> model = MixtureTransformer(config_from_preset("tiny"))
-        >>> import tempfile
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     folder = model.save_pretrained(tmp)
-        ...     print(sorted(path.name for path in folder.iterdir()))
-        ['README.md', 'config.json', 'model.safetensors']
-        """
-        from ..checkpoints import save_checkpoint
-
-        return save_checkpoint(self, folder, model_card=model_card)
-
-    @classmethod
-    def from_pretrained(cls, checkpoint: str | os.PathLike) -> MixtureTransformer:
-        """A private copy of ``checkpoint`` (bundled name, folder or Hub id), in eval mode.
-
-        Unlike the shared model the estimators use, this copy is yours to train
-        (call ``.train()``) or change.
-
-        Parameters
-        ----------
-        checkpoint : str or path
-            A bundled name, a local checkpoint folder, or a Hub id ``"org/name[@revision]"``.
-
-        Returns
-        -------
-        model : MixtureTransformer
-
-        Examples
-        --------
-        >>> import torch
-        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-        >>> model = MixtureTransformer(config_from_preset("tiny"))
-        >>> import tempfile
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     copy = MixtureTransformer.from_pretrained(model.save_pretrained(tmp))
-        >>> copy.config == model.config, copy.training
-        (True, False)
-        >>> all(torch.equal(a, b) for a, b in zip(copy.parameters(), model.parameters()))
-        True
-        """
-        from ..checkpoints import load_checkpoint, resolve_checkpoint
-
-        return load_checkpoint(resolve_checkpoint(checkpoint))
-
-    def push_to_hub(self, repo_id: str, **kwargs):
-        """Upload to the Hugging Face Hub; see ``transformer_gmm.hub.push_to_hub``.
-
-        Parameters
-        ----------
-        repo_id : str
-            The Hub repository, ``"org/name"``.
-        **kwargs
-            ``token``, ``private``, ``commit_message`` and ``model_card``, as
-            :func:`transformer_gmm.hub.push_to_hub` takes them.
-
-        Returns
-        -------
-        commit_info : huggingface_hub.CommitInfo
-
-        Examples
-        --------
-        Uploading needs the network and a write token, so this example is not run:
-
-        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-        >>> model = MixtureTransformer(config_from_preset("tiny"))
-        >>> model.push_to_hub("me/tiny-gmm", private=True)  # doctest: +SKIP
-        """
-        from ..hub import push_to_hub
-
-        return push_to_hub(self, repo_id, **kwargs)

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..checkpoints import load_model, save_checkpoint
 from ..nn import MixtureTransformer, ModelConfig
+from ..storage import load_model, save_checkpoint
 from .config import (  # noqa: F401  (re-exported: the loop's public names live here too)
     EVAL_SEED,
     PRESETS,

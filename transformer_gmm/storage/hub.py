@@ -15,7 +15,7 @@ twice in a row, where ``huggingface_hub`` alone would retry it five times or wai
 
 A Hub checkpoint is resolved once per process: the first :func:`resolve` downloads (or
 finds in the cache) and verifies the files, later calls reuse that folder with no request.
-Publishing is :mod:`transformer_gmm.hub_publish`; :func:`push_to_hub` is re-exported here.
+Publishing is :mod:`transformer_gmm.storage.publish`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoints import CARD_FILE, CHECKPOINT_FILES, WEIGHTS_FILE, CheckpointError
-from .hub_publish import push_to_hub  # noqa: F401  (re-exported: hub.push_to_hub)
+from .format import CARD_FILE, CHECKPOINT_FILES, WEIGHTS_FILE, CheckpointError
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")  # the Hub's ETag of an LFS file: its sha256
 _GIT_SHA1 = re.compile(r"^[0-9a-f]{40}$")  # the ETag of a file kept in git: its blob sha1
@@ -368,7 +367,7 @@ def download(
     # Imported here: huggingface_hub is slow to import and only Hub checkpoints need it.
     import huggingface_hub
 
-    from . import __version__
+    from .. import __version__
 
     def snapshot(local_files_only: bool, headers: dict[str, str] | None = None) -> Path:
         # headers only when given: huggingface_hub before 0.26 took no headers= here.
@@ -429,7 +428,7 @@ def _fetch(
     import huggingface_hub
     from huggingface_hub import constants
 
-    from . import __version__
+    from .. import __version__
 
     if not force_download and _GIT_SHA1.match(revision or ""):
         # A commit never changes: once it is cached, no request is needed.

@@ -1,11 +1,10 @@
 """Checkpoints by name: bundled, in a local folder, or on the Hugging Face Hub.
 
 ``checkpoint=`` accepts a bundled name, a local folder or a Hugging Face Hub id
-(``"org/name"`` or ``"org/name@revision"``); :func:`load_model` resolves and loads it once
-per process. The folder format (config, safetensors weights, model card) is read and
-written by :mod:`transformer_gmm.checkpoint_io`, whose public functions are re-exported
-here; what is specific to the Hub (download, cache, offline use, publishing) lives in
-:mod:`transformer_gmm.hub`.
+(``"org/name"`` or ``"org/name@revision"``). :func:`load_checkpoint` returns a private
+copy of one; :func:`load_model` the shared, frozen copy the estimators use, kept in a
+small per-process cache. The folder format is :mod:`transformer_gmm.storage.format`; the
+Hub is :mod:`transformer_gmm.storage.hub`.
 """
 
 from __future__ import annotations
@@ -13,46 +12,25 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections import OrderedDict
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .checkpoint_io import (
+from . import hub
+from .format import (
     CARD_FILE,
-    CHECKPOINT_FILES,
     CONFIG_FILE,
-    FORMAT_VERSION,
-    MODEL_TYPE,
     WEIGHTS_FILE,
     CheckpointError,
-    default_model_card,
-    load_checkpoint,
-    read_config,
+    read_checkpoint,
     save_checkpoint,
 )
-from .nn import MixtureTransformer
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
-__all__ = [
-    "CARD_FILE",
-    "CHECKPOINT_FILES",
-    "CONFIG_FILE",
-    "FORMAT_VERSION",
-    "MODEL_TYPE",
-    "WEIGHTS_FILE",
-    "CheckpointError",
-    "bundled_checkpoints",
-    "default_model_card",
-    "export_checkpoint",
-    "load_checkpoint",
-    "load_model",
-    "parse_hub_id",
-    "read_config",
-    "resolve_checkpoint",
-    "save_checkpoint",
-]
+    from ..nn import MixtureTransformer
 
 # "org/name" or "org/name@revision"; the first character of each part must be
 # alphanumeric, so "./x", "/x" and "~/x" are never taken for Hub ids.
@@ -133,8 +111,6 @@ def resolve_checkpoint(checkpoint: str | os.PathLike) -> Path:
         )
     hub_id = parse_hub_id(checkpoint)
     if hub_id is not None:
-        from . import hub  # imported here: hub imports this module
-
         return hub.resolve(*hub_id)
     names = ", ".join(repr(name) for name in bundled) or "none in this version"
     raise CheckpointError(
@@ -165,9 +141,10 @@ def export_checkpoint(
 ) -> Path:
     """Copy checkpoint ``source`` (bundled, local folder or Hub id) into ``folder``.
 
-    The source is loaded strictly and written again with :func:`save_checkpoint`, so the
-    folder holds exactly a config, float32 weights and a model card (the source's, unless
-    ``model_card`` is given): ready to upload, and loadable through ``checkpoint=``.
+    The source is loaded strictly and written again with
+    :func:`~transformer_gmm.storage.save_checkpoint`, so the folder holds exactly a config,
+    float32 weights and a model card (the source's, unless ``model_card`` is given): ready
+    to upload, and loadable through ``checkpoint=``.
 
     Parameters
     ----------
@@ -186,7 +163,7 @@ def export_checkpoint(
     --------
     >>> import tempfile
     >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.checkpoints import save_checkpoint
+    >>> from transformer_gmm.storage import save_checkpoint
     >>> model = MixtureTransformer(config_from_preset("tiny"))
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     source = save_checkpoint(model, tmp + "/source", model_card="# Mine")
@@ -197,15 +174,66 @@ def export_checkpoint(
     source_folder = resolve_checkpoint(source)
     if Path(folder).resolve() == source_folder.resolve():
         raise CheckpointError(f"Cannot export checkpoint {str(source)!r} onto itself ({folder}).")
-    model = load_checkpoint(source_folder)
+    model = read_checkpoint(source_folder)
     if model_card is None and (source_folder / CARD_FILE).is_file():
         model_card = (source_folder / CARD_FILE).read_text(encoding="utf-8")
     return save_checkpoint(model, folder, model_card=model_card)
 
 
+# --- loading ---------------------------------------------------------------------------
+
+
+def load_checkpoint(checkpoint: str | os.PathLike) -> MixtureTransformer:
+    """A private copy of ``checkpoint`` (bundled name, folder or Hub id), in eval mode.
+
+    Unlike the shared model of :func:`load_model`, this copy is yours to train (call
+    ``.train()``) or change; :func:`~transformer_gmm.storage.save_checkpoint` saves it.
+
+    Parameters
+    ----------
+    checkpoint : str or path
+        A bundled name, a local checkpoint folder, or a Hub id ``"org/name[@revision]"``.
+
+    Returns
+    -------
+    model : MixtureTransformer
+        A new model, on CPU, in float32.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> import torch
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.storage import save_checkpoint
+    >>> model = MixtureTransformer(config_from_preset("tiny"))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     copy = load_checkpoint(save_checkpoint(model, tmp))
+    >>> copy.config == model.config, copy.training
+    (True, False)
+    >>> all(torch.equal(a, b) for a, b in zip(copy.parameters(), model.parameters()))
+    True
+    """
+    return _read(resolve_checkpoint(checkpoint), checkpoint)
+
+
+def _read(folder: Path, checkpoint: str | os.PathLike) -> MixtureTransformer:
+    """Read ``folder``, resolved from ``checkpoint``; for a Hub id, say how to fetch it again."""
+    try:
+        return read_checkpoint(folder)
+    except CheckpointError as error:
+        hub_id = None if Path(checkpoint).expanduser().is_dir() else parse_hub_id(checkpoint)
+        if hub_id is None:
+            raise
+        raise CheckpointError(f"{error} {hub.redownload_hint(*hub_id)}") from error
+
+
 # --- the per-process cache -------------------------------------------------------------
 
-_CACHE: dict[tuple[str, ...], tuple[tuple, MixtureTransformer]] = {}
+# The shared models by their files, least recently used first. A process usually uses one
+# or two checkpoints; four lets a few be compared side by side without reloading, while a
+# process that tries many (a sweep, a long-lived server) keeps at most four in memory.
+_CACHE_SIZE = 4
+_CACHE: OrderedDict[tuple[str, ...], tuple[tuple, MixtureTransformer]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 
 
@@ -228,12 +256,13 @@ def _stamp(files: tuple[str, ...]) -> tuple:
 
 
 def load_model(checkpoint: str | os.PathLike) -> MixtureTransformer:
-    """Resolve and load ``checkpoint``, once per process.
+    """Resolve and load ``checkpoint``, once per process while it is recently used.
 
     Models are cached by the resolved config and weight files and by their (mtime, size),
     so a rewritten checkpoint is loaded again; a Hub id is looked up on the Hub once per
-    process (see :func:`transformer_gmm.hub.resolve`). The returned model is SHARED by
-    every caller and frozen (``requires_grad`` off, eval mode): use it for inference only
+    process (see :func:`transformer_gmm.storage.hub.resolve`). The cache keeps the four
+    most recently used models; :func:`clear_cache` empties it. The returned model is SHARED
+    by every caller and frozen (``requires_grad`` off, eval mode): use it for inference only
     and never modify it; call :func:`load_checkpoint` for a private copy to train or change.
 
     Parameters
@@ -250,7 +279,7 @@ def load_model(checkpoint: str | os.PathLike) -> MixtureTransformer:
     --------
     >>> import tempfile
     >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.checkpoints import save_checkpoint
+    >>> from transformer_gmm.storage import save_checkpoint
     >>> model = MixtureTransformer(config_from_preset("tiny"))
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     folder = save_checkpoint(model, tmp)
@@ -264,15 +293,26 @@ def load_model(checkpoint: str | os.PathLike) -> MixtureTransformer:
     with _CACHE_LOCK:  # one load per checkpoint even when threads ask at once
         cached = _CACHE.get(files)
         if cached is not None and cached[0] == stamp:
+            _CACHE.move_to_end(files)
             return cached[1]
-        try:
-            model = load_checkpoint(folder).requires_grad_(False)
-        except CheckpointError as error:
-            hub_id = None if Path(checkpoint).expanduser().is_dir() else parse_hub_id(checkpoint)
-            if hub_id is None:
-                raise
-            from . import hub
-
-            raise CheckpointError(f"{error} {hub.redownload_hint(*hub_id)}") from error
+        model = _read(folder, checkpoint).requires_grad_(False)
         _CACHE[files] = (stamp, model)  # replaces a stale model of the same files
+        _CACHE.move_to_end(files)
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
         return model
+
+
+def clear_cache() -> None:
+    """Forget the shared models :func:`load_model` keeps; the next call loads again.
+
+    :func:`transformer_gmm.clear_model_cache` also drops their copies on other devices.
+
+    Examples
+    --------
+    >>> clear_cache()
+    >>> len(_CACHE)
+    0
+    """
+    with _CACHE_LOCK:
+        _CACHE.clear()

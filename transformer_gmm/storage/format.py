@@ -1,4 +1,4 @@
-"""A checkpoint folder, read and written: three files.
+"""The checkpoint format: a folder of three files, read and written.
 
 - ``config.json``: the :class:`~transformer_gmm.nn.ModelConfig` fields, plus ``model_type``
   and ``format_version``;
@@ -6,7 +6,7 @@
 - ``README.md``: the model card.
 
 Finding a checkpoint by name, folder or Hub id, and loading it once per process, is
-:mod:`transformer_gmm.checkpoints`, which also re-exports what is public here.
+:mod:`transformer_gmm.storage.checkpoints`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .nn import MixtureTransformer, ModelConfig
+from ..nn import MixtureTransformer, ModelConfig
 
 MODEL_TYPE = "transformer_gmm.MixtureTransformer"
 FORMAT_VERSION = 1
@@ -35,9 +35,9 @@ class CheckpointError(ValueError):
     Examples
     --------
     >>> from transformer_gmm import CheckpointError
-    >>> from transformer_gmm.checkpoints import resolve_checkpoint
+    >>> from transformer_gmm.storage import load_checkpoint
     >>> try:
-    ...     resolve_checkpoint("./no-such-folder")
+    ...     load_checkpoint("./no-such-folder")
     ... except CheckpointError as error:
     ...     print(str(error)[:44])
     Checkpoint './no-such-folder' was not found.
@@ -78,7 +78,7 @@ def save_checkpoint(
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     folder = save_checkpoint(model, tmp + "/my-model")
     ...     print(sorted(path.name for path in folder.iterdir()))
-    ...     print(load_checkpoint(folder).config == model.config)
+    ...     print(read_checkpoint(folder).config == model.config)
     ['README.md', 'config.json', 'model.safetensors']
     True
     """
@@ -149,8 +149,8 @@ def default_model_card(config: ModelConfig, *, note: str = "") -> str:
 # --- loading ---------------------------------------------------------------------------
 
 
-def load_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
-    """Load the checkpoint in ``folder``: in eval mode, on CPU, in float32.
+def read_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
+    """Read the checkpoint in ``folder``: in eval mode, on CPU, in float32.
 
     Strict: the config is validated before any tensor is built, and the weights must match
     its shapes exactly. Every failure is a :class:`CheckpointError`.
@@ -158,7 +158,8 @@ def load_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
     Parameters
     ----------
     folder : str or path
-        A checkpoint folder (not a bundled name or Hub id: see :func:`load_model`).
+        A checkpoint folder (for a bundled name or a Hub id, see
+        :func:`transformer_gmm.storage.load_checkpoint`).
 
     Returns
     -------
@@ -169,10 +170,9 @@ def load_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
     --------
     >>> import tempfile
     >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.checkpoints import save_checkpoint
     >>> model = MixtureTransformer(config_from_preset("tiny"))
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     loaded = load_checkpoint(save_checkpoint(model, tmp))
+    ...     loaded = read_checkpoint(save_checkpoint(model, tmp))
     >>> loaded.config == model.config, loaded.training
     (True, False)
     """
@@ -210,7 +210,6 @@ def read_config(folder: str | os.PathLike) -> ModelConfig:
     --------
     >>> import tempfile
     >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.checkpoints import save_checkpoint
     >>> model = MixtureTransformer(config_from_preset("tiny"))
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     config = read_config(save_checkpoint(model, tmp))
@@ -224,7 +223,7 @@ def _read_config(path: Path) -> ModelConfig:
     if not path.is_file():
         raise CheckpointError(
             f"{path} is missing: a checkpoint folder holds {CONFIG_FILE}, {WEIGHTS_FILE} and "
-            f"{CARD_FILE}. Save one with transformer_gmm.checkpoints.save_checkpoint."
+            f"{CARD_FILE}. Save one with transformer_gmm.storage.save_checkpoint."
         )
     try:
         d = json.loads(path.read_text(encoding="utf-8"))

@@ -1,7 +1,6 @@
 """Publishing checkpoints to the Hugging Face Hub (``push_to_hub``).
 
-Downloading, the cache and offline use are :mod:`transformer_gmm.hub`, which re-exports
-:func:`push_to_hub`.
+Downloading, the cache and offline use are :mod:`transformer_gmm.storage.hub`.
 """
 
 from __future__ import annotations
@@ -11,10 +10,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .checkpoints import CHECKPOINT_FILES, CheckpointError, export_checkpoint, save_checkpoint
+from .checkpoints import export_checkpoint
+from .format import CHECKPOINT_FILES, CheckpointError, save_checkpoint
+from .hub import no_answer, time_limits
 
 if TYPE_CHECKING:
-    from .nn import MixtureTransformer
+    from ..nn import MixtureTransformer
 
 
 def push_to_hub(
@@ -29,12 +30,13 @@ def push_to_hub(
     """Upload a model, or a checkpoint (bundled name, folder or Hub id), to ``repo_id``.
 
     The repository is created if needed. The checkpoint is written to a temporary folder
-    first (config, weights and model card, exactly as :func:`save_checkpoint` writes
-    them), so what is uploaded loads back through ``checkpoint="<repo_id>"``. Needs a
-    token with write access: ``token=``, ``HF_TOKEN``, or ``hf auth login``.
+    first (config, weights and model card, exactly as
+    :func:`~transformer_gmm.storage.save_checkpoint` writes them), so what is uploaded
+    loads back through ``checkpoint="<repo_id>"``. Needs a token with write access:
+    ``token=``, ``HF_TOKEN``, or ``hf auth login``.
 
-    The requests run under :func:`transformer_gmm.hub.time_limits`: a Hub that does not
-    answer, or stops answering, ends the push with a :class:`CheckpointError` within
+    The requests run under :func:`transformer_gmm.storage.hub.time_limits`: a Hub that
+    does not answer, or stops answering, ends the push with a :class:`CheckpointError` within
     about twice ``HF_HUB_DOWNLOAD_TIMEOUT`` (10 s by default), where ``huggingface_hub``
     alone would wait forever. (An upload through ``hf_xet`` keeps that library's limits.)
 
@@ -75,9 +77,6 @@ def push_to_hub(
     """
     import huggingface_hub
     from huggingface_hub import constants
-
-    # Imported here: hub imports this module.
-    from .hub import no_answer, time_limits
 
     token = token or huggingface_hub.get_token()
     if not token:

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checkpoints import CONFIG_FILE, MODEL_TYPE
+from .format import CONFIG_FILE, MODEL_TYPE
 from .hub import cache_dir, spec
 
 
@@ -68,7 +68,7 @@ def cached_checkpoints(cache: str | os.PathLike | None = None) -> list[CachedChe
     Parameters
     ----------
     cache : str or path, optional
-        The cache folder; by default :func:`cache_dir`.
+        The cache folder; by default :func:`~transformer_gmm.storage.hub.cache_dir`.
 
     Returns
     -------
