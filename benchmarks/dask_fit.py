@@ -140,8 +140,9 @@ def chosen_start(method: str, X_dask, checkpoint) -> dict:
     sample (one more pass over the array) as the fit builds it."""
     from sklearn.utils import check_random_state
 
-    from transformer_gmm import _dask, _fit
+    from transformer_gmm import _dask
     from transformer_gmm._base import draw_seed
+    from transformer_gmm.engine import fit
 
     model = make_estimator(method, checkpoint)
     seed = draw_seed(check_random_state(model.random_state))
@@ -154,13 +155,13 @@ def chosen_start(method: str, X_dask, checkpoint) -> dict:
         raise SystemExit("the same-start check needs several starts and more rows than the "
                          "sample: raise --n-samples")
     if method == "TransformerGMM":
-        fit = _fit.fit_mixtures([sample], n_components=N_COMPONENTS,
+        fits = fit.fit_mixtures([sample], n_components=N_COMPONENTS,
                                 covariance_type=model.covariance_type,
                                 reg_covar=model.reg_covar, **options)
-        return dict(weights=fit.weights, means=fit.means, covariances=fit.covariances,
-                    n_iter=fit.n_iter)
-    fit = _fit.fit_kmeans(sample, n_clusters=N_COMPONENTS, **options)
-    return dict(centers=fit.centers[None], n_iter=np.array([fit.n_iter]))
+        return dict(weights=fits.weights, means=fits.means, covariances=fits.covariances,
+                    n_iter=fits.n_iter)
+    kmeans_fit = fit.fit_kmeans(sample, n_clusters=N_COMPONENTS, **options)
+    return dict(centers=kmeans_fit.centers[None], n_iter=np.array([kmeans_fit.n_iter]))
 
 
 def same_start_difference(X: np.ndarray, method: str, start: dict, fitted: dict) -> dict:
@@ -168,21 +169,21 @@ def same_start_difference(X: np.ndarray, method: str, start: dict, fitted: dict)
     Dask fit's parameters, and whether the iterations agree."""
     import torch
 
-    from transformer_gmm import em
+    from transformer_gmm.engine import em, gaussian, kmeans, m_step
 
     x = torch.from_numpy(X)[None]
     if method == "TransformerGMM":
         covariances = torch.from_numpy(start["covariances"])
-        params = em.MixtureParams(
+        params = m_step.MixtureParams(
             torch.from_numpy(start["weights"]), torch.from_numpy(start["means"]), covariances,
-            em.compute_precision_cholesky(covariances, "full"))
+            gaussian.compute_precision_cholesky(covariances, "full"))
         result = em.fit_em(x, params, covariance_type="full", reg_covar=1e-6, max_iter=100,
                            tol=1e-3)
         ours = dict(weights=result.params.weights[0], means=result.params.means[0],
                     covariances=result.params.covariances[0])
     else:
-        centers, _, _, n_iter = em.lloyd(x, torch.from_numpy(start["centers"]), max_iter=300,
-                                         tol=1e-4)
+        centers, _, _, n_iter = kmeans.lloyd(x, torch.from_numpy(start["centers"]), max_iter=300,
+                                             tol=1e-4)
         result = None
         ours = dict(cluster_centers=centers[0])
     difference = max(float(np.abs(value.numpy() - np.asarray(fitted[name])).max())

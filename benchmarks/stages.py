@@ -40,18 +40,19 @@ from common import (  # noqa: E402
     write_csv,
 )
 
-from transformer_gmm import TransformerGMM, _base, em, readout  # noqa: E402
+from transformer_gmm import TransformerGMM, _base  # noqa: E402
+from transformer_gmm.engine import em, m_step, readout  # noqa: E402
 from transformer_gmm.storage import load_model  # noqa: E402
 
 # (label, module, attribute): the functions timed, looked up by the package at call time.
 STAGES = [
-    ("parameter validation", _base._TransformerMixtureBase, "_validate_params"),
+    ("parameter validation", _base.TransformerMixtureBase, "_validate_params"),
     ("input validation", _base, "validate_data"),
-    ("checkpoint lookup", _base._TransformerMixtureBase, "_load_backbone"),
+    ("checkpoint lookup", _base.TransformerMixtureBase, "_load_backbone"),
     ("forward pass", readout, "forward"),
     ("readout (responsibilities, one M-step)", readout, "mixture_inits"),
-    ("covariances of the transformer's starts", em, "estimate_gaussian_parameters"),
-    ("k-means++ starts", em, "initialize_kmeans"),
+    ("covariances of the transformer's starts", m_step, "estimate_gaussian_parameters"),
+    ("k-means++ starts", m_step, "initialize_kmeans"),
     ("EM", em, "fit_em"),
 ]
 FORWARD, READOUT = STAGES[3][0], STAGES[4][0]

@@ -160,9 +160,9 @@ def test_subsampled_datasets_are_deterministic_and_a_batch_of_one_is_fit():
 
 
 def test_a_batch_mixing_sizes_above_and_below_the_selection_subsample(monkeypatch):
-    from transformer_gmm import _fit
+    from transformer_gmm.engine import fit
 
-    monkeypatch.setattr(_fit, "SELECTION_ROWS", 100)  # 50 rows small, 400 large
+    monkeypatch.setattr(fit, "SELECTION_ROWS", 100)  # 50 rows small, 400 large
     datasets = _datasets([130, 17, 40])  # 390, 51 and 120 points
     params = dict(checkpoint=TINY_CHECKPOINT, covariance_type="spherical", random_state=0)
     fitted = fit_many(datasets, 3, **params)

@@ -188,7 +188,7 @@ def test_anisotropic_tasks_and_held_out_samples_follow_the_truth():
 
 def test_stages_account_for_the_whole_fit(tmp_path):
     stages = _load("stages")
-    from transformer_gmm import readout
+    from transformer_gmm.engine import readout
 
     forward = readout.forward
     rows = stages.main(["--repeats", "2", "--results", str(tmp_path)])

@@ -11,8 +11,9 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 
-from transformer_gmm import FallbackWarning, TransformerClusterer, _backend, _fit
+from transformer_gmm import FallbackWarning, TransformerClusterer
 from transformer_gmm._preprocessing import fit_standardization
+from transformer_gmm.engine import backend, fit
 
 
 def test_transformer_path_clusters_separated_blobs(three_blobs):
@@ -30,9 +31,9 @@ def test_transformer_path_clusters_separated_blobs(three_blobs):
 def test_max_iter_zero_uses_the_heads_labels(three_blobs):
     X = three_blobs[:60]  # within the tiny model's context: the head reads every point
     km = TransformerClusterer(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
-    backbone = _backend.load_backbone(TINY_CHECKPOINT)
+    backbone = backend.load_backbone(TINY_CHECKPOINT)
     standardization = fit_standardization(X, backbone.d_max, 3, backbone.noise_directions)
-    estimate = _backend.transformer_estimates(backbone, [standardization.transform(X)], 3, "cpu")[0]
+    estimate = backend.transformer_estimates(backbone, [standardization.transform(X)], 3, "cpu")[0]
     head_labels = estimate.point_probs.argmax(axis=1)
     lifted_means = standardization.inverse_transform_means(estimate.means)
     for k in range(3):
@@ -143,7 +144,7 @@ def test_views_add_starts_and_never_raise_the_inertia():
 
 
 def test_large_fit_compares_starts_on_a_subsample_then_runs_lloyd_on_all_rows(monkeypatch):
-    monkeypatch.setattr(_fit, "SELECTION_ROWS", 100)  # 400 rows count as large
+    monkeypatch.setattr(fit, "SELECTION_ROWS", 100)  # 400 rows count as large
     centers = [[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0], [0.0, -6.0]]
     X = make_blobs(100, centers, seed=13)
     km = TransformerClusterer(4, checkpoint=TINY_CHECKPOINT, random_state=0).fit(X)

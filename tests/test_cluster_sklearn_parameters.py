@@ -18,7 +18,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from transformer_gmm import TransformerClusterer, _base, kmeans
+from transformer_gmm import TransformerClusterer, _base
+from transformer_gmm.engine import backend, kmeans
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_other_inits_skip_the_transformer(blobs, init, monkeypatch):
     def no_backbone(checkpoint):
         raise AssertionError("the transformer was loaded")
 
-    monkeypatch.setattr(_base._backend, "load_backbone", no_backbone)
+    monkeypatch.setattr(backend, "load_backbone", no_backbone)
     init = {
         "array": near_centers(blobs),
         "callable": lambda X, k, random_state: near_centers(X),

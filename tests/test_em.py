@@ -14,9 +14,9 @@ from sklearn.mixture._gaussian_mixture import (
     _estimate_log_gaussian_prob,
 )
 
-from transformer_gmm import em, kmeans
+from transformer_gmm.engine import batching, e_step, em, gaussian, kmeans, m_step
 
-COVARIANCE_TYPES = em.COVARIANCE_TYPES
+COVARIANCE_TYPES = gaussian.COVARIANCE_TYPES
 SKLEARN_MESSAGE = "Fitting the mixture model failed because some components have ill-defined"
 
 
@@ -64,17 +64,19 @@ def t(array):
 
 def torch_params(weights, means, precisions, covariance_type):
     """Batch-1 MixtureParams from scikit-learn-style init arrays."""
-    precisions_chol = em.precisions_cholesky_from_precisions(t(precisions), covariance_type)
-    return em.MixtureParams(
+    precisions_chol = gaussian.precisions_cholesky_from_precisions(t(precisions), covariance_type)
+    return m_step.MixtureParams(
         weights=t(weights)[None],
         means=t(means)[None],
-        covariances=em.covariances_from_precisions_cholesky(precisions_chol, covariance_type)[None],
+        covariances=gaussian.covariances_from_precisions_cholesky(
+            precisions_chol, covariance_type
+        )[None],
         precisions_cholesky=precisions_chol[None],
     )
 
 
 def stack_params(params_list):
-    return em.MixtureParams(
+    return m_step.MixtureParams(
         *(
             torch.cat([getattr(p, f) for p in params_list])
             for f in ("weights", "means", "covariances", "precisions_cholesky")
@@ -151,7 +153,7 @@ def test_fit_em_max_iter_zero_returns_start():
     assert_params_close(result.params, params, rtol=0, atol=0)
     assert result.n_iter.tolist() == [0]
     assert result.converged.tolist() == [False]
-    log_prob_norm, _ = em.e_step(t(X)[None], params, "full")
+    log_prob_norm, _ = e_step.e_step(t(X)[None], params, "full")
     assert torch.equal(result.lower_bound, log_prob_norm)
 
 
@@ -220,7 +222,7 @@ def test_fit_em_restarts_share_one_dataset(covariance_type):
     for i in range(4):
         assert_params_close(
             shared.params,
-            em.MixtureParams(
+            m_step.MixtureParams(
                 *(
                     getattr(copied.params, f)[i : i + 1]
                     for f in ("weights", "means", "covariances", "precisions_cholesky")
@@ -235,9 +237,9 @@ def test_e_step_ignores_padding():
     X, centers, covariances = gaussian_blobs(*SEPARATED)
     params = torch_params(*initial_parameters(centers, covariances, "diag", 0), "diag")
     padded, mask = padded_batch([X, X[:100]])
-    log_prob_norm, log_resp = em.e_step(padded, stack_params([params, params]), "diag", mask)
+    log_prob_norm, log_resp = e_step.e_step(padded, stack_params([params, params]), "diag", mask)
     for i, n in enumerate([len(X), 100]):
-        expected_norm, expected_resp = em.e_step(t(X[:n])[None], params, "diag")
+        expected_norm, expected_resp = e_step.e_step(t(X[:n])[None], params, "diag")
         np.testing.assert_allclose(log_prob_norm[i], expected_norm[0], rtol=1e-12)
         np.testing.assert_allclose(log_resp[i, :n], expected_resp[0], rtol=1e-12, atol=1e-12)
         assert torch.all(log_resp[i, n:] == -torch.inf)
@@ -256,7 +258,7 @@ def test_m_step_and_log_prob_match_sklearn_helpers(covariance_type):
     precisions_chol = _compute_precision_cholesky(covariances, covariance_type)
     log_prob = _estimate_log_gaussian_prob(X, means, precisions_chol, covariance_type)
 
-    params = em.estimate_gaussian_parameters(
+    params = m_step.estimate_gaussian_parameters(
         t(X)[None], t(resp)[None], covariance_type=covariance_type, reg_covar=1e-4
     )
     np.testing.assert_allclose(params.weights[0], nk / len(X), rtol=1e-10)
@@ -265,13 +267,13 @@ def test_m_step_and_log_prob_match_sklearn_helpers(covariance_type):
     np.testing.assert_allclose(
         params.precisions_cholesky[0], precisions_chol, rtol=1e-10, atol=1e-12
     )
-    ours = em.estimate_log_gaussian_prob(
+    ours = gaussian.estimate_log_gaussian_prob(
         t(X)[None], t(means)[None], t(precisions_chol)[None], covariance_type
     )
     np.testing.assert_allclose(ours[0], log_prob, rtol=1e-10)
-    weighted = em.estimate_weighted_log_prob(
+    weighted = e_step.estimate_weighted_log_prob(
         t(X)[None],
-        em.MixtureParams(params.weights, params.means, None, params.precisions_cholesky),
+        m_step.MixtureParams(params.weights, params.means, None, params.precisions_cholesky),
         covariance_type,
     )
     np.testing.assert_allclose(weighted[0], log_prob + np.log(nk / len(X)), rtol=1e-10)
@@ -284,15 +286,17 @@ def test_full_covariance_paths_with_and_without_autograd_agree():
     rng = np.random.default_rng(5)
     X, _, _ = gaussian_blobs(*OVERLAPPING)
     resp = t(np.stack([rng.dirichlet(np.ones(3), size=len(X)) for _ in range(2)]))  # (2, N, 3)
-    fast = em.estimate_gaussian_parameters(t(X)[None], resp, covariance_type="full", reg_covar=1e-4)
-    log_prob = em.estimate_log_gaussian_prob(
+    fast = m_step.estimate_gaussian_parameters(
+        t(X)[None], resp, covariance_type="full", reg_covar=1e-4
+    )
+    log_prob = gaussian.estimate_log_gaussian_prob(
         t(X)[None], fast.means, fast.precisions_cholesky, "full"
     )
     tracked = resp.clone().requires_grad_(True)
-    slow = em.estimate_gaussian_parameters(
+    slow = m_step.estimate_gaussian_parameters(
         t(X)[None], tracked, covariance_type="full", reg_covar=1e-4
     )
-    slow_log_prob = em.estimate_log_gaussian_prob(
+    slow_log_prob = gaussian.estimate_log_gaussian_prob(
         t(X)[None], slow.means, slow.precisions_cholesky, "full"
     )
     torch.testing.assert_close(slow.covariances.detach(), fast.covariances, rtol=1e-12, atol=1e-14)
@@ -307,14 +311,16 @@ def test_precision_conversions_match_sklearn(covariance_type):
     _, _, precisions = initial_parameters(centers, covariances, covariance_type, 0)
     expected = _compute_precision_cholesky_from_precisions(precisions, covariance_type, xp=np)
 
-    precisions_chol = em.precisions_cholesky_from_precisions(t(precisions), covariance_type)
+    precisions_chol = gaussian.precisions_cholesky_from_precisions(t(precisions), covariance_type)
     np.testing.assert_allclose(precisions_chol, expected, rtol=1e-10, atol=1e-14)
     # Back to covariances, and forward again as scikit-learn computes it.
-    recovered = em.covariances_from_precisions_cholesky(precisions_chol[None], covariance_type)
+    recovered = gaussian.covariances_from_precisions_cholesky(
+        precisions_chol[None], covariance_type
+    )
     inverse = np.linalg.inv(precisions) if covariance_type in ("full", "tied") else 1 / precisions
     np.testing.assert_allclose(recovered[0], inverse, rtol=1e-10, atol=1e-13)
     np.testing.assert_allclose(
-        em.compute_precision_cholesky(recovered, covariance_type)[0],
+        gaussian.compute_precision_cholesky(recovered, covariance_type)[0],
         _compute_precision_cholesky(inverse, covariance_type),
         rtol=1e-9,
         atol=1e-13,
@@ -331,7 +337,7 @@ def test_m_step_with_given_means_and_padding(covariance_type):
     resp_padded = torch.full((2, len(X), 3), float("nan"), dtype=torch.float64)
     resp_padded[0], resp_padded[1, :150] = t(resp), t(resp[:150])
 
-    params = em.estimate_gaussian_parameters(
+    params = m_step.estimate_gaussian_parameters(
         padded,
         resp_padded,
         covariance_type=covariance_type,
@@ -358,19 +364,19 @@ def test_m_step_with_given_means_and_padding(covariance_type):
 
 def test_shape_errors_are_raised_not_broadcast():
     X = torch.zeros(2, 10, 3, dtype=torch.float64)
-    params = em.MixtureParams(
+    params = m_step.MixtureParams(
         weights=torch.full((2, 2), 0.5, dtype=torch.float64),
         means=torch.zeros(2, 3, dtype=torch.float64),  # missing batch dim
         covariances=None,
         precisions_cholesky=torch.ones(2, 2, 3, dtype=torch.float64),
     )
     with pytest.raises(ValueError, match="means"):
-        em.e_step(X, params, "diag")
+        e_step.e_step(X, params, "diag")
     params.means = torch.zeros(3, 2, 3, dtype=torch.float64)  # batch 3 against X's 2
     with pytest.raises(ValueError, match="batch"):
-        em.e_step(X, params, "diag")
+        e_step.e_step(X, params, "diag")
     with pytest.raises(ValueError, match="covariance_type"):
-        em.compute_precision_cholesky(torch.ones(2, 2), "bogus")
+        gaussian.compute_precision_cholesky(torch.ones(2, 2), "bogus")
 
 
 # --- 4. k-means++ ----------------------------------------------------------------------
@@ -384,7 +390,7 @@ def test_kmeans_plusplus_is_seeded_and_picks_real_points():
 
     def seeds(seed):
         generator = torch.Generator().manual_seed(seed)
-        return em.kmeans_plusplus(padded, 4, generator=generator, mask=mask)
+        return kmeans.kmeans_plusplus(padded, 4, generator=generator, mask=mask)
 
     first = seeds(0)
     assert first.shape == (2, 4, 3)
@@ -401,7 +407,8 @@ def test_kmeans_plusplus_spreads_seeds_over_separated_blobs():
     centers = np.array([[0, 0], [30, 0], [0, 30], [30, 30]], dtype=float)
     X, _, _ = gaussian_blobs(centers, 40, 7)
     generator = torch.Generator().manual_seed(0)
-    seeds = em.kmeans_plusplus(t(X)[None].expand(20, -1, -1), 4, generator=generator)  # 20 draws
+    draws = t(X)[None].expand(20, -1, -1)  # 20 seedings of one dataset
+    seeds = kmeans.kmeans_plusplus(draws, 4, generator=generator)
     blob = np.linalg.norm(seeds.numpy()[:, :, None] - centers[None, None], axis=-1).argmin(-1)
     one_per_blob = sum(len(set(row)) == 4 for row in blob.tolist())
     assert one_per_blob >= 18
@@ -411,7 +418,9 @@ def test_kmeans_plusplus_with_fewer_distinct_points_than_clusters():
     X = torch.tensor([[0.0, 0.0]] * 5 + [[1.0, 1.0]] * 5 + [[9.0, 9.0]] * 3, dtype=torch.float64)
     mask = torch.tensor([True] * 10 + [False] * 3)
     generator = torch.Generator().manual_seed(0)
-    seeds = em.kmeans_plusplus(X[None].expand(8, -1, -1), 4, generator=generator, mask=mask[None])
+    seeds = kmeans.kmeans_plusplus(
+        X[None].expand(8, -1, -1), 4, generator=generator, mask=mask[None]
+    )
     assert not (seeds == 9.0).any()  # padding is never a seed, even when all distances are 0
     assert torch.isfinite(seeds).all()
 
@@ -424,7 +433,7 @@ def test_weighted_kmeans_plusplus_seeds_every_blob_as_sklearn_does():
     centers = np.array([[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0]])
     X = np.repeat(centers, 40, axis=0) + rng.normal(size=(120, 2))
     weights = np.repeat([10.0, 1.0, 1.0], 40)
-    seeds = em.kmeans_plusplus(
+    seeds = kmeans.kmeans_plusplus(
         t(X)[None].expand(1000, -1, -1),
         3,
         generator=torch.Generator().manual_seed(0),
@@ -446,7 +455,7 @@ def test_lloyd_matches_sklearn(max_iter, tol):
     reference = KMeans(4, init=init, n_init=1, algorithm="lloyd", max_iter=max_iter, tol=tol)
     reference.fit(X)
 
-    centers, labels, inertia, n_iter = em.lloyd(
+    centers, labels, inertia, n_iter = kmeans.lloyd(
         t(X)[None], t(init)[None], max_iter=max_iter, tol=tol
     )
 
@@ -463,9 +472,9 @@ def test_lloyd_batched_with_padding_equals_one_at_a_time():
     datasets[1] = datasets[1][:150]
     padded, mask = padded_batch(datasets)
     init = torch.stack([t(data[:3]) for data in datasets])
-    centers, labels, inertia, n_iter = em.lloyd(padded, init, max_iter=100, mask=mask)
+    centers, labels, inertia, n_iter = kmeans.lloyd(padded, init, max_iter=100, mask=mask)
     for i, data in enumerate(datasets):
-        alone = em.lloyd(t(data)[None], init[i : i + 1], max_iter=100)
+        alone = kmeans.lloyd(t(data)[None], init[i : i + 1], max_iter=100)
         np.testing.assert_allclose(centers[i], alone[0][0], rtol=1e-10)
         assert torch.equal(labels[i, : len(data)], alone[1][0])
         assert (labels[i, len(data) :] == -1).all()
@@ -476,7 +485,7 @@ def test_lloyd_batched_with_padding_equals_one_at_a_time():
 def test_lloyd_max_iter_zero_only_assigns():
     X, _, _ = gaussian_blobs(*SEPARATED)
     init = t(X[:3])[None]
-    centers, labels, inertia, n_iter = em.lloyd(t(X)[None], init, max_iter=0)
+    centers, labels, inertia, n_iter = kmeans.lloyd(t(X)[None], init, max_iter=0)
     assert torch.equal(centers, init)
     assert n_iter.tolist() == [0]
     assert torch.equal(labels, torch.cdist(t(X)[None], init).argmin(-1))
@@ -489,7 +498,7 @@ def test_lloyd_relocates_an_empty_cluster_to_a_far_point():
     # centre (0.1 or 10.1, a tie), and every cluster ends up holding a point.
     X = torch.tensor([[0.0], [0.1], [10.0], [10.1]], dtype=torch.float64)[None]
     init = torch.tensor([[0.0], [10.0], [1000.0]], dtype=torch.float64)[None]
-    centers, labels, inertia, _ = em.lloyd(X, init, max_iter=10)
+    centers, labels, inertia, _ = kmeans.lloyd(X, init, max_iter=10)
     assert set(labels[0].tolist()) == {0, 1, 2}
     assert min(abs(centers[0, 2, 0].item() - p) for p in (0.1, 10.1)) < 1e-12
     assert inertia.item() == pytest.approx(0.005)
@@ -502,9 +511,9 @@ def test_lloyd_inertia_read_in_row_chunks_is_the_whole_sum(monkeypatch):
     datasets[1] = datasets[1][:137]
     padded, mask = padded_batch(datasets)
     init = torch.stack([t(data[:3]) for data in datasets])
-    whole = em.lloyd(padded, init, max_iter=100, mask=mask)
+    whole = kmeans.lloyd(padded, init, max_iter=100, mask=mask)
     monkeypatch.setattr(kmeans, "_INERTIA_CHUNK_ROWS", 7)
-    chunked = em.lloyd(padded, init, max_iter=100, mask=mask)
+    chunked = kmeans.lloyd(padded, init, max_iter=100, mask=mask)
     for i, data in enumerate(datasets):
         direct = ((t(data) - whole[0][i][whole[1][i, : len(data)]]) ** 2).sum()
         np.testing.assert_allclose(float(chunked[2][i]), float(direct), rtol=1e-12)
@@ -528,7 +537,7 @@ def test_singular_covariance_raises_sklearn_error(covariance_type):
     with pytest.raises(ValueError) as theirs:
         _compute_precision_cholesky(covariances, covariance_type)
     with pytest.raises(ValueError) as ours:
-        em.compute_precision_cholesky(t(covariances)[None], covariance_type)
+        gaussian.compute_precision_cholesky(t(covariances)[None], covariance_type)
     assert str(ours.value) == str(theirs.value)
     assert str(ours.value).startswith(SKLEARN_MESSAGE)
 
@@ -545,7 +554,7 @@ def test_m_step_on_collapsed_component_raises(covariance_type):
     with pytest.raises(ValueError, match=SKLEARN_MESSAGE):
         _compute_precision_cholesky(covariances, covariance_type)
     with pytest.raises(ValueError, match=SKLEARN_MESSAGE):
-        em.estimate_gaussian_parameters(
+        m_step.estimate_gaussian_parameters(
             t(X)[None], t(resp)[None], covariance_type=covariance_type, reg_covar=0.0
         )
 
@@ -553,7 +562,7 @@ def test_m_step_on_collapsed_component_raises(covariance_type):
 def test_singular_matrix_message_mentions_float64_for_float32():
     singular = torch.ones(1, 2, 2, dtype=torch.float32)  # rank 1
     with pytest.raises(ValueError, match="passing float64"):
-        em.compute_precision_cholesky(singular, "tied")
+        gaussian.compute_precision_cholesky(singular, "tied")
 
 
 @pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
@@ -587,7 +596,7 @@ def test_initialize_kmeans_then_em_recovers_means(covariance_type):
     X, centers, _ = gaussian_blobs([[0, 0, 0], [12, 0, 0], [0, 12, 6]], 70, 0)
     x = t(X)[None]
     generator = torch.Generator().manual_seed(0)
-    start = em.initialize_kmeans(
+    start = m_step.initialize_kmeans(
         x.expand(3, -1, -1),
         3,
         covariance_type=covariance_type,
@@ -609,7 +618,7 @@ def test_initialize_kmeans_with_padding_ignores_padded_points():
     X, _, _ = gaussian_blobs(*SEPARATED)
     padded, mask = padded_batch([X, X[:150]])
     generator = torch.Generator().manual_seed(0)
-    params = em.initialize_kmeans(
+    params = m_step.initialize_kmeans(
         padded, 3, covariance_type="full", reg_covar=1e-6, generator=generator, mask=mask
     )
     for field in ("weights", "means", "covariances", "precisions_cholesky"):
@@ -626,7 +635,7 @@ def test_float32_runs_and_agrees_with_float64(covariance_type):
     x64 = t(X)[None]
     x32 = x64.float()
     generator = torch.Generator().manual_seed(0)
-    start = em.initialize_kmeans(
+    start = m_step.initialize_kmeans(
         x32, 3, covariance_type=covariance_type, reg_covar=1e-6, generator=generator
     )
     result = em.fit_em(
@@ -638,7 +647,7 @@ def test_float32_runs_and_agrees_with_float64(covariance_type):
         assert torch.isfinite(value).all()
     assert result.lower_bound.dtype == torch.float32
 
-    start64 = em.MixtureParams(
+    start64 = m_step.MixtureParams(
         *(
             getattr(start, f).double()
             for f in ("weights", "means", "covariances", "precisions_cholesky")
@@ -656,7 +665,7 @@ def test_float32_runs_and_agrees_with_float64(covariance_type):
 
 def index_params(params, index):
     """The parameters of one dataset, as a batch of one."""
-    return em.MixtureParams(
+    return m_step.MixtureParams(
         *(
             getattr(params, f)[index : index + 1]
             for f in ("weights", "means", "covariances", "precisions_cholesky")
@@ -687,16 +696,16 @@ def test_fit_em_shrinking_batch_equals_each_problem_alone(covariance_type, monke
     options = dict(covariance_type=covariance_type, reg_covar=1e-6, max_iter=60, tol=1e-6)
     X, mask = padded_batch(datasets)
     sizes = []  # the batch size of every E-step
-    e_step = em._e_step
+    original = e_step.e_step_unchecked
 
     def recording_e_step(X, params, *args):
         sizes.append(params.weights.shape[0])
-        return e_step(X, params, *args)
+        return original(X, params, *args)
 
-    monkeypatch.setattr(em, "_e_step", recording_e_step)
+    monkeypatch.setattr(em, "e_step_unchecked", recording_e_step)
     shrunk = em.fit_em(X, stack_params(starts), mask=mask, **options)
     monkeypatch.undo()
-    monkeypatch.setattr(kmeans, "_SHRINK_WHEN_STOPPED", 1.0)  # the whole batch throughout
+    monkeypatch.setattr(batching, "SHRINK_WHEN_STOPPED", 1.0)  # the whole batch throughout
     whole = em.fit_em(X, stack_params(starts), mask=mask, **options)
 
     assert shrunk.n_iter.unique().numel() >= 4  # stops spread over the iterations
@@ -734,13 +743,13 @@ def test_fit_em_shrinking_batch_keeps_a_shared_dataset_and_mask(monkeypatch):
     ]
     options = dict(covariance_type="full", reg_covar=1e-6, max_iter=200, tol=1e-8)
     batches = set()  # (X, parameters, mask) batch sizes seen by the E-steps
-    e_step = em._e_step
+    original = e_step.e_step_unchecked
 
     def recording_e_step(X, params, covariance_type, mask):
         batches.add((X.shape[0], params.weights.shape[0], mask.shape[0]))
-        return e_step(X, params, covariance_type, mask)
+        return original(X, params, covariance_type, mask)
 
-    monkeypatch.setattr(em, "_e_step", recording_e_step)
+    monkeypatch.setattr(em, "e_step_unchecked", recording_e_step)
     shared = em.fit_em(padded, stack_params(starts), mask=mask, **options)
     monkeypatch.undo()
 
@@ -758,10 +767,10 @@ def test_lloyd_shrinking_batch_equals_each_problem_alone():
     datasets, _ = spread_out_problems("full")
     padded, mask = padded_batch(datasets)
     init = torch.stack([t(data[[0, 1, 2]]) for data in datasets])
-    centers, labels, inertia, n_iter = em.lloyd(padded, init, max_iter=100, tol=0.0, mask=mask)
+    centers, labels, inertia, n_iter = kmeans.lloyd(padded, init, max_iter=100, tol=0.0, mask=mask)
     assert n_iter.unique().numel() > 2
     for i, data in enumerate(datasets):
-        alone = em.lloyd(t(data)[None], init[i : i + 1], max_iter=100, tol=0.0)
+        alone = kmeans.lloyd(t(data)[None], init[i : i + 1], max_iter=100, tol=0.0)
         np.testing.assert_allclose(centers[i], alone[0][0], rtol=1e-10)
         assert torch.equal(labels[i, : len(data)], alone[1][0])
         assert (labels[i, len(data) :] == -1).all()

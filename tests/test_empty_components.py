@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_gmm import TransformerGMM, em
+from transformer_gmm import TransformerGMM
+from transformer_gmm.engine import e_step, em, gaussian, m_step
 from transformer_gmm.training import PRIORS, sample_task
 
-COVARIANCE_TYPES = em.COVARIANCE_TYPES
+COVARIANCE_TYPES = gaussian.COVARIANCE_TYPES
 
 
 def offset_task(generator: str, seed: int) -> np.ndarray:
@@ -91,7 +92,7 @@ def two_blobs(n: int = 60, seed: int = 0) -> torch.Tensor:
     return X
 
 
-def start(means, covariance_type: str, weights=None) -> em.MixtureParams:
+def start(means, covariance_type: str, weights=None) -> m_step.MixtureParams:
     """A batch-1 start: the given means, unit covariances, equal weights unless given."""
     means = torch.as_tensor(means, dtype=torch.float64)[None]  # (1, K, d)
     n_components, d = means.shape[1:]
@@ -108,14 +109,13 @@ def start(means, covariance_type: str, weights=None) -> em.MixtureParams:
         weights = torch.full((1, n_components), 1.0 / n_components, dtype=torch.float64)
     else:
         weights = torch.as_tensor(weights, dtype=torch.float64)[None]
-    return em.MixtureParams(
-        weights, means, covariances, em.compute_precision_cholesky(covariances, covariance_type)
-    )
+    precisions_cholesky = gaussian.compute_precision_cholesky(covariances, covariance_type)
+    return m_step.MixtureParams(weights, means, covariances, precisions_cholesky)
 
 
-def stack(*params: em.MixtureParams) -> em.MixtureParams:
+def stack(*params: m_step.MixtureParams) -> m_step.MixtureParams:
     fields = ("weights", "means", "covariances", "precisions_cholesky")
-    return em.MixtureParams(*(torch.cat([getattr(p, f) for p in params]) for f in fields))
+    return m_step.MixtureParams(*(torch.cat([getattr(p, f) for p in params]) for f in fields))
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -138,7 +138,7 @@ def test_float32_reseeds_above_its_coarser_guard():
     # In float32 the M-step's 10 eps guard is 1.2e-6 of a point, above EMPTY_COUNT.
     X = two_blobs().float()
     far = start([[6.0, 0.0], [0.0, 0.0], [1e6, 0.0]], "diag")
-    far = em.MixtureParams(
+    far = m_step.MixtureParams(
         *(
             getattr(far, f).float()
             for f in ("weights", "means", "covariances", "precisions_cholesky")
@@ -166,7 +166,7 @@ def test_reseeded_component_takes_the_worst_explained_points():
     pooled = (kept[:, None] * fitted.covariances[0, :2]).sum(0) / kept.sum()
     torch.testing.assert_close(fitted.covariances[0, 2], pooled)
     torch.testing.assert_close(fitted.covariances[0, 3], pooled)
-    expected = em.compute_precision_cholesky(fitted.covariances, "diag")
+    expected = gaussian.compute_precision_cholesky(fitted.covariances, "diag")
     torch.testing.assert_close(fitted.precisions_cholesky, expected)
 
 
@@ -233,7 +233,7 @@ def test_max_iter_zero_reseeds_an_empty_start(covariance_type):
         X[None], params, covariance_type=covariance_type, reg_covar=1e-6, max_iter=0, tol=1e-3
     )
     assert_no_empty_component(result.params.means[0], result.params.weights[0], X)
-    log_prob_norm, _ = em.e_step(X[None], result.params, covariance_type)
+    log_prob_norm, _ = e_step.e_step(X[None], result.params, covariance_type)
     torch.testing.assert_close(result.lower_bound, log_prob_norm)
     # Without an empty component the start comes back as it was.
     kept = start([[6.0, 0.0], [0.0, 0.0], [3.0, 0.0]], covariance_type)

@@ -17,13 +17,11 @@ from transformer_gmm import (
     FallbackWarning,
     TransformerClusterer,
     TransformerGMM,
-    _backend,
-    _fit,
     fit_many,
-    runs,
 )
 from transformer_gmm._preprocessing import fit_standardization
-from transformer_gmm.standardize import subsample_rows
+from transformer_gmm.engine import backend, fit, runs
+from transformer_gmm.engine.standardize import subsample_rows
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
 
@@ -69,10 +67,10 @@ def test_restarts_recover_separated_blobs(three_blobs, covariance_type):
 def test_max_iter_zero_returns_the_transformers_estimate(three_blobs):
     X = three_blobs[:60]  # within the tiny model's context: the backbone reads every point
     gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
-    backbone = _backend.load_backbone(TINY_CHECKPOINT)
+    backbone = backend.load_backbone(TINY_CHECKPOINT)
     standardization = fit_standardization(X, backbone.d_max, 3, backbone.noise_directions)
     Z = standardization.transform(X).astype(np.float64)
-    estimate = _backend.transformer_estimates(backbone, [Z], 3, "cpu")[0]
+    estimate = backend.transformer_estimates(backbone, [Z], 3, "cpu")[0]
     # The transformer's responsibilities under its own mixture (scored on the two real
     # coordinates), and one M-step on them.
     densities = np.stack(
@@ -348,7 +346,7 @@ def test_n_init_keeps_the_best_lower_bound(three_blobs):
 @pytest.fixture
 def small_selection(monkeypatch):
     """Compare starts on 100 rows, so that a dataset of a few hundred counts as large."""
-    monkeypatch.setattr(_fit, "SELECTION_ROWS", 100)
+    monkeypatch.setattr(fit, "SELECTION_ROWS", 100)
 
 
 @pytest.mark.parametrize("checkpoint", [TINY_CHECKPOINT, None])
@@ -378,14 +376,14 @@ def test_large_fit_runs_em_on_all_rows_from_the_best_start(small_selection, chec
 def test_one_start_is_never_subsampled(small_selection):
     X = make_blobs(100, [[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0]], seed=12)
     subsampled = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=1, random_state=0).fit(X)
-    _fit.SELECTION_ROWS = 10**9  # undone by monkeypatch
+    fit.SELECTION_ROWS = 10**9  # undone by monkeypatch
     whole = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=1, random_state=0).fit(X)
     np.testing.assert_array_equal(subsampled.means_, whole.means_)
     assert subsampled.n_iter_ == whole.n_iter_
 
 
 def test_every_fit_of_several_starts_reads_the_selection_rows(small_selection, monkeypatch):
-    """The fits read ``_fit.SELECTION_ROWS`` when they run, so shrinking it (as the tests
+    """The fits read ``fit.SELECTION_ROWS`` when they run, so shrinking it (as the tests
     of large fits do) makes each of them compare its starts on that many rows."""
     taken = []
 
@@ -393,7 +391,7 @@ def test_every_fit_of_several_starts_reads_the_selection_rows(small_selection, m
         taken.append(n_rows)
         return subsample_rows(shape, mask, n_rows, generator)
 
-    monkeypatch.setattr(_fit, "subsample_rows", recording)
+    monkeypatch.setattr(fit, "subsample_rows", recording)
     X = make_blobs(100, [[-6.0, 0.0], [0.0, 6.0], [6.0, 0.0]], seed=12)  # 300 rows > 100
     TransformerGMM(3, checkpoint=None, n_init=2, random_state=0).fit(X)
     TransformerClusterer(3, checkpoint=None, n_init=2, random_state=0).fit(X)

@@ -16,7 +16,8 @@ from sklearn.mixture import GaussianMixture
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from transformer_gmm import TransformerGMM, em
+from transformer_gmm import TransformerGMM
+from transformer_gmm.engine import kmeans
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
 
@@ -122,7 +123,7 @@ def test_other_initialisations_skip_the_transformer(blobs, init_params, monkeypa
     def no_backbone(self):
         raise AssertionError("the transformer was loaded")
 
-    monkeypatch.setattr(_base._TransformerMixtureBase, "_load_backbone", no_backbone)
+    monkeypatch.setattr(_base.TransformerMixtureBase, "_load_backbone", no_backbone)
     gmm = TransformerGMM(3, init_params=init_params, random_state=0).fit(blobs)
     assert gmm.init_method_ == init_params
     assert gmm.converged_
@@ -213,9 +214,9 @@ def test_lower_bounds_trace_the_kept_run(blobs, checkpoint):
 
 
 def test_large_fits_trace_both_stages(monkeypatch):
-    from transformer_gmm import _fit
+    from transformer_gmm.engine import fit
 
-    monkeypatch.setattr(_fit, "SELECTION_ROWS", 64)
+    monkeypatch.setattr(fit, "SELECTION_ROWS", 64)
     X = make_blobs(100, [[-6.0, 0.0], [6.0, 0.0]], seed=0)
     gmm = TransformerGMM(2, checkpoint=None, n_init=3, random_state=0).fit(X)
     assert gmm.lower_bounds_.shape == (gmm.n_iter_,)
@@ -294,9 +295,9 @@ def test_weights_pull_the_transformers_fit(blobs):
 
 @pytest.mark.parametrize("init_params", ["transformer", "kmeans", "k-means++", "random"])
 def test_large_weighted_fits_take_the_weights_of_the_subsampled_rows(monkeypatch, init_params):
-    from transformer_gmm import _fit
+    from transformer_gmm.engine import fit
 
-    monkeypatch.setattr(_fit, "SELECTION_ROWS", 64)  # the starts compete on 64 rows
+    monkeypatch.setattr(fit, "SELECTION_ROWS", 64)  # the starts compete on 64 rows
     X = make_blobs(100, [[-6.0, 0.0], [6.0, 0.0]], seed=0)
     weights = np.where(X[:, 0] < 0, 3.0, 1.0)
     gmm = TransformerGMM(
@@ -336,8 +337,8 @@ def test_weighted_kmeans_equals_repeated_rows():
     X = torch.randn(1, 30, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     counts = torch.randint(1, 4, (30,), generator=torch.Generator().manual_seed(1))
     centers = X[:, :3]
-    weighted = em.lloyd(X, centers, max_iter=50, sample_weight=counts[None].double())
-    repeated = em.lloyd(
+    weighted = kmeans.lloyd(X, centers, max_iter=50, sample_weight=counts[None].double())
+    repeated = kmeans.lloyd(
         X[:, torch.repeat_interleave(torch.arange(30), counts)], centers, max_iter=50
     )
     torch.testing.assert_close(weighted[0], repeated[0])

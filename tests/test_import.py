@@ -53,9 +53,9 @@ def test_every_public_name_loads():
     for name in transformer_gmm.__all__:
         assert getattr(transformer_gmm, name) is not None
     assert transformer_gmm.TransformerGMM is TransformerGMM
-    assert transformer_gmm.DeviceMemoryError.__module__ == "transformer_gmm._backend"
+    assert transformer_gmm.DeviceMemoryError.__module__ == "transformer_gmm.engine.backend"
     assert sorted(dir(transformer_gmm)) == sorted(transformer_gmm.__all__)
-    assert transformer_gmm.em.fit_em is not None  # submodules, as when imported eagerly
+    assert transformer_gmm.engine.em.fit_em is not None  # submodules, as when imported eagerly
     with pytest.raises(AttributeError, match="no attribute 'TransformerGmm'"):
         transformer_gmm.TransformerGmm  # noqa: B018
 
@@ -127,7 +127,7 @@ def package_imports() -> dict[str, set[str]]:
 
 def test_no_import_cycles():
     graph = package_imports()
-    assert "transformer_gmm.storage.checkpoints" in graph["transformer_gmm._backend"]
+    assert "transformer_gmm.storage.checkpoints" in graph["transformer_gmm.engine.backend"]
     cycles, state = [], {}  # state: 1 while on the search path, 2 once done
 
     def visit(module: str, path: list[str]) -> None:
@@ -155,4 +155,51 @@ def test_the_model_imports_nothing_outside_nn():
         if not target.startswith("transformer_gmm.nn")
     }
     assert {"transformer_gmm.nn.model", "transformer_gmm.nn.config"} <= set(graph)
+    assert outside == set()
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A helper that two modules share is public in the module whose job it is (a module
+    of the package may itself be private: ``from . import _dask``)."""
+    root = Path(transformer_gmm.__file__).parent
+    modules = {
+        ".".join(path.relative_to(root.parent).with_suffix("").parts) for path in root.rglob("*.py")
+    }
+    private = []
+    for path in root.rglob("*.py"):
+        package = ".".join(path.relative_to(root.parent).parts[:-1])
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0]
+                base = f"{anchor}.{base}" if base else anchor
+            if not base.startswith("transformer_gmm"):
+                continue
+            private += [
+                (str(path.relative_to(root)), f"{base}.{alias.name}")
+                for alias in node.names
+                if alias.name.startswith("_")
+                and alias.name != "__version__"
+                and f"{base}.{alias.name}" not in modules
+            ]
+    assert private == []
+
+
+def test_the_engine_imports_no_estimator():
+    """The engine sits below the estimators: it imports the model and the checkpoints,
+    never the modules that validate numpy input or build fitted attributes."""
+    graph = package_imports()
+    allowed = ("transformer_gmm.engine", "transformer_gmm.nn", "transformer_gmm.storage")
+    # The numpy reference of the standardization, until it leaves the top level.
+    allowed += ("transformer_gmm._preprocessing",)
+    outside = {
+        (module, target)
+        for module, targets in graph.items()
+        if module.startswith("transformer_gmm.engine")
+        for target in targets
+        if not target.startswith(allowed)
+    }
+    assert {"transformer_gmm.engine.em", "transformer_gmm.engine.backend"} <= set(graph)
     assert outside == set()

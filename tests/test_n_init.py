@@ -9,14 +9,16 @@ import torch
 from conftest import TINY_CHECKPOINT, make_blobs
 from sklearn.mixture.tests.test_gaussian_mixture import RandomData
 
-from transformer_gmm import TransformerClusterer, TransformerGMM, _fit, em, runs
-from transformer_gmm.kmeans import kmeans_plusplus
+from transformer_gmm import TransformerClusterer, TransformerGMM
+from transformer_gmm.engine import backend, em, fit, runs
+from transformer_gmm.engine.kmeans import kmeans_plusplus
+from transformer_gmm.engine.m_step import MixtureParams
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
 
 
 @pytest.fixture
-def starts(monkeypatch) -> list[em.MixtureParams]:
+def starts(monkeypatch) -> list[MixtureParams]:
     """The starts of every call of em.fit_em: each fit's runs, then (above SELECTION_ROWS)
     its best run's, on every row."""
     calls = []
@@ -30,7 +32,7 @@ def starts(monkeypatch) -> list[em.MixtureParams]:
     return calls
 
 
-def _assert_first_runs_equal(fewer: em.MixtureParams, more: em.MixtureParams, n_datasets=1):
+def _assert_first_runs_equal(fewer: MixtureParams, more: MixtureParams, n_datasets=1):
     """Each dataset's runs of ``fewer`` are its first runs of ``more``."""
     fewer, more = runs.unflatten(fewer, n_datasets), runs.unflatten(more, n_datasets)
     n_runs = fewer.means.shape[1]
@@ -82,10 +84,10 @@ def test_the_transformers_starts_leave_the_generator_as_they_found_it(starts):
     datasets = [
         make_blobs(40, [[-4.0, 0.0], [4.0, 1.0]], seed=s)[:n] for s, n in [(2, 80), (3, 71)]
     ]
-    backbone = _fit._backend.load_backbone(TINY_CHECKPOINT)
+    backbone = backend.load_backbone(TINY_CHECKPOINT)
     options = dict(n_components=2, covariance_type="full", reg_covar=1e-6, max_iter=5, tol=1e-3)
     for n_transformer in (1, 2):
-        _fit.fit_mixtures(
+        fit.fit_mixtures(
             datasets,
             **options,
             device="cpu",
@@ -108,8 +110,8 @@ def test_each_datasets_kmeans_starts_nest_in_a_batch(starts, n_rows):
     datasets[1] = datasets[1][: n_rows // 2]  # padding too
     options = dict(n_components=3, covariance_type="diag", reg_covar=1e-6, max_iter=5, tol=1e-3)
     for n_kmeans in (2, 3, 7):
-        _fit.fit_mixtures(datasets, **options, device="cpu", seed=0, n_kmeans_inits=n_kmeans)
-    if n_rows > _fit.SELECTION_ROWS:  # each fit's second EM goes on from its best start
+        fit.fit_mixtures(datasets, **options, device="cpu", seed=0, n_kmeans_inits=n_kmeans)
+    if n_rows > fit.SELECTION_ROWS:  # each fit's second EM goes on from its best start
         starts = starts[::2]
     for fewer in starts[:2]:
         _assert_first_runs_equal(fewer, starts[2], n_datasets=3)

@@ -14,10 +14,9 @@ from transformer_gmm import (
     DeviceMemoryError,
     TransformerClusterer,
     TransformerGMM,
-    _backend,
-    em,
     fit_many,
 )
+from transformer_gmm.engine import backend, e_step, em, kmeans
 
 CUDA_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB"
 
@@ -67,7 +66,7 @@ def test_fit_many_explains_out_of_memory(monkeypatch, X):
 
 def test_clusterer_explains_out_of_memory(monkeypatch, X):
     original = torch.cuda.OutOfMemoryError(CUDA_OOM)
-    monkeypatch.setattr(em, "lloyd", raising(original))
+    monkeypatch.setattr(kmeans, "lloyd", raising(original))
     with pytest.raises(DeviceMemoryError) as excinfo:
         TransformerClusterer(2, checkpoint=None, random_state=0).fit(X)
     assert_helpful(excinfo, original)
@@ -76,7 +75,7 @@ def test_clusterer_explains_out_of_memory(monkeypatch, X):
 def test_scoring_explains_out_of_memory(monkeypatch, X):
     gmm = TransformerGMM(2, checkpoint=None, random_state=0).fit(X)
     original = torch.cuda.OutOfMemoryError(CUDA_OOM)
-    monkeypatch.setattr(em, "estimate_weighted_log_prob", raising(original))
+    monkeypatch.setattr(e_step, "estimate_weighted_log_prob", raising(original))
     with pytest.raises(DeviceMemoryError) as excinfo:
         gmm.predict(X)
     assert_helpful(excinfo, original)
@@ -84,7 +83,7 @@ def test_scoring_explains_out_of_memory(monkeypatch, X):
 
 def test_transformer_forward_pass_explains_out_of_memory(monkeypatch, X, tiny_checkpoint):
     original = torch.cuda.OutOfMemoryError(CUDA_OOM)
-    monkeypatch.setattr(_backend, "model_on", raising(original))
+    monkeypatch.setattr(backend, "model_on", raising(original))
     with pytest.raises(DeviceMemoryError) as excinfo:
         TransformerGMM(2, checkpoint=tiny_checkpoint, random_state=0).fit(X)
     assert_helpful(excinfo, original)

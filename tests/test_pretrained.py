@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from sklearn.mixture import GaussianMixture
 
-from transformer_gmm import TransformerClusterer, TransformerGMM, _backend
+from transformer_gmm import TransformerClusterer, TransformerGMM
 from transformer_gmm._preprocessing import fit_standardization
+from transformer_gmm.engine import backend
 from transformer_gmm.storage import checkpoints
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
@@ -39,7 +40,7 @@ def four_blobs_in_20d() -> np.ndarray:
 def test_default_checkpoint_is_bundled_and_covers_2_to_10_components():
     bundled = checkpoints.bundled_checkpoints()
     assert "default" in bundled
-    backbone = _backend.load_backbone("default")
+    backbone = backend.load_backbone("default")
     assert backbone.supported_n_components == range(2, 11)
     card = (bundled["default"] / "README.md").read_text()
     for fact in ("steps", "tasks seen", "hardware", "wall time", "benchmarks/accuracy.py"):
@@ -76,11 +77,11 @@ DATA = {"overlapping": (overlapping_blobs, 3), "20d": (four_blobs_in_20d, 4)}
 def test_pinned_network_output(name):
     make_data, n_components = DATA[name]
     X = make_data()
-    backbone = _backend.load_backbone("default")
+    backbone = backend.load_backbone("default")
     standardization = fit_standardization(
         X, backbone.d_max, n_components, backbone.noise_directions
     )
-    (estimate,) = _backend.transformer_estimates(
+    (estimate,) = backend.transformer_estimates(
         backbone, [standardization.transform(X)], n_components, "cpu"
     )
     order = np.argsort(estimate.means[:, 0])

@@ -13,10 +13,10 @@ import torch
 from conftest import TINY_CHECKPOINT, TINY_NOISE_CHECKPOINT
 from scipy.special import logsumexp
 
-from transformer_gmm import _backend, readout
 from transformer_gmm._preprocessing import fit_standardization as numpy_standardization
+from transformer_gmm.engine import backend, readout
+from transformer_gmm.engine.standardize import fit_standardization, subsample_rows
 from transformer_gmm.nn.model import MixtureOutput
-from transformer_gmm.standardize import fit_standardization, subsample_rows
 
 # --- the numpy reference -----------------------------------------------------------------
 
@@ -48,7 +48,7 @@ def reference_init(backbone, X: np.ndarray, n_components: int, rows: np.ndarray)
     standardization = numpy_standardization(
         X, backbone.d_max, n_components, backbone.noise_directions
     )
-    (estimate,) = _backend.transformer_estimates(
+    (estimate,) = backend.transformer_estimates(
         backbone, [standardization.transform(X[rows])], n_components, "cpu"
     )
     n_kept = standardization.basis.shape[1]
@@ -61,7 +61,7 @@ def reference_init(backbone, X: np.ndarray, n_components: int, rows: np.ndarray)
 
 
 def padded(datasets):
-    x, mask = _backend.pad(datasets, "cpu", torch.float64)
+    x, mask = backend.pad(datasets, "cpu", torch.float64)
     return x, mask
 
 
@@ -147,7 +147,7 @@ def test_subsample_reads_each_datasets_own_rows_in_order():
     ids=["unequal n", "d < K - 1", "d > d_max", "n > context"],
 )
 def test_mixture_inits_match_the_per_dataset_reference(sizes, n_features, n_components, checkpoint):
-    backbone = _backend.load_backbone(checkpoint)  # d_max 4, context 64
+    backbone = backend.load_backbone(checkpoint)  # d_max 4, context 64
     datasets = random_datasets(sizes, n_features, seed=n_components)
     x, mask = padded(datasets)
     init, from_labels = readout.mixture_inits(
@@ -181,7 +181,7 @@ def test_mixture_inits_match_the_per_dataset_reference(sizes, n_features, n_comp
 
 
 def test_cluster_centers_match_the_per_dataset_reference():
-    backbone = _backend.load_backbone(TINY_CHECKPOINT)
+    backbone = backend.load_backbone(TINY_CHECKPOINT)
     X = random_datasets([100], 3, seed=4)[0]  # above the context: one subsample
     x = torch.tensor(X)[None]
     centers, from_mixture = readout.cluster_centers(
@@ -190,7 +190,7 @@ def test_cluster_centers_match_the_per_dataset_reference():
     index, _ = subsample_rows((1, 100), None, 64, torch.Generator().manual_seed(5))
     rows = index[0].numpy()
     standardization = numpy_standardization(X, backbone.d_max, 3)
-    (estimate,) = _backend.transformer_estimates(
+    (estimate,) = backend.transformer_estimates(
         backbone, [standardization.transform(X[rows])], 3, "cpu"
     )
     labels = estimate.point_probs.argmax(axis=1)
@@ -232,7 +232,7 @@ def test_model_space_responsibilities_score_only_real_coordinates():
     z = torch.zeros(1, 6, 4, dtype=torch.float64)
     z[0, :, :2] = torch.tensor(np.random.default_rng(0).normal(size=(6, 2)))
     resp = readout.model_space_responsibilities(z, 2, out, None)
-    estimate = _backend.TransformerEstimate(
+    estimate = backend.TransformerEstimate(
         weights[0].double().numpy(), means[0].double().numpy(), scales[0].double().numpy(), None
     )
     expected = reference_responsibilities(estimate, z[0].numpy(), 2)
@@ -242,7 +242,7 @@ def test_model_space_responsibilities_score_only_real_coordinates():
 def test_each_view_reads_a_reflection_of_the_data():
     """View v runs the backbone on the model-space rows times reflections(v); its
     estimate, reflected back, gives that view's starts, and view 0 is the data itself."""
-    backbone = _backend.load_backbone(TINY_NOISE_CHECKPOINT)
+    backbone = backend.load_backbone(TINY_NOISE_CHECKPOINT)
     x, mask = padded(random_datasets([40, 55], 3, seed=6))
     starts = readout.mixture_inits(backbone.model, x, mask, 3, torch.Generator(), n_starts=5)
     assert len(starts) == 5  # two views' starts, and the first of a third view's
@@ -269,7 +269,7 @@ def test_each_view_reads_a_reflection_of_the_data():
 
 
 def test_cluster_centers_come_two_per_view():
-    backbone = _backend.load_backbone(TINY_CHECKPOINT)
+    backbone = backend.load_backbone(TINY_CHECKPOINT)
     x = torch.tensor(random_datasets([50], 3, seed=7)[0])[None]
     one = readout.cluster_centers(backbone.model, x, None, 3, torch.Generator())
     three = readout.cluster_centers(backbone.model, x, None, 3, torch.Generator(), n_starts=6)

@@ -1,5 +1,5 @@
 """The order of the rows never changes a fit: each dataset's rows are put in a canonical
-order (transformer_gmm._row_order) before anything reads them by position."""
+order (transformer_gmm.engine.row_order) before anything reads them by position."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from conftest import TINY_CHECKPOINT, make_blobs
 
-from transformer_gmm import TransformerClusterer, TransformerGMM, _fit, fit_many
-from transformer_gmm._row_order import canonical_order, row_hashes
-from transformer_gmm._starts import GivenStarts
+from transformer_gmm import TransformerClusterer, TransformerGMM, fit_many
+from transformer_gmm.engine import fit
+from transformer_gmm.engine.row_order import canonical_order, row_hashes
+from transformer_gmm.engine.starts import GivenStarts
 
 FITTED = ["weights_", "means_", "covariances_", "precisions_cholesky_", "lower_bound_"]
 CENTERS = [[-5.0, 0.0], [0.0, 5.0], [4.0, -1.0]]
@@ -83,7 +84,7 @@ def test_permuted_rows_give_the_same_fit(checkpoint, max_iter):
 @pytest.mark.parametrize("max_iter", [0, 5])
 def test_permuted_rows_give_the_same_fit_on_many_rows(checkpoint, max_iter):
     X = make_blobs(33_334, CENTERS, seed=4)[:100_000]
-    assert len(X) > _fit.SELECTION_ROWS
+    assert len(X) > fit.SELECTION_ROWS
     permutation = np.random.default_rng(5).permutation(len(X))
     params = dict(n_components=3, checkpoint=checkpoint, max_iter=max_iter, random_state=0)
     _assert_same_fit(*_fit_both(X, permutation, n_init=3, **params), X, permutation)
@@ -108,7 +109,7 @@ def test_given_responsibilities_stay_with_their_rows():
     permutation = np.random.default_rng(11).permutation(len(X))
     options = dict(n_components=3, covariance_type="full", reg_covar=1e-6, max_iter=100, tol=1e-3)
     fits = [
-        _fit.fit_mixtures(
+        fit.fit_mixtures(
             [X[p]], **options, device="cpu", seed=0, n_kmeans_inits=1, given=GivenStarts(resp=r)
         )
         for p, r in [(np.arange(len(X)), resp), (permutation, resp[:, permutation])]

@@ -15,8 +15,8 @@ import torch
 
 from transformer_gmm import TransformerGMM
 from transformer_gmm._preprocessing import fit_standardization
+from transformer_gmm.engine.readout import mixture_inits
 from transformer_gmm.nn import MixtureOutput, MixtureTransformer, config_from_preset
-from transformer_gmm.readout import mixture_inits
 from transformer_gmm.storage import load_checkpoint
 from transformer_gmm.training import (
     PRIORS,
@@ -272,7 +272,7 @@ def test_m_step_loss_trains_the_scales_through_the_responsibilities():
 def test_m_step_nll_is_the_likelihood_of_the_full_covariance_m_step():
     from scipy.stats import multivariate_normal
 
-    from transformer_gmm.readout import model_space_responsibilities
+    from transformer_gmm.engine.readout import model_space_responsibilities
     from transformer_gmm.training.losses import m_step_nll
 
     batch, out = _batch_and_output(K=3, seed=1)

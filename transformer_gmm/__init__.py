@@ -23,10 +23,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # type checkers and IDEs see the names; the runtime imports them lazily
-    from ._backend import DeviceMemoryError, clear_model_cache
     from ._base import FallbackWarning
     from .batch import FittedMixtures, fit_many
     from .cluster import TransformerClusterer
+    from .engine.backend import DeviceMemoryError, clear_model_cache
     from .gmm import TransformerGMM
     from .storage.format import CheckpointError
 
@@ -35,17 +35,17 @@ __version__ = "0.1.0"
 # Each public name and the module that defines it, imported on first access.
 _LAZY_NAMES = {
     "CheckpointError": ".storage.format",
-    "DeviceMemoryError": "._backend",
+    "DeviceMemoryError": ".engine.backend",
     "FallbackWarning": "._base",
     "FittedMixtures": ".batch",
     "TransformerClusterer": ".cluster",
     "TransformerGMM": ".gmm",
-    "clear_model_cache": "._backend",
+    "clear_model_cache": ".engine.backend",
     "fit_many": ".batch",
 }
 # Submodules reachable as attributes after `import transformer_gmm` (as in
-# `transformer_gmm.em.fit_em`), imported on first access.
-_LAZY_SUBMODULES = {"batch", "cluster", "em", "gaussian", "gmm", "kmeans", "nn", "storage"}
+# `transformer_gmm.engine.em.fit_em`), imported on first access.
+_LAZY_SUBMODULES = {"batch", "cluster", "engine", "gmm", "nn", "storage"}
 
 __all__ = [
     "CheckpointError",

@@ -1,6 +1,6 @@
 """What TransformerGMM and TransformerClusterer share: parameters, validation, and the
 choice between the backbone and the k-means++ fallback. No torch here: the backbone is
-loaded by :mod:`transformer_gmm._backend` and read in :mod:`transformer_gmm._starts`,
+loaded by :mod:`transformer_gmm.engine.backend` and read in :mod:`transformer_gmm.engine.starts`,
 batched."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
-from . import _backend, _dask, storage
+from . import _dask, storage
+from .engine import backend
 
 
 class FallbackWarning(UserWarning):
@@ -69,7 +70,7 @@ def warn_user(message: str, category: type[Warning]) -> None:
 DEFAULT_CHECKPOINT = "default"
 
 
-class _TransformerMixtureBase(BaseEstimator):
+class TransformerMixtureBase(BaseEstimator):
     """Skeleton shared by the estimators; subclasses name their component count."""
 
     _parameter_constraints: dict = {
@@ -92,7 +93,7 @@ class _TransformerMixtureBase(BaseEstimator):
         """How many starts to run: (from the transformer, from k-means++).
 
         The transformer gives two starts per view of the data, ``2 * n_views`` in all
-        (see :func:`transformer_gmm.readout.mixture_inits`); they are the first of
+        (see :func:`transformer_gmm.engine.readout.mixture_inits`); they are the first of
         ``n_init``. "auto" runs all of them and two k-means++ starts, or one k-means++
         start alone when no transformer runs (as scikit-learn does). A poor start can
         trap EM and Lloyd in a local optimum; the transformer's starts and k-means++'s
@@ -145,7 +146,7 @@ class _TransformerMixtureBase(BaseEstimator):
 
     # --- the transformer's estimate ----------------------------------------------------
 
-    def _load_backbone(self) -> _backend.Backbone | None:
+    def _load_backbone(self) -> backend.Backbone | None:
         """The backbone that covers this request, or None (with a FallbackWarning when the
         user would expect the transformer). A checkpoint the user named that cannot be
         found or loaded raises CheckpointError: that is never silently replaced."""
@@ -163,7 +164,7 @@ class _TransformerMixtureBase(BaseEstimator):
                 FallbackWarning,
             )
             return None
-        backbone = _backend.load_backbone(self.checkpoint)
+        backbone = backend.load_backbone(self.checkpoint)
         if n_components not in backbone.supported_n_components:
             k = backbone.supported_n_components
             warn_user(
@@ -219,7 +220,7 @@ class _TransformerMixtureBase(BaseEstimator):
         """
         estimator = cls(checkpoint=checkpoint, **params)
         if checkpoint is not None and not _is_missing_default(checkpoint):
-            _backend.load_backbone(checkpoint)  # raises CheckpointError for a bad checkpoint
+            backend.load_backbone(checkpoint)  # raises CheckpointError for a bad checkpoint
         return estimator
 
     def save_pretrained(self, folder: str | os.PathLike, *, model_card: str | None = None):
@@ -328,7 +329,7 @@ class _TransformerMixtureBase(BaseEstimator):
 
 def _is_missing_default(checkpoint) -> bool:
     """The default checkpoint was asked for, but this version bundles none."""
-    return checkpoint == DEFAULT_CHECKPOINT and not _backend.has_bundled(DEFAULT_CHECKPOINT)
+    return checkpoint == DEFAULT_CHECKPOINT and not backend.has_bundled(DEFAULT_CHECKPOINT)
 
 
 # A fit densifies sparse input (EM and Lloyd run on dense tensors) up to this many

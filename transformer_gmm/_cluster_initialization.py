@@ -2,7 +2,7 @@
 
 The checks of ``init`` give scikit-learn's messages (``sklearn/cluster/_kmeans.py``), and
 the random starts are drawn as its ``_init_centroids`` draws them, from the same random
-state, so they are the same rows. No torch: :mod:`transformer_gmm._starts` turns these
+state, so they are the same rows. No torch: :mod:`transformer_gmm.engine.starts` turns these
 arrays into starts.
 """
 

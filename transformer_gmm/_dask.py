@@ -4,14 +4,14 @@ A fit reads the array in passes, each one Dask computation on whatever scheduler
 active (a ``dask.distributed.Client``, else dask's default):
 
 1. one pass checks the values (NaN, infinity, overflow), takes each feature's mean and
-   spread, and draws a uniform sample of at most ``_fit.SELECTION_ROWS`` rows, a seeded
+   spread, and draws a uniform sample of at most ``fit.SELECTION_ROWS`` rows, a seeded
    share of each chunk's rows (every row when there are no more);
 2. the starts are built on that sample in this process (the transformer reads at most
    its context of it), and chosen there where the in-memory fit would choose them on a
    subsample;
 3. every EM or Lloyd iteration is one pass: each chunk's sufficient statistics
-   (:mod:`transformer_gmm.sufficient_stats`, computed by the ``block_*`` functions of
-   :mod:`transformer_gmm._fit_by_blocks` where the chunk lives) are summed, and this process
+   (:mod:`transformer_gmm.engine.sufficient_stats`, computed by the ``block_*`` functions of
+   :mod:`transformer_gmm.engine.fit_by_blocks` where the chunk lives) are summed, and this process
    updates the parameters from the sums.
 
 Dask is imported here only when the input is a Dask array, so it stays optional.
@@ -26,7 +26,7 @@ import numpy as np
 from sklearn.utils import check_array
 from sklearn.utils.validation import _check_feature_names, _check_n_features
 
-from . import _backend, _fit, _fit_by_blocks
+from .engine import backend, fit, fit_by_blocks
 
 
 def is_dask_array(X) -> bool:
@@ -132,7 +132,7 @@ def _summarize(X, seed: int, estimator_name: str) -> _Summary:
     sizes = np.array(X.chunks[0], dtype=np.int64)
     n_rows = int(sizes.sum())
     rng = np.random.default_rng(seed)
-    n_sample = min(n_rows, _fit.SELECTION_ROWS)
+    n_sample = min(n_rows, fit.SELECTION_ROWS)
     # A uniform subset of n_sample rows has a multivariate hypergeometric count per chunk.
     takes = sizes if n_sample == n_rows else rng.multivariate_hypergeometric(sizes, n_sample)
     seeds = rng.integers(np.iinfo(np.int64).max, size=len(sizes))
@@ -190,26 +190,26 @@ def _sum_over_blocks(X, function, args: tuple, length: int) -> np.ndarray:
     return partial.sum(axis=0).compute()
 
 
-def _reducer(X) -> _fit_by_blocks.ReduceBlocks:
+def _reducer(X) -> fit_by_blocks.ReduceBlocks:
     return lambda function, args, length: _sum_over_blocks(X, function, args, length)
 
 
-def fit_mixtures(Xs: list, *, seed: int, **options) -> _fit.MixtureFits:
-    """:func:`transformer_gmm._fit.fit_mixtures` for one Dask array ``Xs[0]``."""
+def fit_mixtures(Xs: list, *, seed: int, **options) -> fit.MixtureFits:
+    """:func:`transformer_gmm.engine.fit.fit_mixtures` for one Dask array ``Xs[0]``."""
     (X,) = Xs
     summary = _summarize(X, seed, "TransformerGMM")
-    _backend.check_range(summary.highest, summary.lowest, summary.n_rows)
-    return _fit_by_blocks.fit_mixtures_by_blocks(
+    backend.check_range(summary.highest, summary.lowest, summary.n_rows)
+    return fit_by_blocks.fit_mixtures_by_blocks(
         _reducer(X), summary.sample, summary.n_rows, seed=seed, **options
     )
 
 
-def fit_kmeans(X, *, seed: int, **options) -> _fit.KMeansFit:
-    """:func:`transformer_gmm._fit.fit_kmeans` for a Dask array; ``labels`` is None
+def fit_kmeans(X, *, seed: int, **options) -> fit.KMeansFit:
+    """:func:`transformer_gmm.engine.fit.fit_kmeans` for a Dask array; ``labels`` is None
     (the estimator labels lazily)."""
     summary = _summarize(X, seed, "TransformerClusterer")
-    _backend.check_range(summary.highest, summary.lowest, summary.n_rows)
-    return _fit_by_blocks.fit_kmeans_by_blocks(
+    backend.check_range(summary.highest, summary.lowest, summary.n_rows)
+    return fit_by_blocks.fit_kmeans_by_blocks(
         _reducer(X),
         summary.sample,
         summary.n_rows,

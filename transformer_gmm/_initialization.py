@@ -4,7 +4,7 @@ The checks of ``weights_init``, ``means_init`` and ``precisions_init`` give
 scikit-learn's messages (``sklearn/mixture/_gaussian_mixture.py``); the random starts are
 drawn as its ``BaseMixture._initialize_parameters`` draws them, from the same random
 state, so they are the same responsibilities; and ``sample_weight`` is checked here.
-No torch: :mod:`transformer_gmm._starts` turns these arrays into starts.
+No torch: :mod:`transformer_gmm.engine.starts` turns these arrays into starts.
 """
 
 from __future__ import annotations

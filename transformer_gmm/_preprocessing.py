@@ -3,7 +3,7 @@
 The backbone reads points of width ``d_max`` with zero mean and unit average variance
 per coordinate. The training task sampler goes through :func:`fit_standardization`, one
 dataset at a time; fitting goes through its batched torch twin,
-:func:`transformer_gmm.standardize.fit_standardization`, which ``tests/test_readout.py``
+:func:`transformer_gmm.engine.standardize.fit_standardization`, which ``tests/test_readout.py``
 holds equal to this one, so the model sees at inference exactly the distribution it was
 trained on.
 """

@@ -70,7 +70,7 @@ def report(
 
 def _lloyd_lines(steps: list, threshold: float) -> list[list[str]]:
     """scikit-learn's lines for each run of one batched Lloyd loop (``steps``, its
-    :class:`~transformer_gmm.kmeans.LloydStep` per iteration)."""
+    :class:`~transformer_gmm.engine.kmeans.LloydStep` per iteration)."""
     if not steps:
         return []
     lines = [[] for _ in range(int(steps[0].rows.max()) + 1)]

@@ -11,8 +11,8 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
-from . import _backend, _fit
 from ._base import draw_seed, warn_user
+from .engine import backend, fit
 from .gmm import TransformerGMM
 
 
@@ -157,10 +157,10 @@ random_state
             "Group the datasets by width and call fit_many once per group."
         )
     random_state = check_random_state(random_state)
-    device = _backend.resolve_device(device)
+    device = backend.resolve_device(device)
     backbone = template._load_backbone()
     n_transformer_inits, n_kmeans_inits = template._starts(backbone is not None)
-    fits = _fit.fit_mixtures(
+    fits = fit.fit_mixtures(
         Xs,
         **template._em_options(device),
         seed=draw_seed(random_state),

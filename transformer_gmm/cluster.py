@@ -17,9 +17,10 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from . import _backend, _dask, _fit, _initialization, _verbose
-from ._base import _TransformerMixtureBase, draw_seed, warn_user
+from . import _dask, _initialization, _verbose
+from ._base import TransformerMixtureBase, draw_seed, warn_user
 from ._cluster_initialization import given_centers, init_kind, n_runs
+from .engine import backend, fit
 
 
 def _nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
@@ -28,7 +29,7 @@ def _nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
 
 
 class TransformerClusterer(
-    ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, _TransformerMixtureBase
+    ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, TransformerMixtureBase
 ):
     """K-means clustering started from the labels a pretrained transformer assigns.
 
@@ -136,7 +137,7 @@ class TransformerClusterer(
     """
 
     _parameter_constraints: dict = {
-        **_TransformerMixtureBase._parameter_constraints,
+        **TransformerMixtureBase._parameter_constraints,
         "n_clusters": [Interval(Integral, 1, None, closed="left")],
         "init": [StrOptions({"transformer", "k-means++", "random"}), callable, "array-like"],
         "verbose": ["verbose"],
@@ -244,7 +245,7 @@ class TransformerClusterer(
                 "algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
                 RuntimeWarning,
             )
-        device = _backend.resolve_device(self.device)
+        device = backend.resolve_device(self.device)
         backbone, n_transformer_inits, n_kmeans_inits, given, starts = self._plan_starts(
             X, sample_weight, random_state
         )
@@ -254,8 +255,8 @@ class TransformerClusterer(
             extra["sample_weight"] = sample_weight
         if self.verbose and not _dask.is_dask_array(X):
             extra["trace"] = True
-        fit_kmeans = _dask.fit_kmeans if _dask.is_dask_array(X) else _fit.fit_kmeans
-        fit = fit_kmeans(
+        fit_kmeans = _dask.fit_kmeans if _dask.is_dask_array(X) else fit.fit_kmeans
+        fitted = fit_kmeans(
             X,
             n_clusters=self.n_clusters,
             max_iter=self.max_iter,
@@ -268,16 +269,17 @@ class TransformerClusterer(
             **extra,
         )
         # Computed in float64 on CPU; returned in X's dtype, as KMeans does.
-        self.cluster_centers_ = fit.centers.astype(X.dtype, copy=False)
+        self.cluster_centers_ = fitted.centers.astype(X.dtype, copy=False)
         # A fit on a dask array labels its rows lazily, as predict does.
-        self.labels_ = self.predict(X) if fit.labels is None else fit.labels
-        self.inertia_ = fit.inertia
-        self.n_iter_ = fit.n_iter
-        self.init_method_ = starts[fit.best_run]
+        self.labels_ = self.predict(X) if fitted.labels is None else fitted.labels
+        self.inertia_ = fitted.inertia
+        self.n_iter_ = fitted.n_iter
+        self.init_method_ = starts[fitted.best_run]
         self.device_ = device
-        if fit.trace is not None:
-            _verbose.kmeans_report(fit.trace, threshold=self.tol * float(np.var(X, axis=0).mean()))
-        n_distinct = fit.n_distinct
+        if fitted.trace is not None:
+            threshold = self.tol * float(np.var(X, axis=0).mean())
+            _verbose.kmeans_report(fitted.trace, threshold=threshold)
+        n_distinct = fitted.n_distinct
         if n_distinct < self.n_clusters:
             # KMeans's warning, word for word, so that filters written for it apply.
             warn_user(

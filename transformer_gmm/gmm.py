@@ -10,12 +10,14 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from . import _backend, _dask, _fit, _initialization, _starts, _verbose
-from ._base import _TransformerMixtureBase, draw_seed, warn_user
-from ._mixture_methods import FittedMixtureMixin, _precisions
+from . import _dask, _initialization, _verbose
+from ._base import TransformerMixtureBase, draw_seed, warn_user
+from ._mixture_methods import FittedMixtureMixin, precisions_from_cholesky
+from .engine import backend, fit
+from .engine.starts import GivenStarts
 
 
-class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
+class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     """Gaussian mixture whose parameters a pretrained transformer estimates in one pass.
 
     A set transformer reads the whole (standardized) dataset and returns mixture
@@ -176,7 +178,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
     """
 
     _parameter_constraints: dict = {
-        **_TransformerMixtureBase._parameter_constraints,
+        **TransformerMixtureBase._parameter_constraints,
         "n_components": [Interval(Integral, 1, None, closed="left")],
         "covariance_type": [StrOptions({"full", "tied", "diag", "spherical"})],
         "reg_covar": [Interval(Real, 0.0, None, closed="left")],
@@ -315,14 +317,14 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
             )
         sample_weight = _initialization.check_sample_weight(sample_weight, X, self.n_components)
         random_state = check_random_state(self.random_state)
-        device = _backend.resolve_device(self.device)
+        device = backend.resolve_device(self.device)
         backbone, n_transformer_inits, n_kmeans_inits, given, starts = self._plan_starts(
             X, sample_weight, random_state
         )
         extra = {} if given is None else {"given": given}
         if sample_weight is not None:
             extra["sample_weight"] = [sample_weight]
-        fit_mixtures = _dask.fit_mixtures if _dask.is_dask_array(X) else _fit.fit_mixtures
+        fit_mixtures = _dask.fit_mixtures if _dask.is_dask_array(X) else fit.fit_mixtures
         fits = fit_mixtures(
             [X],
             **self._em_options(device),
@@ -362,23 +364,23 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
             return None, 0, 0, self._previous_fit(X.shape[1]), ["warm_start"]
         given = _initialization.initial_parameters(self, X.shape[1])
         if len(given) == 3:  # nothing left to initialise
-            return None, 0, 0, _starts.GivenStarts(**given), ["user"]
+            return None, 0, 0, GivenStarts(**given), ["user"]
         n_init = 1 if self.n_init == "auto" else self.n_init
         starts = [self.init_params] * n_init
         if self.init_params == "transformer":
             backbone = self._load_backbone()
             n_transformer, n_kmeans = self._starts(backbone is not None)
             starts = ["transformer"] * n_transformer + ["k-means++"] * n_kmeans
-            given = _starts.GivenStarts(**given) if given else None
+            given = GivenStarts(**given) if given else None
             return backbone, n_transformer, n_kmeans, given, starts
         if self.init_params == "kmeans":
-            return None, 0, n_init, _starts.GivenStarts(**given) if given else None, starts
+            return None, 0, n_init, GivenStarts(**given) if given else None, starts
         if self.init_params == "k-means++":
-            return None, 0, 0, _starts.GivenStarts(n_seedings=n_init, **given), starts
+            return None, 0, 0, GivenStarts(n_seedings=n_init, **given), starts
         resp = _initialization.random_responsibilities(
             self.init_params, X, self.n_components, n_init, random_state, sample_weight
         )
-        return None, 0, 0, _starts.GivenStarts(resp=resp, **given), starts
+        return None, 0, 0, GivenStarts(resp=resp, **given), starts
 
     def _starts_need_rows(self, sample_weight) -> bool:
         """Whether the fit uses GaussianMixture's ways to start, or weights."""
@@ -386,7 +388,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         warm = self.warm_start and hasattr(self, "converged_")
         return warm or self.init_params != "transformer" or any(p is not None for p in given)
 
-    def _previous_fit(self, n_features: int) -> _starts.GivenStarts:
+    def _previous_fit(self, n_features: int) -> GivenStarts:
         """The fitted parameters, for ``warm_start``."""
         shape = (self.n_components, n_features)
         if self.means_.shape != shape:
@@ -395,7 +397,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
                 f"{self.means_.shape}, but this fit asks for {shape} (n_components, "
                 "n_features). Set warm_start=False, or fit a new estimator."
             )
-        return _starts.GivenStarts(
+        return GivenStarts(
             weights=self.weights_.astype(np.float64),
             means=self.means_.astype(np.float64),
             precisions_cholesky=self.precisions_cholesky_.astype(np.float64),
@@ -414,7 +416,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
 
     def _store_fit(
         self,
-        fits: _fit.MixtureFits,
+        fits: fit.MixtureFits,
         i: int,
         device: str,
         n_transformer_inits: int,
@@ -427,7 +429,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, _TransformerMixtureBase):
         transformer's then k-means++'s."""
         precisions_cholesky = fits.precisions_cholesky[i]
         # From the float64 factors: squaring float32 ones would double their rounding.
-        precisions = _precisions(precisions_cholesky, self.covariance_type)
+        precisions = precisions_from_cholesky(precisions_cholesky, self.covariance_type)
         self.weights_ = fits.weights[i].astype(dtype)
         self.means_ = fits.means[i].astype(dtype)
         self.covariances_ = fits.covariances[i].astype(dtype)

@@ -88,15 +88,7 @@ class ModelConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a plain, JSON-ready dict.
-
-        Examples
-        --------
-        >>> from transformer_gmm.nn import config_from_preset
-        >>> d = config_from_preset("tiny").to_dict()
-        >>> d["d_model"], d["scale_type"]
-        (16, 'spherical')
-        """
+        """The fields as a plain, JSON-ready dict; :meth:`from_dict` reads it back."""
         return dataclasses.asdict(self)
 
     @classmethod

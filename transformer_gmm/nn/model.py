@@ -33,16 +33,7 @@ MIN_SCALE = 1e-3
 class MixtureOutput(NamedTuple):
     """What one forward pass returns; component k and cluster label k are the same slot.
 
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> model = MixtureTransformer(config_from_preset("tiny"))
-    >>> out = model(torch.randn(2, 30, 4), n_components=3)
-    >>> out.weights.shape, out.means.shape, out.scales.shape, out.point_logits.shape
-    (torch.Size([2, 3]), torch.Size([2, 3, 4]), torch.Size([2, 3, 1]), torch.Size([2, 30, 3]))
-    >>> torch.allclose(out.weights.sum(-1), torch.ones(2))
-    True
+    :meth:`MixtureTransformer.forward` shows one.
     """
 
     log_weights: Tensor  # (B, K) log mixing weights, for training losses
@@ -53,19 +44,7 @@ class MixtureOutput(NamedTuple):
 
 
 class Attention(nn.Module):
-    """Multi-head attention of queries over keys/values, masking padded keys.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.nn import config_from_preset
-    >>> from transformer_gmm.nn.model import Attention
-    >>> config = config_from_preset("tiny")  # d_model=16
-    >>> attention = Attention(config)
-    >>> queries, points = torch.randn(2, 3, 16), torch.randn(2, 10, 16)
-    >>> attention(queries, points, key_mask=torch.ones(2, 10, dtype=torch.bool)).shape
-    torch.Size([2, 3, 16])
-    """
+    """Multi-head attention of queries over keys/values, masking padded keys."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -91,17 +70,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """The feed-forward part of a block: Linear, GELU, Linear, back to ``d_model``.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.nn import config_from_preset
-    >>> from transformer_gmm.nn.model import MLP
-    >>> config = config_from_preset("tiny")  # d_model=16
-    >>> MLP(config)(torch.randn(2, 10, 16)).shape
-    torch.Size([2, 10, 16])
-    """
+    """The feed-forward part of a block: Linear, GELU, Linear, back to ``d_model``."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -114,17 +83,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: self-attention over the set, then an MLP.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.nn import config_from_preset
-    >>> from transformer_gmm.nn.model import Block
-    >>> config = config_from_preset("tiny")  # d_model=16
-    >>> Block(config)(torch.randn(2, 10, 16), key_mask=None).shape
-    torch.Size([2, 10, 16])
-    """
+    """Pre-LayerNorm transformer block: self-attention over the set, then an MLP."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -147,16 +106,6 @@ class ReadoutHead(nn.Module):
     Each seed cross-attends over the point tokens and becomes one slot = one component.
     The same slots score every point for the per-point cluster logits, so label k and
     component k agree by construction.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.nn import config_from_preset
-    >>> from transformer_gmm.nn.model import ReadoutHead
-    >>> config = config_from_preset("tiny")  # d_model=16
-    >>> raw, point_logits = ReadoutHead(config, n_components=3)(torch.randn(2, 10, 16), None)
-    >>> raw.shape, point_logits.shape  # 1 + d_max + 1: weight logit, mean, spherical scale
-    (torch.Size([2, 3, 6]), torch.Size([2, 10, 3]))
     """
 
     def __init__(self, config: ModelConfig, n_components: int) -> None:
@@ -214,9 +163,9 @@ class MixtureTransformer(nn.Module):
     --------
     >>> import torch
     >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> model = MixtureTransformer(config_from_preset("tiny"))
-    >>> model.supported_n_components
-    range(2, 5)
+    >>> model = MixtureTransformer(config_from_preset("tiny"))  # d_max=4, K from 2 to 4
+    >>> model.supported_n_components, model.has_head(3), model.has_head(5)
+    (range(2, 5), True, False)
     >>> model(torch.randn(1, 50, 4), n_components=2).means.shape
     torch.Size([1, 2, 4])
     """
@@ -249,16 +198,7 @@ class MixtureTransformer(nn.Module):
 
     @property
     def supported_n_components(self) -> range:
-        """The K this model has a readout head for.
-
-        Examples
-        --------
-        >>> import torch
-        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-        >>> model = MixtureTransformer(config_from_preset("tiny"))
-        >>> list(model.supported_n_components)
-        [2, 3, 4]
-        """
+        """The K this model has a readout head for, ``range(k_min, k_max + 1)``."""
         return range(self.config.k_min, self.config.k_max + 1)
 
     def has_head(self, n_components: int) -> bool:
@@ -272,15 +212,7 @@ class MixtureTransformer(nn.Module):
         Returns
         -------
         bool
-            True when K is an integer in :attr:`supported_n_components`.
-
-        Examples
-        --------
-        >>> import torch
-        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-        >>> model = MixtureTransformer(config_from_preset("tiny"))
-        >>> model.has_head(3), model.has_head(5), model.has_head(3.0)
-        (True, False, False)
+            True when K is an integer (not ``3.0``) in :attr:`supported_n_components`.
         """
         # Integral only: `2.0 in range(2, 5)` is True, but there is no head "2.0".
         is_int = isinstance(n_components, numbers.Integral) and not isinstance(n_components, bool)
@@ -313,8 +245,10 @@ class MixtureTransformer(nn.Module):
         >>> mask = torch.ones(2, 40, dtype=torch.bool)
         >>> mask[1, 25:] = False  # the second dataset has only 25 points
         >>> out = model(x, n_components=3, mask=mask)
-        >>> out.weights.shape, out.means.shape, out.point_logits.shape
-        (torch.Size([2, 3]), torch.Size([2, 3, 4]), torch.Size([2, 40, 3]))
+        >>> out.weights.shape, out.means.shape, out.scales.shape, out.point_logits.shape
+        (torch.Size([2, 3]), torch.Size([2, 3, 4]), torch.Size([2, 3, 1]), torch.Size([2, 40, 3]))
+        >>> torch.allclose(out.weights.sum(-1), torch.ones(2))
+        True
         """
         self._check_inputs(x, n_components, mask)
         if mask is not None:

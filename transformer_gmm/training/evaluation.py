@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..engine.readout import model_space_responsibilities, weights_and_means_from_responsibilities
 from ..nn import MixtureOutput, MixtureTransformer, ModelConfig
-from ..readout import model_space_responsibilities, weights_and_means_from_responsibilities
 from .config import EVAL_SEED, TrainConfig, k_range
 from .losses import matched_mean_error, mixture_nll, oracle_nll
 from .task_batch import TaskBatch

@@ -12,6 +12,10 @@ output slot. Two answers, both here:
 For the per-point head: permutation-invariant cross-entropy (He et al. 2025), the least
 cross-entropy over relabellings, which one Hungarian matching finds exactly because the
 cross-entropy is a sum of per-label terms.
+
+Every loss takes ``out``, the model's :class:`~transformer_gmm.nn.MixtureOutput` on
+``batch.x``, and ``batch``, the :class:`TaskBatch` with the model-space targets, and
+returns a scalar tensor; :func:`training_loss` weighs them into the training objective.
 """
 
 from __future__ import annotations
@@ -24,8 +28,8 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
+from ..engine.readout import model_space_responsibilities, weights_and_means_from_responsibilities
 from ..nn.model import MixtureOutput
-from ..readout import model_space_responsibilities, weights_and_means_from_responsibilities
 from .task_batch import TaskBatch
 
 # --- matching ------------------------------------------------------------------------
@@ -95,32 +99,7 @@ def matched_mean_error(estimate: np.ndarray, truth: np.ndarray) -> float:
 
 def hungarian_loss(out: MixtureOutput, batch: TaskBatch) -> Tensor:
     """Squared error of means + KL of weights + squared log-scale error, under the matching
-    of least mean error. All in model space, averaged over tasks and components.
-
-    Parameters
-    ----------
-    out : MixtureOutput
-        The model's output on ``batch.x``.
-    batch : TaskBatch
-        The tasks and their model-space targets.
-
-    Returns
-    -------
-    loss : Tensor
-        A scalar.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import torch
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.training import PRIORS, sample_batch
-    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
-    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
-    >>> from transformer_gmm.training import hungarian_loss
-    >>> loss = hungarian_loss(out, batch)
-    >>> loss.shape, bool(torch.isfinite(loss))
-    (torch.Size([]), True)
+    of least mean error. All in model space, averaged over tasks and components: a scalar.
     """
     sq = ((out.means[:, :, None, :] - batch.means[:, None, :, :]) ** 2).sum(-1)  # (B, K, K)
     match = match_components(sq)  # (B, K)
@@ -149,35 +128,10 @@ def _component_log_prob(out: MixtureOutput, batch: TaskBatch) -> Tensor:
 
 def mixture_nll(out: MixtureOutput, batch: TaskBatch) -> Tensor:
     """Negative log-likelihood of the points under the predicted mixture, per point and per
-    data coordinate (so tasks of every d weigh alike), averaged over tasks.
+    data coordinate (so tasks of every d weigh alike), averaged over tasks: a scalar.
 
     Symmetric in the components, so no matching. The padded coordinates of the means,
     which the likelihood does not see, are pulled to zero (their true value).
-
-    Parameters
-    ----------
-    out : MixtureOutput
-        The model's output on ``batch.x``.
-    batch : TaskBatch
-        The tasks and their model-space targets.
-
-    Returns
-    -------
-    loss : Tensor
-        A scalar.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import torch
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.training import PRIORS, sample_batch
-    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
-    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
-    >>> from transformer_gmm.training import mixture_nll
-    >>> loss = mixture_nll(out, batch)
-    >>> loss.shape, bool(torch.isfinite(loss))
-    (torch.Size([]), True)
     """
     log_p = _component_log_prob(out, batch).logsumexp(-1)  # (B, N)
     n_points = batch.mask.sum(-1)  # (B,)
@@ -189,7 +143,7 @@ def mixture_nll(out: MixtureOutput, batch: TaskBatch) -> Tensor:
 
 def m_step_mean_loss(out: MixtureOutput, batch: TaskBatch) -> Tensor:
     """Squared error of the means that one M-step on the model's own responsibilities gives,
-    under the matching of least error, averaged over the model's two starts.
+    under the matching of least error, averaged over the model's two starts: a scalar.
 
     ``TransformerGMM(max_iter=0)`` returns exactly those means: the responsibilities of
     the model's mixture (its first start) and its per-point probabilities (its second),
@@ -198,31 +152,6 @@ def m_step_mean_loss(out: MixtureOutput, batch: TaskBatch) -> Tensor:
     and one M-step land closer to the true means than the true clusters' own averages
     (on TGMM's d = 2, K = 2 tasks), so it asks for calibrated responsibilities, not only
     for good head means.
-
-    Parameters
-    ----------
-    out : MixtureOutput
-        The model's output on ``batch.x``.
-    batch : TaskBatch
-        The tasks and their model-space targets.
-
-    Returns
-    -------
-    loss : Tensor
-        A scalar.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import torch
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.training import PRIORS, sample_batch
-    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
-    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
-    >>> from transformer_gmm.training import m_step_mean_loss
-    >>> loss = m_step_mean_loss(out, batch)
-    >>> loss.shape, bool(torch.isfinite(loss))
-    (torch.Size([]), True)
     """
     losses = []
     for means in m_step_means(out, batch):
@@ -243,19 +172,6 @@ def m_step_nll(out: MixtureOutput, batch: TaskBatch, reg_covar: float = 1e-3) ->
     matching, so it holds for any prior, outliers and non-Gaussian shapes included.
     ``reg_covar`` (model-space units, where the data have unit average variance) keeps a
     component that takes a few points from gaining unbounded likelihood.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import torch
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.training import PRIORS, sample_batch
-    >>> from transformer_gmm.training.losses import m_step_nll
-    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny-real"], 3, 4, 4, 64)
-    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
-    >>> loss = m_step_nll(out, batch)
-    >>> loss.shape, bool(torch.isfinite(loss)), loss.requires_grad
-    (torch.Size([]), True, True)
     """
     z = batch.x.double()  # (B, N, D); padded rows and coordinates are zero
     mask = batch.mask[..., None].double()  # (B, N, 1)
@@ -317,18 +233,6 @@ def oracle_nll(batch: TaskBatch) -> Tensor:
     -------
     nll : Tensor
         A scalar.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import torch
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.training import PRIORS, sample_batch
-    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
-    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
-    >>> from transformer_gmm.training.losses import mixture_nll, oracle_nll
-    >>> bool(oracle_nll(batch) < mixture_nll(out, batch))  # an untrained model is far worse
-    True
     """
     spherical = (batch.scales**2 * batch.dim_mask[:, None, :]).sum(-1, keepdim=True)
     spherical = (spherical / batch.dim_mask.sum(-1)[:, None, None]).sqrt()  # (B, K, 1)
@@ -358,13 +262,8 @@ def point_cross_entropy(point_logits: Tensor, batch: TaskBatch) -> Tensor:
     --------
     >>> import numpy as np
     >>> import torch
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> from transformer_gmm.training import PRIORS, point_cross_entropy, sample_batch
     >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
-    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
-    >>> from transformer_gmm.training import point_cross_entropy
-    >>> point_cross_entropy(out.point_logits, batch).shape
-    torch.Size([])
     >>> perfect = torch.nn.functional.one_hot(batch.labels, 3).float() * 50.0
     >>> relabelled = perfect[..., [2, 0, 1]]  # the labels in another order
     >>> round(point_cross_entropy(relabelled, batch).item(), 6)

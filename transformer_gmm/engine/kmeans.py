@@ -4,9 +4,9 @@ The seeding and the Lloyd iterations follow scikit-learn's ``sklearn/cluster/_km
 (greedy k-means++, Lloyd with its convergence rule), vectorised over a batch of B
 datasets. ``X`` is (B, N, d), or (1, N, d) shared by all B runs; an optional bool
 ``mask`` (B or 1, N) marks real points, so datasets of different sizes can be padded
-into one batch. Padded points take no part in anything. Also home to the small batch and
-padding helpers that :mod:`transformer_gmm.em` shares, and to the shrinking batch with
-which Lloyd and EM stop working on the datasets that have converged.
+into one batch (:mod:`transformer_gmm.engine.batching`). Padded points take no part in
+anything. :func:`assign` and :func:`inertia_of` are the kernels that Lloyd over blocks of
+rows (:mod:`transformer_gmm.engine.sufficient_stats`) shares.
 """
 
 from __future__ import annotations
@@ -17,103 +17,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["kmeans_plusplus", "lloyd"]
+from .batching import ShrinkingBatch, check_batch, compact, point_weights, take, zero_padding
 
+__all__ = [
+    "LloydStep",
+    "assign",
+    "inertia_of",
+    "kmeans_plusplus",
+    "kmeans_plusplus_indices",
+    "lloyd",
+]
 
-# --- batches and padding ---------------------------------------------------------------
-
-
-def _check_batch(X: Tensor, *batched: Tensor, mask: Tensor | None = None) -> int:
-    """Check ``X`` is (B|1, N, d) and every batch size is 1 or B; return B."""
-    if X.dim() != 3:
-        raise ValueError(f"X must have shape (B, N, d), got {tuple(X.shape)}")
-    if mask is not None:
-        if mask.dtype != torch.bool or mask.dim() != 2 or mask.shape[1] != X.shape[1]:
-            raise ValueError(
-                f"mask must be a bool tensor of shape (B, {X.shape[1]}), "
-                f"got {mask.dtype} {tuple(mask.shape)}"
-            )
-        batched = (*batched, mask)
-    sizes = {X.shape[0], *(t.shape[0] for t in batched)}
-    n_batch = max(sizes)
-    if not sizes <= {1, n_batch}:
-        raise ValueError(f"batch sizes {sorted(sizes)} do not broadcast")
-    return n_batch
-
-
-def _compact(t: Tensor | None) -> Tensor | None:
-    """Undo ``expand`` along the batch: one dataset repeated is worked on once."""
-    if t is not None and t.shape[0] > 1 and t.stride(0) == 0:
-        return t[:1]
-    return t
-
-
-def _zero_padding(X: Tensor, mask: Tensor | None) -> Tensor:
-    # Padded rows may hold anything (even NaN); zeroing them keeps sums over N clean,
-    # since 0 * NaN would still be NaN.
-    return X if mask is None else X.masked_fill(~mask[..., None], 0.0)
-
-
-def _point_weights(X: Tensor, mask: Tensor | None, sample_weight: Tensor | None = None) -> Tensor:
-    """1.0 for real points, 0.0 for padding: (B|1, N) in X's dtype; or ``sample_weight``
-    (B|1, N), zero on padding, when given."""
-    if sample_weight is not None:
-        return _compact(sample_weight).to(X.dtype)
-    if mask is None:
-        return X.new_ones(X.shape[:2])
-    return mask.to(X.dtype)
-
-
-def _take(t: Tensor | None, index: Tensor) -> Tensor | None:
-    """Rows ``index`` of a batched tensor; one of batch 1 is shared by every row, so kept."""
-    if t is None or t.shape[0] == 1:
-        return t
-    return t.index_select(0, index)
-
-
-# A batched loop runs until its slowest problem stops, and most stop long before it: on
-# 10,000 datasets of 128 points (d=8, K=4, tol=1e-3) EM runs 2.3 iterations on average
-# and 27 at most. Once a quarter of the working batch has stopped, the loop gathers the
-# rest into a smaller one, so later iterations cost in proportion to the problems still
-# running; a gather copies X once, far less than the iteration it saves.
-_SHRINK_WHEN_STOPPED = 0.25
 
 # The final inertia reads this many rows at a time (a few MB of temporaries at d = 16).
 _INERTIA_CHUNK_ROWS = 65_536
-
-
-class _ShrinkingBatch:
-    """The rows of a batch that a loop still works on, and the results of those it left.
-
-    ``rows`` maps the working batch to the full batch. A ``state`` is a tuple of the
-    loop's per-row tensors, of the working batch's size. The first state stored becomes
-    the full-size results and is written into in place later on, so loops pass tensors
-    they made themselves, never their inputs.
-    """
-
-    def __init__(self, n_batch: int, device: torch.device) -> None:
-        self.rows = torch.arange(n_batch, device=device)
-        self._results: tuple[Tensor, ...] | None = None
-
-    def should_shrink(self, n_running: int) -> bool:
-        return n_running < (1.0 - _SHRINK_WHEN_STOPPED) * len(self.rows)
-
-    def shrink(self, stopped: Tensor, n_running: int, state: tuple[Tensor, ...]) -> Tensor:
-        """Store ``state``; return where the running rows sit in the working batch."""
-        self.results(state)
-        # A stable sort rather than nonzero: the running rows in order, and no host sync.
-        keep = torch.argsort(stopped.to(torch.int32), stable=True)[:n_running]
-        self.rows = self.rows[keep]
-        return keep
-
-    def results(self, state: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-        """Write the working batch's ``state`` into the full-size results; return them."""
-        if self._results is None:  # nothing has left yet: the working batch is the batch
-            self._results = state
-        else:
-            for result, value in zip(self._results, state, strict=True):
-                result.index_copy_(0, self.rows, value)
-        return self._results
 
 
 def _squared_norms(X: Tensor) -> Tensor:
@@ -197,7 +114,7 @@ def kmeans_plusplus(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm.kmeans import kmeans_plusplus, lloyd
+    >>> from transformer_gmm.engine.kmeans import kmeans_plusplus, lloyd
     >>> g = torch.Generator().manual_seed(0)
     >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
     >>> X[0, :20] -= 4.0
@@ -212,6 +129,31 @@ def kmeans_plusplus(
     return _kmeans_plusplus(X, n_clusters, generator, mask, sample_weight)[0]
 
 
+def kmeans_plusplus_indices(
+    X: Tensor,
+    n_clusters: int,
+    *,
+    generator: torch.Generator,
+    mask: Tensor | None = None,
+    sample_weight: Tensor | None = None,
+) -> Tensor:
+    """The row indices (B, K) of :func:`kmeans_plusplus`'s seeds, drawn as it draws them
+    (arguments as there): what scikit-learn's ``init_params="k-means++"`` starts from
+    (:func:`~transformer_gmm.engine.m_step.initialize_kmeans_plusplus`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.engine.kmeans import kmeans_plusplus, kmeans_plusplus_indices
+    >>> X = torch.randn(1, 40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> index = kmeans_plusplus_indices(X, 3, generator=torch.Generator().manual_seed(1))
+    >>> seeds = kmeans_plusplus(X, 3, generator=torch.Generator().manual_seed(1))
+    >>> index.shape, bool((X[0, index[0]] == seeds[0]).all())
+    (torch.Size([1, 3]), True)
+    """
+    return _kmeans_plusplus(X, n_clusters, generator, mask, sample_weight)[1]
+
+
 def _kmeans_plusplus(
     X: Tensor,
     n_clusters: int,
@@ -220,10 +162,10 @@ def _kmeans_plusplus(
     sample_weight: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`kmeans_plusplus`'s seeds (B, K, d) and their row indices (B, K)."""
-    n_batch = _check_batch(X, *([] if sample_weight is None else [sample_weight]), mask=mask)
+    n_batch = check_batch(X, *([] if sample_weight is None else [sample_weight]), mask=mask)
     n_points = X.shape[1]
-    X = _zero_padding(_compact(X), _compact(mask))  # (B|1, N, d)
-    weights = _point_weights(X, _compact(mask), sample_weight).expand(n_batch, n_points)  # (B, N)
+    X = zero_padding(compact(X), compact(mask))  # (B|1, N, d)
+    weights = point_weights(X, compact(mask), sample_weight).expand(n_batch, n_points)  # (B, N)
     n_trials = 2 + int(math.log(n_clusters))
     rows = torch.arange(n_batch, device=X.device)
     points = X.expand(n_batch, -1, -1)  # view, for gathering the chosen rows
@@ -259,7 +201,7 @@ def _kmeans_plusplus(
 # --- Lloyd -----------------------------------------------------------------------------
 
 
-def _assign(X: Tensor, centers: Tensor) -> Tensor:
+def assign(X: Tensor, centers: Tensor) -> Tensor:
     """Index of the closest centre: (B|1, N, d), (B, K, d) -> (B, N).
 
     ||x||^2 is the same for every centre, so the argmin needs only ||c||^2 - 2 x.c: one
@@ -274,7 +216,7 @@ def _assign(X: Tensor, centers: Tensor) -> Tensor:
     return scores.argmin(-1)
 
 
-def _inertia(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor) -> Tensor:
+def inertia_of(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor) -> Tensor:
     """Sum of squared distances of real points to their centre, (B,), from differences
     rather than the expanded form (which loses digits), in row chunks so that no
     (B, N, d) temporary is ever made."""
@@ -346,11 +288,11 @@ def _lloyd_loop(
     labels_old = X.new_full((n_batch, X.shape[1]), -1, dtype=torch.long)
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
     converged = torch.zeros(n_batch, dtype=torch.bool, device=X.device)
-    batch = _ShrinkingBatch(n_batch, X.device)
+    batch = ShrinkingBatch(n_batch, X.device)
     for iteration in range(1, max_iter + 1):
         active = ~converged  # (A,) over the working batch of A <= B datasets
         centered = centers - offset
-        labels = _assign(X, centered)  # (A, N)
+        labels = assign(X, centered)  # (A, N)
         one_hot = X.new_zeros(*labels.shape, n_clusters).scatter_(2, labels[..., None], 1.0)
         # Matmuls rather than scatter_add: deterministic on CUDA too. Padded rows of X
         # are zero, so only the counts need the weights.
@@ -365,7 +307,7 @@ def _lloyd_loop(
         shift = (new_centers - centers).square().sum((1, 2))  # (A,)
         strict = ((labels == labels_old) | padded).all(-1)  # (A,)
         if trace is not None:
-            inertia = _inertia(X, centered, labels, weights)
+            inertia = inertia_of(X, centered, labels, weights)
             trace.append(LloydStep(batch.rows.clone(), active, inertia, shift, strict))
 
         centers = torch.where(active[:, None, None], new_centers, centers)
@@ -378,7 +320,7 @@ def _lloyd_loop(
         if iteration < max_iter and batch.should_shrink(n_running):
             keep = batch.shrink(converged, n_running, (centers, n_iter))
             X, offset, weights, threshold, padded, weighted_X = (
-                _take(t, keep) for t in (X, offset, weights, threshold, padded, weighted_X)
+                take(t, keep) for t in (X, offset, weights, threshold, padded, weighted_X)
             )
             centers, labels_old, n_iter = centers[keep], labels_old[keep], n_iter[keep]
             converged = converged[keep]
@@ -446,7 +388,7 @@ def lloyd(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm.kmeans import kmeans_plusplus, lloyd
+    >>> from transformer_gmm.engine.kmeans import kmeans_plusplus, lloyd
     >>> g = torch.Generator().manual_seed(0)
     >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
     >>> X[0, :20] -= 4.0
@@ -459,12 +401,12 @@ def lloyd(
     (torch.Size([1, 40]), True)
     """
     weighted = [] if sample_weight is None else [sample_weight]
-    n_batch = _check_batch(X, centers, *weighted, mask=mask)
+    n_batch = check_batch(X, centers, *weighted, mask=mask)
     if centers.dim() != 3 or centers.shape[-1] != X.shape[-1]:
         raise ValueError(f"centers must have shape (B, K, {X.shape[-1]}), got {centers.shape}")
-    X, mask = _compact(X), _compact(mask)
-    weights = _point_weights(X, mask)[..., None]  # (B|1, N, 1)
-    X = _zero_padding(X, mask)
+    X, mask = compact(X), compact(mask)
+    weights = point_weights(X, mask)[..., None]  # (B|1, N, 1)
+    X = zero_padding(X, mask)
 
     # Centre the data, as scikit-learn does, so the expanded distances lose less to
     # rounding; the variance of the real points scales the tolerance.
@@ -483,7 +425,7 @@ def lloyd(
     )
     weighted_X = None
     if sample_weight is not None:  # the counts, sums and inertia weigh the points
-        weights = _point_weights(X, mask, sample_weight)[..., None]  # (B|1, N, 1)
+        weights = point_weights(X, mask, sample_weight)[..., None]  # (B|1, N, 1)
         weighted_X = X * weights
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
     if max_iter > 0:
@@ -493,6 +435,6 @@ def lloyd(
 
     # Final assignment, so that labels and inertia belong to the returned centres.
     centered = centers - offset
-    labels = _assign(X, centered)  # (B, N)
-    inertia = _inertia(X, centered, labels, weights)  # (B,)
+    labels = assign(X, centered)  # (B, N)
+    inertia = inertia_of(X, centered, labels, weights)  # (B,)
     return centers, labels.masked_fill(padded, -1), inertia, n_iter

@@ -3,8 +3,9 @@
 The M-step follows ``_estimate_gaussian_parameters`` in
 ``sklearn/mixture/_gaussian_mixture.py``, vectorised over a batch of B datasets;
 :func:`initialize_kmeans` is scikit-learn's default start (k-means labels, then one
-M-step). Shapes and the ``mask`` convention are those of :mod:`transformer_gmm.em`, which
-runs the EM loop on top of these and re-exports every public name here.
+M-step). Shapes and the ``mask`` convention are those of :mod:`transformer_gmm.engine.em`,
+whose loop runs these steps, and of :mod:`transformer_gmm.engine.sufficient_stats`, which
+shares the covariance estimators.
 """
 
 from __future__ import annotations
@@ -14,22 +15,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .gaussian import _lookup, compute_precision_cholesky, needs_grad
-from .kmeans import (
-    _check_batch,
-    _compact,
-    _kmeans_plusplus,
-    _point_weights,
-    _zero_padding,
-    kmeans_plusplus,
-    lloyd,
-)
+from .batching import check_batch, compact, point_weights, zero_padding
+from .gaussian import compute_precision_cholesky, lookup, needs_grad
+from .kmeans import kmeans_plusplus, kmeans_plusplus_indices, lloyd
 
 __all__ = [
+    "COVARIANCE_ESTIMATORS",
     "MixtureParams",
     "estimate_gaussian_parameters",
+    "estimate_parameters_unchecked",
     "initialize_kmeans",
     "initialize_kmeans_plusplus",
+    "pool_covariances",
 ]
 
 
@@ -49,7 +46,8 @@ class MixtureParams:
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm.em import MixtureParams, compute_precision_cholesky
+    >>> from transformer_gmm.engine.gaussian import compute_precision_cholesky
+    >>> from transformer_gmm.engine.m_step import MixtureParams
     >>> covariances = torch.ones(1, 2, dtype=torch.float64)  # spherical, B=1, K=2
     >>> params = MixtureParams(
     ...     weights=torch.tensor([[0.5, 0.5]], dtype=torch.float64),
@@ -110,7 +108,7 @@ def _covariances_diag(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: f
     return avg_X2 - 2.0 * means * avg_X + means.square() + reg
 
 
-_COVARIANCE_ESTIMATORS = {
+COVARIANCE_ESTIMATORS = {
     "full": _covariances_full,
     "tied": _covariances_tied,
     "diag": _covariances_diag,
@@ -118,19 +116,21 @@ _COVARIANCE_ESTIMATORS = {
 }
 
 
-def _estimate_parameters(
+def estimate_parameters_unchecked(
     X: Tensor, resp: Tensor, covariance_type: str, reg_covar: float, means: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """scikit-learn's ``_estimate_gaussian_parameters``: (nk, means, covariances)."""
+    """scikit-learn's ``_estimate_gaussian_parameters``: (nk, means, covariances), on
+    inputs already checked, with padding zeroed in ``X`` and in ``resp`` and the sample
+    weights multiplied into ``resp``: the M-step inside the EM loop."""
     # The 10 eps keep empty components from dividing by zero, exactly as scikit-learn.
     nk = resp.sum(1) + 10 * torch.finfo(resp.dtype).eps  # (B, K)
     if means is None:
         means = resp.mT @ X / nk[..., None]  # (B, K, d)
-    covariances = _lookup(_COVARIANCE_ESTIMATORS, covariance_type)(resp, X, nk, means, reg_covar)
+    covariances = lookup(COVARIANCE_ESTIMATORS, covariance_type)(resp, X, nk, means, reg_covar)
     return nk, means.expand(nk.shape[0], -1, -1), covariances
 
 
-def _pool_covariances(
+def pool_covariances(
     covariances: Tensor, counts: Tensor, empty: Tensor, covariance_type: str
 ) -> Tensor:
     """Covariances with each ``empty`` component's replaced by the others' average.
@@ -197,14 +197,14 @@ def estimate_gaussian_parameters(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm import em
+    >>> from transformer_gmm.engine import m_step
     >>> g = torch.Generator().manual_seed(0)
     >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
     >>> X[0, :20] -= 4.0
     >>> X[0, 20:] += 4.0
     >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
     >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
-    >>> params = em.estimate_gaussian_parameters(
+    >>> params = m_step.estimate_gaussian_parameters(
     ...     X, resp, covariance_type="diag", reg_covar=1e-6)
     >>> params.weights.round(decimals=3).tolist()
     [[0.5, 0.5]]
@@ -214,19 +214,21 @@ def estimate_gaussian_parameters(
     torch.Size([1, 2, 2])
     """
     given = [t for t in (means, sample_weight) if t is not None]
-    n_batch = _check_batch(X, resp, *given, mask=mask)
+    n_batch = check_batch(X, resp, *given, mask=mask)
     if resp.dim() != 3 or resp.shape[1] != X.shape[1]:
         raise ValueError(f"resp must have shape (B, {X.shape[1]}, K), got {resp.shape}")
     if means is not None and means.shape[1:] != (resp.shape[2], X.shape[2]):
         raise ValueError(f"means must have shape (B, K, d), got {means.shape}")
-    X, mask, resp = _compact(X), _compact(mask), resp.expand(n_batch, -1, -1)
-    n_real = _point_weights(X, mask, sample_weight).sum(-1, keepdim=True)  # (B|1, 1)
-    X = _zero_padding(X, mask)
+    X, mask, resp = compact(X), compact(mask), resp.expand(n_batch, -1, -1)
+    n_real = point_weights(X, mask, sample_weight).sum(-1, keepdim=True)  # (B|1, 1)
+    X = zero_padding(X, mask)
     if mask is not None:
         resp = resp.masked_fill(~mask[..., None], 0.0)
     if sample_weight is not None:
-        resp = resp * _compact(sample_weight)[..., None]
-    nk, means, covariances = _estimate_parameters(X, resp, covariance_type, reg_covar, means)
+        resp = resp * compact(sample_weight)[..., None]
+    nk, means, covariances = estimate_parameters_unchecked(
+        X, resp, covariance_type, reg_covar, means
+    )
     return MixtureParams(
         nk / n_real, means, covariances, compute_precision_cholesky(covariances, covariance_type)
     )
@@ -277,13 +279,13 @@ def initialize_kmeans(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm import em
+    >>> from transformer_gmm.engine import m_step
     >>> g = torch.Generator().manual_seed(0)
     >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
     >>> X[0, :20] -= 4.0
     >>> X[0, 20:] += 4.0
     >>> generator = torch.Generator().manual_seed(0)
-    >>> params = em.initialize_kmeans(X.expand(3, -1, -1), 2, covariance_type="spherical",
+    >>> params = m_step.initialize_kmeans(X.expand(3, -1, -1), 2, covariance_type="spherical",
     ...                               reg_covar=1e-6, generator=generator)  # 3 restarts
     >>> params.weights.shape, params.means.shape, params.covariances.shape
     (torch.Size([3, 2]), torch.Size([3, 2, 2]), torch.Size([3, 2]))
@@ -317,16 +319,18 @@ def initialize_kmeans_plusplus(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm import em
+    >>> from transformer_gmm.engine import m_step
     >>> X = torch.tensor([[[0.0], [1.0], [10.0], [11.0]]], dtype=torch.float64)
-    >>> params = em.initialize_kmeans_plusplus(X, 2, covariance_type="spherical",
+    >>> params = m_step.initialize_kmeans_plusplus(X, 2, covariance_type="spherical",
     ...     reg_covar=1e-6, generator=torch.Generator().manual_seed(0))
     >>> params.means.flatten().round(decimals=6).tolist()  # two of the points
     [1.0, 11.0]
     >>> params.covariances.round(decimals=9).tolist()
     [[1e-06, 1e-06]]
     """
-    _, seeds = _kmeans_plusplus(X, n_components, generator, mask, sample_weight)  # (B, K)
+    seeds = kmeans_plusplus_indices(  # (B, K)
+        X, n_components, generator=generator, mask=mask, sample_weight=sample_weight
+    )
     resp = X.new_zeros(seeds.shape[0], X.shape[1], n_components)
     resp.scatter_(1, seeds[:, None, :], 1.0)  # resp[b, seeds[b, k], k] = 1
     return estimate_gaussian_parameters(

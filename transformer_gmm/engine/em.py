@@ -1,8 +1,8 @@
 """Batched EM for Gaussian mixtures in torch, matching scikit-learn's GaussianMixture.
 
-The formulas follow ``sklearn/mixture/_gaussian_mixture.py`` and the loop follows
-``BaseMixture.fit_predict``, vectorised over a batch of B datasets (or B restarts of one
-dataset). Conventions shared by every function:
+The loop follows ``BaseMixture.fit_predict`` in ``sklearn/mixture/_base.py``, vectorised
+over a batch of B datasets (or B restarts of one dataset). Conventions shared by the
+engine's mixture functions:
 
 - ``X`` is (B, N, d), or (1, N, d) broadcast against parameters of batch B. Work happens
   in X's dtype and on X's device.
@@ -12,10 +12,11 @@ dataset). Conventions shared by every function:
   ``precisions_cholesky``, with scikit-learn's meaning) are full (B, K, d, d), tied
   (B, d, d), diag (B, K, d), spherical (B, K).
 
-Gaussian densities and precision conversions live in :mod:`transformer_gmm.gaussian`,
-``MixtureParams``, the M-step and the k-means initialisation in
-:mod:`transformer_gmm.m_step`, k-means (``kmeans_plusplus``, ``lloyd``) in
-:mod:`transformer_gmm.kmeans`; all are importable from here too.
+The loop's two steps are :mod:`transformer_gmm.engine.e_step` and
+:mod:`transformer_gmm.engine.m_step` (with ``MixtureParams`` and the k-means
+initialisation); Gaussian densities and precision conversions are in
+:mod:`transformer_gmm.engine.gaussian`, k-means in :mod:`transformer_gmm.engine.kmeans`.
+Here: the loop, and the re-seeding of components that empty on the way.
 """
 
 from __future__ import annotations
@@ -27,52 +28,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .batching import ShrinkingBatch, compact, take, zero_padding
+from .e_step import check_params, e_step_unchecked, estimate_weighted_log_prob
 from .gaussian import (
-    _PARAM_SHAPES,
-    COVARIANCE_TYPES,
-    _error_message,
-    _lookup,
-    _precision_cholesky,
-    compute_precision_cholesky,
+    covariance_error_message,
     covariances_from_precisions_cholesky,
-    estimate_log_gaussian_prob,
-    precisions_cholesky_from_precisions,
+    try_precision_cholesky,
 )
-from .kmeans import (
-    _check_batch,
-    _compact,
-    _ShrinkingBatch,
-    _take,
-    _zero_padding,
-    kmeans_plusplus,
-    lloyd,
-)
-from .m_step import (
-    MixtureParams,
-    _estimate_parameters,
-    _pool_covariances,
-    estimate_gaussian_parameters,
-    initialize_kmeans,
-    initialize_kmeans_plusplus,
-)
+from .m_step import MixtureParams, estimate_parameters_unchecked, pool_covariances
 
-__all__ = [
-    "COVARIANCE_TYPES",
-    "EMResult",
-    "MixtureParams",
-    "compute_precision_cholesky",
-    "covariances_from_precisions_cholesky",
-    "e_step",
-    "estimate_gaussian_parameters",
-    "estimate_log_gaussian_prob",
-    "estimate_weighted_log_prob",
-    "fit_em",
-    "initialize_kmeans",
-    "initialize_kmeans_plusplus",
-    "kmeans_plusplus",
-    "lloyd",
-    "precisions_cholesky_from_precisions",
-]
+__all__ = ["EMPTY_COUNT", "GUARD_MARGIN", "EMResult", "fit_em"]
 
 
 @dataclass
@@ -99,14 +64,14 @@ class EMResult:
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm import em
+    >>> from transformer_gmm.engine import em, m_step
     >>> g = torch.Generator().manual_seed(0)
     >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
     >>> X[0, :20] -= 4.0
     >>> X[0, 20:] += 4.0
     >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
     >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
-    >>> params = em.estimate_gaussian_parameters(
+    >>> params = m_step.estimate_gaussian_parameters(
     ...     X, resp, covariance_type="diag", reg_covar=1e-6)
     >>> result = em.fit_em(X, params, covariance_type="diag", reg_covar=1e-6,
     ...                    max_iter=100, tol=1e-3)
@@ -120,138 +85,6 @@ class EMResult:
     converged: Tensor  # (B,) bool
     lower_bounds: Tensor | None = None  # (B, T) per iteration, NaN after a dataset stopped
     iteration_times: list[float] = field(default_factory=list)  # (T,) seconds, cumulative
-
-
-def _check_params(
-    X: Tensor, params: MixtureParams, covariance_type: str, mask, sample_weight=None
-) -> int:
-    """Check shapes agree (no silent broadcasting of a missing batch dim); return B."""
-    means, weights = params.means, params.weights
-    if means.dim() != 3 or means.shape[-1] != X.shape[-1]:
-        raise ValueError(f"means must have shape (B, K, {X.shape[-1]}), got {means.shape}")
-    n_components = means.shape[1]
-    if weights.shape[1:] != (n_components,) or weights.dim() != 2:
-        raise ValueError(f"weights must have shape (B, {n_components}), got {weights.shape}")
-    expected = _lookup(_PARAM_SHAPES, covariance_type)(n_components, X.shape[-1])
-    prec = params.precisions_cholesky
-    if prec.dim() != len(expected) + 1 or prec.shape[1:] != expected:
-        raise ValueError(
-            f"{covariance_type} precisions_cholesky must have shape (B, *{expected}), "
-            f"got {tuple(prec.shape)}"
-        )
-    if sample_weight is not None and sample_weight.shape[-1:] != X.shape[1:2]:
-        raise ValueError(
-            f"sample_weight must have shape (B, {X.shape[1]}), got {sample_weight.shape}"
-        )
-    weighted = () if sample_weight is None else (sample_weight,)
-    return _check_batch(X, weights, means, prec, *weighted, mask=mask)
-
-
-# --- E-step ----------------------------------------------------------------------------
-
-
-def estimate_weighted_log_prob(X: Tensor, params: MixtureParams, covariance_type: str) -> Tensor:
-    """log p(x_n | k) + log w_k: (B, N, K). ``params.covariances`` is not used.
-
-    Parameters
-    ----------
-    X : Tensor of shape (B, N, d) or (1, N, d)
-    params : MixtureParams
-    covariance_type : {"full", "tied", "diag", "spherical"}
-
-    Returns
-    -------
-    weighted_log_prob : Tensor of shape (B, N, K)
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm import em
-    >>> g = torch.Generator().manual_seed(0)
-    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
-    >>> X[0, :20] -= 4.0
-    >>> X[0, 20:] += 4.0
-    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
-    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
-    >>> params = em.estimate_gaussian_parameters(
-    ...     X, resp, covariance_type="diag", reg_covar=1e-6)
-    >>> weighted = em.estimate_weighted_log_prob(X, params, "diag")
-    >>> weighted.shape
-    torch.Size([1, 40, 2])
-    >>> weighted[0].argmax(-1).tolist() == [0] * 20 + [1] * 20
-    True
-    """
-    _check_params(X, params, covariance_type, None)
-    log_prob = estimate_log_gaussian_prob(
-        X, params.means, params.precisions_cholesky, covariance_type
-    )
-    return log_prob + params.weights.log()[:, None, :]
-
-
-def _e_step(
-    X: Tensor, params: MixtureParams, covariance_type: str, mask, sample_weight=None
-) -> tuple[Tensor, Tensor]:
-    weighted = estimate_weighted_log_prob(X, params, covariance_type)  # (B, N, K)
-    log_prob_norm = weighted.logsumexp(-1)  # (B, N)
-    log_resp = weighted - log_prob_norm[..., None]
-    if sample_weight is not None:  # (B|1, N), zero on padding
-        weighted_sum = torch.where(sample_weight > 0, log_prob_norm * sample_weight, 0.0)
-        mean = weighted_sum.sum(-1) / sample_weight.sum(-1)
-        return mean, log_resp if mask is None else log_resp.masked_fill(~mask[..., None], -math.inf)
-    if mask is None:
-        return log_prob_norm.mean(-1), log_resp
-    mean = log_prob_norm.masked_fill(~mask, 0.0).sum(-1) / mask.sum(-1)
-    return mean, log_resp.masked_fill(~mask[..., None], -math.inf)
-
-
-def e_step(
-    X: Tensor,
-    params: MixtureParams,
-    covariance_type: str,
-    mask: Tensor | None = None,
-    sample_weight: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """The E-step.
-
-    Parameters
-    ----------
-    X : Tensor of shape (B, N, d) or (1, N, d)
-    params : MixtureParams
-    covariance_type : {"full", "tied", "diag", "spherical"}
-    mask : bool Tensor of shape (B, N) or (1, N), optional
-        True for real points.
-    sample_weight : Tensor of shape (B, N) or (1, N), optional
-        Non-negative weights of the points, zero on padding.
-
-    Returns
-    -------
-    log_prob_norm : Tensor of shape (B,)
-        Mean (weighted by ``sample_weight``) over real points of ``logsumexp_k`` of the
-        weighted log-probabilities.
-    log_resp : Tensor of shape (B, N, K)
-        Log-responsibilities; -inf on the rows of padded points.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm import em
-    >>> g = torch.Generator().manual_seed(0)
-    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
-    >>> X[0, :20] -= 4.0
-    >>> X[0, 20:] += 4.0
-    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
-    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
-    >>> params = em.estimate_gaussian_parameters(
-    ...     X, resp, covariance_type="diag", reg_covar=1e-6)
-    >>> log_prob_norm, log_resp = em.e_step(X, params, "diag")
-    >>> log_prob_norm.shape, log_resp.shape
-    (torch.Size([1]), torch.Size([1, 40, 2]))
-    >>> torch.allclose(log_resp.exp().sum(-1), torch.ones(1, 40, dtype=torch.float64))
-    True
-    """
-    _check_params(X, params, covariance_type, mask, sample_weight)
-    X, mask = _compact(X), _compact(mask)
-    return _e_step(_zero_padding(X, mask), params, covariance_type, mask, _compact(sample_weight))
 
 
 # --- empty components ------------------------------------------------------------------
@@ -293,8 +126,8 @@ def _point_weight(points: Tensor, sample_weight: Tensor | None, X: Tensor) -> Te
 
 
 def _take_rows(t: Tensor | float, index: Tensor) -> Tensor | float:
-    """``_take``, which also passes a number shared by every row."""
-    return t if isinstance(t, float) else _take(t, index)
+    """``take``, which also passes a number shared by every row."""
+    return t if isinstance(t, float) else take(t, index)
 
 
 def _reseed_means(
@@ -355,8 +188,8 @@ def _reseed(
         covariances = covariances_from_precisions_cholesky(
             params.precisions_cholesky, covariance_type
         )
-    covariances = _pool_covariances(covariances, counts, empty, covariance_type)
-    precisions_chol, failed = _precision_cholesky(covariances, covariance_type)
+    covariances = pool_covariances(covariances, counts, empty, covariance_type)
+    precisions_chol, failed = try_precision_cholesky(covariances, covariance_type)
     counts = torch.where(empty, unit, counts)
     weights = counts / counts.sum(-1, keepdim=True)
     rows = empty.any(-1)  # (B,)
@@ -441,13 +274,13 @@ def fit_em(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm import em
+    >>> from transformer_gmm.engine import em, m_step
     >>> g = torch.Generator().manual_seed(0)
     >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
     >>> X[0, :20] -= 4.0
     >>> X[0, 20:] += 4.0
-    >>> init = em.initialize_kmeans(X, 2, covariance_type="full", reg_covar=1e-6,
-    ...                              generator=torch.Generator().manual_seed(0))
+    >>> init = m_step.initialize_kmeans(X, 2, covariance_type="full", reg_covar=1e-6,
+    ...                                  generator=torch.Generator().manual_seed(0))
     >>> result = em.fit_em(X, init, covariance_type="full", reg_covar=1e-6,
     ...                    max_iter=100, tol=1e-3)
     >>> result.converged.tolist(), result.params.covariances.shape
@@ -455,12 +288,12 @@ def fit_em(
     >>> sorted(result.params.means[0, :, 0].round().tolist())
     [-4.0, 4.0]
     """
-    n_batch = _check_params(X, params, covariance_type, mask, sample_weight)
+    n_batch = check_params(X, params, covariance_type, mask, sample_weight)
     params = MixtureParams(  # parameters of batch 1 serve every dataset
         *(None if t is None else t.expand(n_batch, *t.shape[1:]) for t in _astuple(params))
     )
-    X, mask, sample_weight = _compact(X), _compact(mask), _compact(sample_weight)
-    X = _zero_padding(X, mask)
+    X, mask, sample_weight = compact(X), compact(mask), compact(sample_weight)
+    X = zero_padding(X, mask)
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
     converged = torch.zeros(n_batch, dtype=torch.bool, device=X.device)
     points = _points(mask, sample_weight, X)  # (B|1, N)
@@ -474,8 +307,8 @@ def fit_em(
         if bool(empty.any()):
             params, failed = _reseed(X, params, counts, empty, unit, points, covariance_type)
             if bool(failed.any()):
-                raise ValueError(_error_message(X.dtype))
-        log_prob_norm, _ = _e_step(X, params, covariance_type, mask, sample_weight)
+                raise ValueError(covariance_error_message(X.dtype))
+        log_prob_norm, _ = e_step_unchecked(X, params, covariance_type, mask, sample_weight)
         return EMResult(
             params,
             log_prob_norm.expand(n_batch).clone(),
@@ -488,18 +321,20 @@ def fit_em(
         lower_bound = X.new_full((n_batch,), -math.inf)
     else:
         lower_bound = initial_lower_bound.to(X).expand(n_batch).clone()
-    batch = _ShrinkingBatch(n_batch, X.device)
+    batch = ShrinkingBatch(n_batch, X.device)
     fresh = torch.zeros(n_batch, dtype=torch.bool, device=X.device)  # re-seeded last iteration
     history, times, started = [], [], time.perf_counter()  # lower bounds, (B,) an iteration
     for iteration in range(1, max_iter + 1):
         active = ~converged  # (A,) over the working batch of A <= B datasets
         weighted = () if sample_weight is None else (sample_weight,)
-        log_prob_norm, log_resp = _e_step(X, params, covariance_type, mask, *weighted)
+        log_prob_norm, log_resp = e_step_unchecked(X, params, covariance_type, mask, *weighted)
         resp = log_resp.exp()
         if sample_weight is not None:
             resp = resp * sample_weight[..., None]
-        nk, means, covariances = _estimate_parameters(X, resp, covariance_type, reg_covar, None)
-        precisions_chol, failed = _precision_cholesky(covariances, covariance_type)
+        nk, means, covariances = estimate_parameters_unchecked(
+            X, resp, covariance_type, reg_covar, None
+        )
+        precisions_chol, failed = try_precision_cholesky(covariances, covariance_type)
         # scikit-learn's _m_step normalises by sum(nk) here, not by the number of points.
         new = MixtureParams(nk / nk.sum(-1, keepdim=True), means, covariances, precisions_chol)
         params = _select(active, new, params)
@@ -530,15 +365,15 @@ def fit_em(
             params, failed = _reseed(X, params, nk, empty, unit, points, covariance_type)
             any_failed = any_failed or bool(failed.any())
         if any_failed:
-            raise ValueError(_error_message(X.dtype))
+            raise ValueError(covariance_error_message(X.dtype))
         if n_running == 0:
             break
         if iteration < max_iter and batch.should_shrink(n_running):
             state = (*_astuple(params), lower_bound, n_iter, converged)
             keep = batch.shrink(converged, n_running, state)
-            X, mask, sample_weight = (_take(t, keep) for t in (X, mask, sample_weight))
+            X, mask, sample_weight = (take(t, keep) for t in (X, mask, sample_weight))
             points, unit, bound = (_take_rows(t, keep) for t in (points, unit, bound))
-            params = MixtureParams(*(_take(t, keep) for t in _astuple(params)))
+            params = MixtureParams(*(take(t, keep) for t in _astuple(params)))
             lower_bound, n_iter, converged = lower_bound[keep], n_iter[keep], converged[keep]
             fresh = fresh[keep]
     *fitted, lower_bound, n_iter, converged = batch.results(

@@ -6,15 +6,18 @@ squares), and the log-likelihood; a Lloyd iteration needs the counts and sums of
 cluster. So data split into blocks of rows (the chunks of a Dask array, held by other
 processes or machines) is fitted by computing each block's statistics where the block
 lives, adding them up, and updating the parameters from the totals: K x d (x d) numbers a
-block, never its rows. :mod:`transformer_gmm._dask` does that with Dask.
+block, never its rows. :mod:`transformer_gmm._dask` does that with Dask, through
+:mod:`transformer_gmm.engine.fit_by_blocks`.
 
 A block's statistics come from the in-memory kernels (the E-step of
-:mod:`transformer_gmm.em`, the covariance estimators of :mod:`transformer_gmm.m_step`,
-the assignment and inertia of :mod:`transformer_gmm.kmeans`), and the loops below keep
-:func:`~transformer_gmm.em.fit_em`'s and :func:`~transformer_gmm.kmeans.lloyd`'s rules,
-so from the same start they reach the in-memory fit to rounding. The loops take
+:mod:`transformer_gmm.engine.e_step`, the covariance estimators of
+:mod:`transformer_gmm.engine.m_step`, the assignment and inertia of
+:mod:`transformer_gmm.engine.kmeans`), and the loops below keep
+:func:`~transformer_gmm.engine.em.fit_em`'s and :func:`~transformer_gmm.engine.kmeans.lloyd`'s
+rules, so from the same start they reach the in-memory fit to rounding. The loops take
 ``statistics_of``, a function from the parameters of the runs still going to their
-statistics summed over every block. Shapes follow :mod:`transformer_gmm.em`, with B runs.
+statistics summed over every block. Shapes follow :mod:`transformer_gmm.engine.em`, with
+B runs.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from .em import EMResult, MixtureParams, _e_step
-from .gaussian import _PARAM_SHAPES, _error_message, _lookup, _precision_cholesky
-from .kmeans import _assign, _inertia
-from .m_step import _COVARIANCE_ESTIMATORS
+from .e_step import e_step_unchecked
+from .em import EMResult
+from .gaussian import PARAM_SHAPES, covariance_error_message, lookup, try_precision_cholesky
+from .kmeans import assign, inertia_of
+from .m_step import COVARIANCE_ESTIMATORS, MixtureParams
 
 __all__ = [
     "LloydStatistics",
@@ -100,7 +104,7 @@ class MixtureStatistics(_Summable):
 
 
 def _mixture_shapes(n_runs: int, k: int, d: int, covariance_type: str) -> list[tuple[int, ...]]:
-    scatter = _lookup(_PARAM_SHAPES, covariance_type)(k, d)
+    scatter = lookup(PARAM_SHAPES, covariance_type)(k, d)
     return [(n_runs,), (n_runs, k), (n_runs, k, d), (n_runs, *scatter)]
 
 
@@ -169,23 +173,23 @@ def mixture_statistics(X: Tensor, params: MixtureParams, covariance_type: str) -
     Statistics of two halves add up to those of the whole:
 
     >>> import torch
-    >>> from transformer_gmm import em, sufficient_stats
+    >>> from transformer_gmm.engine import m_step, sufficient_stats
     >>> X = torch.randn(1, 40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> resp = torch.rand(1, 40, 3, dtype=torch.float64, generator=torch.Generator())
-    >>> params = em.estimate_gaussian_parameters(
+    >>> params = m_step.estimate_gaussian_parameters(
     ...     X, resp / resp.sum(-1, keepdim=True), covariance_type="full", reg_covar=1e-6)
     >>> whole = sufficient_stats.mixture_statistics(X, params, "full")
     >>> halves = [sufficient_stats.mixture_statistics(x, params, "full") for x in X.split(20, 1)]
     >>> torch.allclose((halves[0] + halves[1]).to_vector(), whole.to_vector())
     True
     """
-    log_prob_norm, log_resp = _e_step(X, params, covariance_type, None)
+    log_prob_norm, log_resp = e_step_unchecked(X, params, covariance_type, None)
     resp = log_resp.exp()  # (B, n, K)
     nk = resp.sum(1)  # (B, K)
     # The in-memory M-step's 10 eps: a component no row of this block reaches divides 0 by
     # it, not by zero, and the scale below multiplies it back.
     nk_safe = nk + 10 * torch.finfo(resp.dtype).eps
-    estimator = _lookup(_COVARIANCE_ESTIMATORS, covariance_type)
+    estimator = lookup(COVARIANCE_ESTIMATORS, covariance_type)
     scatter = estimator(resp, X, nk_safe, params.means, 0.0) * _SCATTER_SCALE[covariance_type](
         nk_safe
     )
@@ -195,7 +199,8 @@ def mixture_statistics(X: Tensor, params: MixtureParams, covariance_type: str) -
 def parameters_from_statistics(
     statistics: MixtureStatistics, centres: Tensor, covariance_type: str, reg_covar: float
 ) -> tuple[MixtureParams, Tensor]:
-    """The M-step from statistics summed over every row, as :func:`~transformer_gmm.em.fit_em`'s.
+    """The M-step from statistics summed over every row, as
+    :func:`~transformer_gmm.engine.em.fit_em`'s.
 
     Parameters
     ----------
@@ -220,16 +225,16 @@ def parameters_from_statistics(
     One M-step from the statistics of two blocks equals the in-memory M-step:
 
     >>> import torch
-    >>> from transformer_gmm import em, sufficient_stats
+    >>> from transformer_gmm.engine import e_step, m_step, sufficient_stats
     >>> X = torch.randn(1, 40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> resp = torch.rand(1, 40, 3, dtype=torch.float64, generator=torch.Generator())
-    >>> start = em.estimate_gaussian_parameters(
+    >>> start = m_step.estimate_gaussian_parameters(
     ...     X, resp / resp.sum(-1, keepdim=True), covariance_type="diag", reg_covar=1e-6)
     >>> halves = [sufficient_stats.mixture_statistics(x, start, "diag") for x in X.split(20, 1)]
     >>> params, failed = sufficient_stats.parameters_from_statistics(
     ...     halves[0] + halves[1], start.means, "diag", 1e-6)
-    >>> _, log_resp = em.e_step(X, start, "diag")
-    >>> expected = em.estimate_gaussian_parameters(
+    >>> _, log_resp = e_step.e_step(X, start, "diag")
+    >>> expected = m_step.estimate_gaussian_parameters(
     ...     X, log_resp.exp(), covariance_type="diag", reg_covar=1e-6)
     >>> torch.allclose(params.covariances, expected.covariances), failed.tolist()
     (True, [False])
@@ -245,7 +250,7 @@ def parameters_from_statistics(
         covariances = covariances + reg_covar * eye
     else:
         covariances = covariances + reg_covar
-    precisions_cholesky, failed = _precision_cholesky(covariances, covariance_type)
+    precisions_cholesky, failed = try_precision_cholesky(covariances, covariance_type)
     weights = nk / nk.sum(-1, keepdim=True)
     return MixtureParams(weights, means, covariances, precisions_cholesky), failed
 
@@ -268,7 +273,7 @@ def fit_em_from_statistics(
     max_iter: int,
     tol: float,
 ) -> EMResult:
-    """EM from ``params`` with :func:`~transformer_gmm.em.fit_em`'s rules, on data seen
+    """EM from ``params`` with :func:`~transformer_gmm.engine.em.fit_em`'s rules, on data seen
     through ``statistics_of`` only.
 
     Each iteration asks ``statistics_of`` once, for the runs still going: their
@@ -286,7 +291,7 @@ def fit_em_from_statistics(
         runs of ``params``, for the scatter about ``params.means``.
     n_rows : int
         The number of rows the statistics sum over.
-    covariance_type, reg_covar, max_iter, tol : as in :func:`~transformer_gmm.em.fit_em`
+    covariance_type, reg_covar, max_iter, tol : as in :func:`~transformer_gmm.engine.em.fit_em`
 
     Returns
     -------
@@ -295,14 +300,14 @@ def fit_em_from_statistics(
 
     Examples
     --------
-    The same fit as :func:`~transformer_gmm.em.fit_em`, from statistics of four blocks:
+    The same fit as :func:`~transformer_gmm.engine.em.fit_em`, from statistics of four blocks:
 
     >>> import torch
-    >>> from transformer_gmm import em, sufficient_stats
+    >>> from transformer_gmm.engine import em, m_step, sufficient_stats
     >>> X = torch.randn(1, 200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> X[0, :100] += 4.0
-    >>> start = em.initialize_kmeans(X, 2, covariance_type="tied", reg_covar=1e-6,
-    ...                              generator=torch.Generator().manual_seed(0))
+    >>> start = m_step.initialize_kmeans(X, 2, covariance_type="tied", reg_covar=1e-6,
+    ...                                  generator=torch.Generator().manual_seed(0))
     >>> def statistics_of(params):
     ...     blocks = [sufficient_stats.mixture_statistics(x, params, "tied")
     ...               for x in X.split(50, 1)]
@@ -334,7 +339,7 @@ def fit_em_from_statistics(
             statistics, current.means, covariance_type, reg_covar
         )
         if bool(failed.any()):
-            raise ValueError(_error_message(dtype))
+            raise ValueError(covariance_error_message(dtype))
         for i, value in enumerate(_params_tuple(new)):
             if fitted[i] is None:  # a start without covariances: every run is active now
                 fitted[i] = value
@@ -391,7 +396,7 @@ def lloyd_statistics(
 ) -> LloydStatistics:
     """Assign rows ``X`` (1, n, d) to the nearest of each run's ``centers`` (B, K, d).
 
-    As :func:`~transformer_gmm.kmeans.lloyd`, the rows are centred on ``offset`` (1, 1, d),
+    As :func:`~transformer_gmm.engine.kmeans.lloyd`, the rows are centred on ``offset`` (1, 1, d),
     the mean of all the data, before the distances are taken. The inertia, from
     differences as the in-memory one, is left at zero unless ``with_inertia``: the
     iterations do not need it.
@@ -399,7 +404,7 @@ def lloyd_statistics(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm import sufficient_stats
+    >>> from transformer_gmm.engine import sufficient_stats
     >>> X = torch.tensor([[[0.0], [1.0], [9.0], [10.0]]], dtype=torch.float64)
     >>> centers = torch.tensor([[[0.0], [10.0]]], dtype=torch.float64)
     >>> offset = X.mean(1, keepdim=True)
@@ -408,11 +413,11 @@ def lloyd_statistics(
     ([[2.0, 2.0]], [2.0])
     """
     x = X - offset
-    labels = _assign(x, centers - offset)  # (B, n)
+    labels = assign(x, centers - offset)  # (B, n)
     one_hot = x.new_zeros(*labels.shape, centers.shape[1]).scatter_(2, labels[..., None], 1.0)
     inertia = x.new_zeros(labels.shape[:1])
     if with_inertia:
-        inertia = _inertia(x, centers - offset, labels, x.new_ones(1, x.shape[1], 1))
+        inertia = inertia_of(x, centers - offset, labels, x.new_ones(1, x.shape[1], 1))
     return LloydStatistics(one_hot.sum(1), one_hot.mT @ x, inertia)
 
 
@@ -423,7 +428,7 @@ def lloyd_from_statistics(
     threshold: float,
     max_iter: int,
 ) -> tuple[Tensor, Tensor]:
-    """Lloyd from ``centers`` (B, K, d) with :func:`~transformer_gmm.kmeans.lloyd`'s rule,
+    """Lloyd from ``centers`` (B, K, d) with :func:`~transformer_gmm.engine.kmeans.lloyd`'s rule,
     on data seen through ``statistics_of`` only.
 
     ``statistics_of(centers)`` returns the summed :class:`LloydStatistics` of the runs
@@ -437,7 +442,7 @@ def lloyd_from_statistics(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm import kmeans, sufficient_stats
+    >>> from transformer_gmm.engine import kmeans, sufficient_stats
     >>> X = torch.randn(1, 200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> X[0, :100] += 4.0
     >>> start = X[:, [0, 1]]  # two points of the same cluster

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._preprocessing import n_kept_directions
+from .._preprocessing import n_kept_directions
 
 __all__ = ["Standardization", "fit_standardization", "subsample_rows", "take_rows"]
 
@@ -38,7 +38,7 @@ class Standardization:
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm.standardize import fit_standardization
+    >>> from transformer_gmm.engine.standardize import fit_standardization
     >>> x = torch.randn(2, 50, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     >>> standardization = fit_standardization(x, None, d_max=4, n_components=3)
     >>> standardization.basis.shape  # K - 1 = 2 principal directions kept of 3
@@ -97,7 +97,7 @@ def fit_standardization(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm.standardize import fit_standardization
+    >>> from transformer_gmm.engine.standardize import fit_standardization
     >>> x = torch.tensor([[[0.0, 0.0], [2.0, 0.0], [4.0, 0.0], [9.0, 9.0]]])
     >>> mask = torch.tensor([[True, True, True, False]])  # the last row is padding
     >>> standardization = fit_standardization(x, mask, d_max=3, n_components=3)
@@ -161,7 +161,7 @@ def subsample_rows(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm.standardize import subsample_rows
+    >>> from transformer_gmm.engine.standardize import subsample_rows
     >>> mask = torch.arange(6)[None] < torch.tensor([[6], [3]])  # 6 and 3 real rows
     >>> index, read_mask = subsample_rows((2, 6), mask, 4, torch.Generator().manual_seed(0))
     >>> index.shape, index[1].tolist()[:3], read_mask[1].tolist()
@@ -186,7 +186,7 @@ def take_rows(t: Tensor, index: Tensor) -> Tensor:
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm.standardize import take_rows
+    >>> from transformer_gmm.engine.standardize import take_rows
     >>> t = torch.arange(12.0).reshape(2, 3, 2)
     >>> take_rows(t, torch.tensor([[2], [0]])).tolist()
     [[[4.0, 5.0]], [[6.0, 7.0]]]

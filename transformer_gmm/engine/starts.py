@@ -1,8 +1,8 @@
 """Where EM and Lloyd start: the transformer's starts, k-means++'s, and the estimator's own.
 
-Both fits (:mod:`transformer_gmm._fit` in memory, :mod:`transformer_gmm._fit_by_blocks`
+Both fits (:mod:`transformer_gmm.engine.fit` in memory, :mod:`transformer_gmm.engine.fit_by_blocks`
 for a Dask array) build their starts here, in torch, on the fit's device; the backbone
-reads the data through :mod:`transformer_gmm.readout`.
+reads the data through :mod:`transformer_gmm.engine.readout`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import _backend, em, readout, runs
+from . import backend, gaussian, kmeans, m_step, readout, runs
 from .standardize import take_rows
 
 # --- Gaussian mixtures ---------------------------------------------------------------
@@ -60,14 +60,14 @@ def mixture_starts(
     covariance_type: str,
     reg_covar: float,
     n_kmeans_inits: int,
-    backbone: _backend.Backbone | None,
+    backbone: backend.Backbone | None,
     n_transformer_inits: int,
     device: str,
     sample_weight: torch.Tensor | None = None,
     given: GivenStarts | None = None,
     index: torch.Tensor | None = None,
-) -> em.MixtureParams:
-    """The starts of :func:`~transformer_gmm._fit.fit_mixtures` for the datasets ``x``
+) -> m_step.MixtureParams:
+    """The starts of :func:`~transformer_gmm.engine.fit.fit_mixtures` for the datasets ``x``
     (B, N, d), flattened to (B * R, ...), dataset-major: the transformer's first, then
     k-means++'s, then ``given``'s (see :class:`GivenStarts`; ``index`` (B, N) is where
     ``x``'s rows sit in the data, or None), all with ``given``'s parameters in place of
@@ -76,7 +76,7 @@ def mixture_starts(
     n_datasets = x.shape[0]
     run_params = []  # each (B, R_i, ...) parameters
     if n_transformer_inits > 0:
-        model = _backend.model_on(backbone.model, device)
+        model = backend.model_on(backbone.model, device)
         x_read, mask_read = x, mask
         if sample_weight is not None:
             x_read, mask_read = _weighted_draw(x, sample_weight, backbone.context_size, generator)
@@ -84,7 +84,7 @@ def mixture_starts(
             model, x_read, mask_read, n_components, generator, n_starts=n_transformer_inits
         )
         for init in starts:
-            params = em.estimate_gaussian_parameters(
+            params = m_step.estimate_gaussian_parameters(
                 init.x,
                 init.resp,
                 covariance_type=covariance_type,
@@ -97,7 +97,7 @@ def mixture_starts(
     if n_kmeans_inits > 0:
         # Run-major: k-means++ draws each row of its batch independently of the batch's
         # size, so run r of every dataset is the same for any n_kmeans_inits > r.
-        params = em.initialize_kmeans(
+        params = m_step.initialize_kmeans(
             runs.repeat(x, n_kmeans_inits, run_major=True),
             n_components,
             covariance_type=covariance_type,
@@ -149,14 +149,14 @@ def _given_starts(
     n_components: int,
     covariance_type: str,
     reg_covar: float,
-) -> list[em.MixtureParams]:
+) -> list[m_step.MixtureParams]:
     """``given``'s own starts (each (B, R_i, ...)): its k-means++ seedings, its
     responsibilities (their rows at ``index``), or, with neither, its parameters."""
     n_datasets, starts = x.shape[0], []
     options = dict(covariance_type=covariance_type, reg_covar=reg_covar)
     if given.n_seedings > 0:  # run-major, as mixture_starts lays out k-means++'s runs
         n_seedings = given.n_seedings
-        params = em.initialize_kmeans_plusplus(
+        params = m_step.initialize_kmeans_plusplus(
             runs.repeat(x, n_seedings, run_major=True),
             n_components,
             generator=generator,
@@ -166,38 +166,42 @@ def _given_starts(
         )
         starts.append(runs.unflatten(params, n_datasets, run_major=True))
     if given.resp is not None:
-        resp = _backend.tensor(given.resp, str(x.device), x.dtype)  # (R, N, K), for one dataset
+        resp = backend.tensor(given.resp, str(x.device), x.dtype)  # (R, N, K), for one dataset
         if index is not None:
             resp = take_rows(resp, index.expand(resp.shape[0], -1))
-        params = em.estimate_gaussian_parameters(
+        params = m_step.estimate_gaussian_parameters(
             x, resp, mask=mask, **runs.weighted(sample_weight, 1), **options
         )
         starts.append(runs.unflatten(params, n_datasets))
     if given.n_runs == 1 and not starts:  # complete: one start, which _with_given fills in
         shapes = (given.weights.shape, given.means.shape, given.precisions_cholesky.shape)
         weights, means, precisions_cholesky = (x.new_zeros(n_datasets, 1, *s) for s in shapes)
-        starts.append(em.MixtureParams(weights, means, precisions_cholesky, precisions_cholesky))
+        starts.append(
+            m_step.MixtureParams(weights, means, precisions_cholesky, precisions_cholesky)
+        )
     return starts
 
 
 def _with_given(
-    params: em.MixtureParams, given: GivenStarts, covariance_type: str
-) -> em.MixtureParams:
+    params: m_step.MixtureParams, given: GivenStarts, covariance_type: str
+) -> m_step.MixtureParams:
     """``params`` (B * R, ...) with ``given``'s weights, means and precisions in place of
     theirs, and the covariances those precisions give."""
 
     def replace(array: np.ndarray | None, like: torch.Tensor) -> torch.Tensor:
         if array is None:
             return like
-        return _backend.tensor(array, str(like.device), like.dtype).expand_as(like).contiguous()
+        return backend.tensor(array, str(like.device), like.dtype).expand_as(like).contiguous()
 
     weights = replace(given.weights, params.weights)
     means = replace(given.means, params.means)
     if given.precisions_cholesky is None:
-        return em.MixtureParams(weights, means, params.covariances, params.precisions_cholesky)
+        return m_step.MixtureParams(weights, means, params.covariances, params.precisions_cholesky)
     precisions_cholesky = replace(given.precisions_cholesky, params.precisions_cholesky)
-    covariances = em.covariances_from_precisions_cholesky(precisions_cholesky, covariance_type)
-    return em.MixtureParams(weights, means, covariances, precisions_cholesky)
+    covariances = gaussian.covariances_from_precisions_cholesky(
+        precisions_cholesky, covariance_type
+    )
+    return m_step.MixtureParams(weights, means, covariances, precisions_cholesky)
 
 
 # --- k-means -------------------------------------------------------------------------
@@ -209,19 +213,19 @@ def kmeans_starts(
     *,
     n_clusters: int,
     n_kmeans_inits: int,
-    backbone: _backend.Backbone | None,
+    backbone: backend.Backbone | None,
     n_transformer_inits: int,
     device: str,
     sample_weight: torch.Tensor | None = None,
     given: np.ndarray | None = None,
 ) -> torch.Tensor:
-    """The starting centres (R, K, d) of :func:`~transformer_gmm._fit.fit_kmeans` for one
+    """The starting centres (R, K, d) of :func:`~transformer_gmm.engine.fit.fit_kmeans` for one
     dataset ``x`` (1, N, d): the transformer's first, then k-means++'s, then ``given``'s
     (R_given, K, d), the estimator's own. With ``sample_weight`` (1, N), the transformer
     reads rows drawn in proportion to their weights, and k-means++ is weighted."""
     starts = []
     if n_transformer_inits > 0:
-        model = _backend.model_on(backbone.model, device)
+        model = backend.model_on(backbone.model, device)
         x_read = x
         if sample_weight is not None:
             x_read, _ = _weighted_draw(x, sample_weight, backbone.context_size, generator)
@@ -230,7 +234,7 @@ def kmeans_starts(
         )
     if n_kmeans_inits > 0:
         starts.append(
-            em.kmeans_plusplus(
+            kmeans.kmeans_plusplus(
                 x.expand(n_kmeans_inits, -1, -1),
                 n_clusters,
                 generator=generator,
@@ -238,5 +242,5 @@ def kmeans_starts(
             )
         )
     if given is not None:
-        starts.append(_backend.tensor(given, str(x.device), x.dtype))
+        starts.append(backend.tensor(given, str(x.device), x.dtype))
     return torch.cat(starts)

@@ -6,7 +6,7 @@ every block of rows of ``function(block, *args)``, each a float64 array of shape
 (1, length). :mod:`transformer_gmm._dask` computes it with Dask where the blocks live,
 applying the ``block_*`` functions below; they run on CPU in float64, whatever device
 built the starts. The starts are built, and where needed chosen, on a sample of the rows
-as :mod:`transformer_gmm._fit` would build and choose them.
+as :mod:`transformer_gmm.engine.fit` would build and choose them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from . import _backend, _fit, _row_order, _starts, em, runs, sufficient_stats
+from . import backend, fit, gaussian, m_step, row_order, runs, starts, sufficient_stats
 
 ReduceBlocks = Callable[[Callable[..., np.ndarray], tuple, int], np.ndarray]
 
@@ -29,7 +29,7 @@ def _slices(block: np.ndarray, n_runs: int, width: int):
     """The rows of ``block`` as (1, rows, d) float64 tensors, a bounded slice at a time."""
     step = max(1, _BLOCK_ELEMENTS // (n_runs * width))
     for start in range(0, block.shape[0], step):
-        yield _backend.tensor(block[start : start + step], "cpu")[None]
+        yield backend.tensor(block[start : start + step], "cpu")[None]
 
 
 def block_mixture_statistics(
@@ -39,13 +39,13 @@ def block_mixture_statistics(
     precisions_cholesky: np.ndarray,
     covariance_type: str,
 ) -> np.ndarray:
-    """The :class:`~transformer_gmm.sufficient_stats.MixtureStatistics` of the rows
+    """The :class:`~transformer_gmm.engine.sufficient_stats.MixtureStatistics` of the rows
     ``block`` (n, d) for the R runs of the parameters (shapes (R, ...)), as (1, length)."""
-    params = em.MixtureParams(
-        _backend.tensor(weights, "cpu"),
-        _backend.tensor(means, "cpu"),
+    params = m_step.MixtureParams(
+        backend.tensor(weights, "cpu"),
+        backend.tensor(means, "cpu"),
         None,
-        _backend.tensor(precisions_cholesky, "cpu"),
+        backend.tensor(precisions_cholesky, "cpu"),
     )
     n_runs, n_components, n_features = means.shape
     size = sufficient_stats.mixture_statistics_size(
@@ -60,11 +60,11 @@ def block_mixture_statistics(
 def block_lloyd_statistics(
     block: np.ndarray, centers: np.ndarray, offset: np.ndarray, with_inertia: bool
 ) -> np.ndarray:
-    """The :class:`~transformer_gmm.sufficient_stats.LloydStatistics` of the rows
+    """The :class:`~transformer_gmm.engine.sufficient_stats.LloydStatistics` of the rows
     ``block`` (n, d) for R runs' ``centers`` (R, K, d), as (1, length)."""
     n_runs, n_clusters, n_features = centers.shape
-    centers_t = _backend.tensor(centers, "cpu")
-    offset_t = _backend.tensor(offset, "cpu").reshape(1, 1, -1)
+    centers_t = backend.tensor(centers, "cpu")
+    offset_t = backend.tensor(offset, "cpu").reshape(1, 1, -1)
     size = sufficient_stats.lloyd_statistics_size(n_runs, n_clusters, n_features)
     total = torch.zeros(size, dtype=torch.float64)
     for x in _slices(block, n_runs, max(n_clusters, n_features)):
@@ -75,18 +75,17 @@ def block_lloyd_statistics(
     return total.numpy()[None]
 
 
-def _on_cpu(weights, means, covariances, covariance_type: str) -> em.MixtureParams:
+def _on_cpu(weights, means, covariances, covariance_type: str) -> m_step.MixtureParams:
     """Starts in float64 on CPU, where EM by blocks runs, with the precisions computed
     there (on CPU the same as the starts', not float32 ones made float64 on a GPU)."""
     weights, means, covariances = (
         torch.as_tensor(t).to("cpu", torch.float64) for t in (weights, means, covariances)
     )
-    return em.MixtureParams(
-        weights, means, covariances, em.compute_precision_cholesky(covariances, covariance_type)
-    )
+    precisions_cholesky = gaussian.compute_precision_cholesky(covariances, covariance_type)
+    return m_step.MixtureParams(weights, means, covariances, precisions_cholesky)
 
 
-@_backend.explain_out_of_memory
+@backend.explain_out_of_memory
 def fit_mixtures_by_blocks(
     reduce_blocks: ReduceBlocks,
     sample: np.ndarray,
@@ -100,10 +99,10 @@ def fit_mixtures_by_blocks(
     device: str,
     seed: int,
     n_kmeans_inits: int,
-    backbone: _backend.Backbone | None = None,
+    backbone: backend.Backbone | None = None,
     n_transformer_inits: int = 0,
-) -> _fit.MixtureFits:
-    """:func:`~transformer_gmm._fit.fit_mixtures` on one dataset of ``n_rows`` rows that
+) -> fit.MixtureFits:
+    """:func:`~transformer_gmm.engine.fit.fit_mixtures` on one dataset of ``n_rows`` rows that
     ``reduce_blocks`` reads, of which ``sample`` (S, d) is a uniform sample of
     ``min(n_rows, SELECTION_ROWS)`` rows (every row, in order, when there are no more).
 
@@ -112,12 +111,12 @@ def fit_mixtures_by_blocks(
     ``SELECTION_ROWS`` rows, they are compared on the sample (by EM there) and EM by
     blocks goes on from the best, ``n_iter`` counting both; otherwise EM by blocks runs
     from every start, one pass over the blocks an iteration for all of them, and
-    :func:`transformer_gmm.runs.choose` keeps one. When the sample holds every row, the
+    :func:`transformer_gmm.engine.runs.choose` keeps one. When the sample holds every row, the
     starts and the choice are the in-memory fit's, and the fit equals it to rounding.
     The sample is put in the in-memory fit's canonical order of rows for that; which rows
     the sample holds, when it does not hold all, still depends on where they lie.
     """
-    sample = sample[_row_order.canonical_order(sample)]
+    sample = sample[row_order.canonical_order(sample)]
     options = dict(
         n_components=n_components,
         covariance_type=covariance_type,
@@ -128,20 +127,20 @@ def fit_mixtures_by_blocks(
         device=device,
     )
     n_iter_before, best_run = 0, None
-    if n_transformer_inits + n_kmeans_inits > 1 and n_rows > _fit.SELECTION_ROWS:
-        chosen = _fit.fit_mixtures([sample], max_iter=max_iter, tol=tol, seed=seed, **options)
+    if n_transformer_inits + n_kmeans_inits > 1 and n_rows > fit.SELECTION_ROWS:
+        chosen = fit.fit_mixtures([sample], max_iter=max_iter, tol=tol, seed=seed, **options)
         start = _on_cpu(chosen.weights, chosen.means, chosen.covariances, covariance_type)
         n_iter_before, best_run = chosen.n_iter, chosen.best_run
     else:
-        x = _backend.tensor(sample, device)[None]  # (1, S, d)
-        starts = _starts.mixture_starts(x, None, _backend.generator(seed, device), **options)
-        start = _on_cpu(starts.weights, starts.means, starts.covariances, covariance_type)
+        x = backend.tensor(sample, device)[None]  # (1, S, d)
+        every = starts.mixture_starts(x, None, backend.generator(seed, device), **options)
+        start = _on_cpu(every.weights, every.means, every.covariances, covariance_type)
     n_features = sample.shape[1]
 
-    def statistics_of(params: em.MixtureParams) -> sufficient_stats.MixtureStatistics:
+    def statistics_of(params: m_step.MixtureParams) -> sufficient_stats.MixtureStatistics:
         n_runs = params.means.shape[0]
         args = tuple(
-            _backend.to_numpy(t) for t in (params.weights, params.means, params.precisions_cholesky)
+            backend.to_numpy(t) for t in (params.weights, params.means, params.precisions_cholesky)
         )
         length = sufficient_stats.mixture_statistics_size(
             n_runs, n_components, n_features, covariance_type
@@ -168,18 +167,18 @@ def fit_mixtures_by_blocks(
     if best_run is None:
         best = runs.choose(result.lower_bound[None], n_transformer_inits, n_rows)  # (1,)
         kept, best_run = int(best[0]), best.numpy()
-    one = slice(kept, kept + 1)  # a batch of one dataset, as _fit.fit_mixtures returns
+    one = slice(kept, kept + 1)  # a batch of one dataset, as fit.fit_mixtures returns
     fields = [result.params.weights, result.params.means, result.params.covariances]
     fields += [result.params.precisions_cholesky, result.lower_bound]
-    return _fit.MixtureFits(
-        *(_backend.to_numpy(t[one]) for t in fields),
+    return fit.MixtureFits(
+        *(backend.to_numpy(t[one]) for t in fields),
         n_iter=result.n_iter[one].numpy() + n_iter_before,
         converged=result.converged[one].numpy(),
         best_run=best_run,
     )
 
 
-@_backend.explain_out_of_memory
+@backend.explain_out_of_memory
 def fit_kmeans_by_blocks(
     reduce_blocks: ReduceBlocks,
     sample: np.ndarray,
@@ -193,10 +192,10 @@ def fit_kmeans_by_blocks(
     device: str,
     seed: int,
     n_kmeans_inits: int,
-    backbone: _backend.Backbone | None = None,
+    backbone: backend.Backbone | None = None,
     n_transformer_inits: int = 0,
-) -> _fit.KMeansFit:
-    """:func:`~transformer_gmm._fit.fit_kmeans` on one dataset of ``n_rows`` rows that
+) -> fit.KMeansFit:
+    """:func:`~transformer_gmm.engine.fit.fit_kmeans` on one dataset of ``n_rows`` rows that
     ``reduce_blocks`` reads, with ``sample`` as in :func:`fit_mixtures_by_blocks`: the
     starts are built on it, and compared on it where the in-memory fit would compare them
     on a subsample.
@@ -207,7 +206,7 @@ def fit_kmeans_by_blocks(
     pass gives the inertia and the number of clusters that hold a row. The sample is put
     in the canonical order of rows, as :func:`fit_mixtures_by_blocks` puts it.
     """
-    sample = sample[_row_order.canonical_order(sample)]
+    sample = sample[row_order.canonical_order(sample)]
     options = dict(
         n_kmeans_inits=n_kmeans_inits,
         backbone=backbone,
@@ -215,16 +214,16 @@ def fit_kmeans_by_blocks(
         device=device,
     )
     n_iter_before, best_run = 0, None
-    if n_transformer_inits + n_kmeans_inits > 1 and n_rows > _fit.SELECTION_ROWS:
-        chosen = _fit.fit_kmeans(
+    if n_transformer_inits + n_kmeans_inits > 1 and n_rows > fit.SELECTION_ROWS:
+        chosen = fit.fit_kmeans(
             sample, n_clusters=n_clusters, max_iter=max_iter, tol=tol, seed=seed, **options
         )
         centers = torch.from_numpy(chosen.centers)[None]
         n_iter_before, best_run = chosen.n_iter, chosen.best_run
     else:
-        x = _backend.tensor(sample, device)[None]  # (1, S, d)
-        generator = _backend.generator(seed, device)
-        centers = _starts.kmeans_starts(x, generator, n_clusters=n_clusters, **options)
+        x = backend.tensor(sample, device)[None]  # (1, S, d)
+        generator = backend.generator(seed, device)
+        centers = starts.kmeans_starts(x, generator, n_clusters=n_clusters, **options)
         centers = centers.to("cpu", torch.float64)
     n_features = sample.shape[1]
     offset = torch.from_numpy(np.asarray(mean, dtype=np.float64)).reshape(1, 1, -1)
@@ -233,7 +232,7 @@ def fit_kmeans_by_blocks(
         centers: torch.Tensor, with_inertia: bool = False
     ) -> sufficient_stats.LloydStatistics:
         n_runs = centers.shape[0]
-        args = (_backend.to_numpy(centers), _backend.to_numpy(offset.flatten()), with_inertia)
+        args = (backend.to_numpy(centers), backend.to_numpy(offset.flatten()), with_inertia)
         length = sufficient_stats.lloyd_statistics_size(n_runs, n_clusters, n_features)
         vector = reduce_blocks(block_lloyd_statistics, args, length)
         return sufficient_stats.LloydStatistics.from_vector(
@@ -252,8 +251,8 @@ def fit_kmeans_by_blocks(
     kept = 0
     if best_run is None:
         kept = best_run = int(torch.argmin(final.inertia))
-    return _fit.KMeansFit(
-        centers=_backend.to_numpy(centers[kept]),
+    return fit.KMeansFit(
+        centers=backend.to_numpy(centers[kept]),
         labels=None,
         inertia=float(final.inertia[kept]),
         n_iter=int(n_iter[kept]) + int(n_iter_before),

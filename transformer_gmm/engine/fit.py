@@ -1,8 +1,8 @@
 """Fitting data in memory: EM or Lloyd from every start in one batch, and one run kept.
 
 :func:`fit_mixtures` fits B datasets at once, :func:`fit_kmeans` one; their starts come
-from :mod:`transformer_gmm._starts`, and the kept run is chosen by
-:func:`transformer_gmm.runs.choose` (mixtures) or the lowest inertia (k-means). On many
+from :mod:`transformer_gmm.engine.starts`, and the kept run is chosen by
+:func:`transformer_gmm.engine.runs.choose` (mixtures) or the lowest inertia (k-means). On many
 rows the starts compete on a subsample of ``SELECTION_ROWS`` rows first.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import _backend, _row_order, _starts, em, runs
+from . import backend, em, kmeans, m_step, row_order, runs, starts
 from .standardize import subsample_rows, take_rows
 
 # Above this many rows, a fit chooses among its starts on a subsample of this many rows,
@@ -31,16 +31,16 @@ SELECTION_ROWS = 8192
 def _in_canonical_order(
     Xs: list[np.ndarray] | np.ndarray,
     sample_weight: list[np.ndarray] | np.ndarray | None,
-    given: _starts.GivenStarts | None,
+    given: starts.GivenStarts | None,
 ) -> tuple[
-    list[np.ndarray] | np.ndarray, list[np.ndarray] | np.ndarray | None, _starts.GivenStarts | None
+    list[np.ndarray] | np.ndarray, list[np.ndarray] | np.ndarray | None, starts.GivenStarts | None
 ]:
-    """Each dataset's rows in the canonical order of :mod:`transformer_gmm._row_order`,
+    """Each dataset's rows in the canonical order of :mod:`transformer_gmm.engine.row_order`,
     each with its weight and, for ``given``'s one dataset, its responsibilities."""
     if isinstance(Xs, np.ndarray):  # (B, n, d): one batched hash and sort
         n_datasets, n_rows, n_features = Xs.shape
         weights = None if sample_weight is None else np.asarray(sample_weight)
-        order = _row_order.canonical_order(Xs, weights)  # (B, n)
+        order = row_order.canonical_order(Xs, weights)  # (B, n)
         # One take of the flattened rows: several times faster than take_along_axis.
         flat = (order + n_rows * np.arange(n_datasets)[:, None]).ravel()
         Xs = np.take(Xs.reshape(-1, n_features), flat, axis=0).reshape(Xs.shape)
@@ -48,7 +48,7 @@ def _in_canonical_order(
             sample_weight = np.take(weights.ravel(), flat).reshape(weights.shape)
         orders = list(order)
     else:
-        orders = _row_order.canonical_orders(Xs, sample_weight)
+        orders = row_order.canonical_orders(Xs, sample_weight)
         Xs = [np.take(X, o, axis=0) for X, o in zip(Xs, orders, strict=True)]  # faster than X[o]
         if sample_weight is not None:
             sample_weight = [np.asarray(w)[o] for w, o in zip(sample_weight, orders, strict=True)]
@@ -90,7 +90,7 @@ def _selection_rows(
     return take_rows(x, index), sub_mask, index
 
 
-@_backend.explain_out_of_memory
+@backend.explain_out_of_memory
 def fit_mixtures(
     Xs: list[np.ndarray] | np.ndarray,
     *,
@@ -102,21 +102,21 @@ def fit_mixtures(
     device: str,
     seed: int,
     n_kmeans_inits: int,
-    backbone: _backend.Backbone | None = None,
+    backbone: backend.Backbone | None = None,
     n_transformer_inits: int = 0,
     sample_weight: list[np.ndarray] | np.ndarray | None = None,
-    given: _starts.GivenStarts | None = None,
+    given: starts.GivenStarts | None = None,
 ) -> MixtureFits:
     """EM on B datasets (padded into one batch) from every initialisation at once; keep
-    each dataset's best run (see :func:`transformer_gmm.runs.choose`).
+    each dataset's best run (see :func:`transformer_gmm.engine.runs.choose`).
 
     Each dataset's runs are, in order: the first ``n_transformer_inits`` of the starts
-    of ``backbone``'s transformer (see :func:`transformer_gmm.readout.mixture_inits`:
+    of ``backbone``'s transformer (see :func:`transformer_gmm.engine.readout.mixture_inits`:
     per view of the data, from its mixture, then from its per-point head; covariances
     from one M-step on their responsibilities), then
     ``n_kmeans_inits`` starts from k-means++ and Lloyd (scikit-learn's default
     initialisation), then ``given``'s (for one dataset; see
-    :class:`~transformer_gmm._starts.GivenStarts`).
+    :class:`~transformer_gmm.engine.starts.GivenStarts`).
 
     ``sample_weight`` (one non-negative array per dataset, of its number of rows) weighs
     the rows as frequencies: the transformer reads rows drawn in proportion to their
@@ -131,7 +131,7 @@ def fit_mixtures(
     One generator, seeded with ``seed``, draws that subsample (only where it is taken),
     the rows the backbone reads (only where they are more than its context), then the
     k-means++ seeds. Those draws pick rows by position, so each dataset's rows are first
-    put in a canonical order (:mod:`transformer_gmm._row_order`), with their weights and
+    put in a canonical order (:mod:`transformer_gmm.engine.row_order`), with their weights and
     given responsibilities: the fit does not depend on the order of the rows, to
     rounding (only through ``given.resp``, where the caller drew them row by row).
     Nothing returned is per row.
@@ -145,13 +145,13 @@ def fit_mixtures(
     start on the subsample need not end best on every row).
     """
     Xs, sample_weight, given = _in_canonical_order(Xs, sample_weight, given)
-    dtype = _backend.dtype_for(device)
-    x, mask = _backend.pad(Xs, device, dtype)  # (B, N, d), (B, N) or None
-    weights_all = None if sample_weight is None else _backend.pad(sample_weight, device, dtype)[0]
+    dtype = backend.dtype_for(device)
+    x, mask = backend.pad(Xs, device, dtype)  # (B, N, d), (B, N) or None
+    weights_all = None if sample_weight is None else backend.pad(sample_weight, device, dtype)[0]
     del Xs, sample_weight  # the reordered copies, before EM's own memory
-    _backend.check_magnitude(x, mask)
+    backend.check_magnitude(x, mask)
     n_datasets = x.shape[0]
-    generator = _backend.generator(seed, device)
+    generator = backend.generator(seed, device)
     n_runs = n_transformer_inits + n_kmeans_inits + (0 if given is None else given.n_runs)
     x_all, mask_all = x, mask
     x, mask, index = _selection_rows(x, mask, n_runs, generator)  # (B, S, d)
@@ -159,7 +159,7 @@ def fit_mixtures(
     if weights is not None and index is not None:
         weights = take_rows(weights[..., None], index)[..., 0]
     extra = {} if given is None else {"initial_lower_bound": x.new_full((1,), given.lower_bound)}
-    params = _starts.mixture_starts(  # (B * R, ...), dataset-major
+    params = starts.mixture_starts(  # (B * R, ...), dataset-major
         x,
         mask,
         generator,
@@ -195,7 +195,7 @@ def fit_mixtures(
     )  # (B,)
     kept = best + n_runs * torch.arange(n_datasets, device=best.device)  # rows of the batch
     if index is not None:  # the chosen starts, now on every row
-        chosen = em.MixtureParams(*(getattr(result.params, f)[kept] for f in runs.FIELDS))
+        chosen = m_step.MixtureParams(*(getattr(result.params, f)[kept] for f in runs.FIELDS))
         n_iter = result.n_iter[kept]
         result = em.fit_em(
             x_all,
@@ -214,11 +214,11 @@ def fit_mixtures(
     fields = [result.params.weights, result.params.means, result.params.covariances]
     fields += [result.params.precisions_cholesky, result.lower_bound]
     return MixtureFits(
-        *(_backend.to_numpy(t[kept]) for t in fields),
+        *(backend.to_numpy(t[kept]) for t in fields),
         n_iter=result.n_iter[kept].cpu().numpy(),
         converged=result.converged[kept].cpu().numpy(),
         best_run=best.cpu().numpy(),
-        lower_bounds=_backend.to_numpy(lower_bounds),
+        lower_bounds=backend.to_numpy(lower_bounds),
         iteration_times=np.asarray(times, dtype=np.float64),
     )
 
@@ -253,7 +253,7 @@ class KMeansFit:
     trace: list[list] | None = None
 
 
-@_backend.explain_out_of_memory
+@backend.explain_out_of_memory
 def fit_kmeans(
     X: np.ndarray,
     *,
@@ -263,14 +263,14 @@ def fit_kmeans(
     device: str,
     seed: int,
     n_kmeans_inits: int,
-    backbone: _backend.Backbone | None = None,
+    backbone: backend.Backbone | None = None,
     n_transformer_inits: int = 0,
     sample_weight: np.ndarray | None = None,
     given: np.ndarray | None = None,
     trace: bool = False,
 ) -> KMeansFit:
     """Lloyd from the first ``n_transformer_inits`` of the centres of
-    ``backbone``'s transformer (see :func:`transformer_gmm.readout.cluster_centers`),
+    ``backbone``'s transformer (see :func:`transformer_gmm.engine.readout.cluster_centers`),
     from ``n_kmeans_inits`` k-means++ seedings and from the centres ``given``
     (R, K, d), all in one batch; keep the lowest inertia. ``sample_weight`` (N,) weighs
     the rows as scikit-learn's ``KMeans`` does. As in :func:`fit_mixtures`, a dataset of
@@ -279,20 +279,20 @@ def fit_kmeans(
     that subsample (where it is taken), the rows the backbone reads, then the k-means++
     seeds. ``trace`` keeps every Lloyd iteration (see :class:`KMeansFit`)."""
     # The rows in their canonical order, so that the fit does not depend on how they came.
-    order = _row_order.canonical_order(X, sample_weight)
-    x = _backend.tensor(np.take(X, order, axis=0), device)[None]  # (1, n, d)
-    _backend.check_magnitude(x, None)
-    generator = _backend.generator(seed, device)
+    order = row_order.canonical_order(X, sample_weight)
+    x = backend.tensor(np.take(X, order, axis=0), device)[None]  # (1, n, d)
+    backend.check_magnitude(x, None)
+    generator = backend.generator(seed, device)
     w = None
     if sample_weight is not None:
-        w = _backend.tensor(np.take(sample_weight, order), device, x.dtype)[None]
+        w = backend.tensor(np.take(sample_weight, order), device, x.dtype)[None]
     x_all, w_all = x, w
     n_runs = n_transformer_inits + n_kmeans_inits + (0 if given is None else len(given))
     x, _, index = _selection_rows(x, None, n_runs, generator)
     subsampled = index is not None
     if subsampled and w is not None:
         w = take_rows(w[..., None], index)[..., 0]
-    centers = _starts.kmeans_starts(
+    centers = starts.kmeans_starts(
         x,
         generator,
         n_clusters=n_clusters,
@@ -304,7 +304,7 @@ def fit_kmeans(
         given=given,
     )
     stages = [[], []] if trace else None
-    centers, labels, inertia, n_iter = em.lloyd(
+    centers, labels, inertia, n_iter = kmeans.lloyd(
         x.expand(centers.shape[0], -1, -1),
         centers,
         max_iter=max_iter,
@@ -315,7 +315,7 @@ def fit_kmeans(
     best = int(torch.argmin(inertia))
     if subsampled:  # the chosen start, now on every row
         first_stage = n_iter[best]
-        centers, labels, inertia, n_iter = em.lloyd(
+        centers, labels, inertia, n_iter = kmeans.lloyd(
             x_all,
             centers[best : best + 1],
             max_iter=max_iter,
@@ -328,7 +328,7 @@ def fit_kmeans(
     labels_in_order = labels[kept].cpu().numpy().astype(np.int32)
     labels = np.empty_like(labels_in_order)
     labels[order] = labels_in_order  # back in the rows' own order
-    centers, labels = _empty_clusters_last(_backend.to_numpy(centers[kept]), labels)
+    centers, labels = _empty_clusters_last(backend.to_numpy(centers[kept]), labels)
     return KMeansFit(
         centers=centers,
         labels=labels,

@@ -14,10 +14,23 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+__all__ = [
+    "COVARIANCE_TYPES",
+    "PARAM_SHAPES",
+    "compute_precision_cholesky",
+    "covariance_error_message",
+    "covariances_from_precisions_cholesky",
+    "estimate_log_gaussian_prob",
+    "lookup",
+    "needs_grad",
+    "precisions_cholesky_from_precisions",
+    "try_precision_cholesky",
+]
+
 COVARIANCE_TYPES = ("full", "tied", "diag", "spherical")
 
 # Shape of one dataset's covariances (or precisions_cholesky) for K components in d dims.
-_PARAM_SHAPES = {
+PARAM_SHAPES = {
     "full": lambda k, d: (k, d, d),
     "tied": lambda k, d: (d, d),
     "diag": lambda k, d: (k, d),
@@ -25,7 +38,9 @@ _PARAM_SHAPES = {
 }
 
 
-def _lookup(table: dict[str, Callable], covariance_type: str) -> Callable:
+def lookup(table: dict[str, Callable], covariance_type: str) -> Callable:
+    """``table``'s entry for ``covariance_type``; a ValueError that names the four types
+    for any other."""
     if covariance_type not in table:
         raise ValueError(
             f"covariance_type must be one of {COVARIANCE_TYPES}, got {covariance_type!r}"
@@ -33,7 +48,6 @@ def _lookup(table: dict[str, Callable], covariance_type: str) -> Callable:
     return table[covariance_type]
 
 
-# Shape of one dataset's precisions_cholesky (and covariances), given K and d.
 # --- precisions ------------------------------------------------------------------------
 
 _ERROR_MESSAGE = (
@@ -43,7 +57,9 @@ _ERROR_MESSAGE = (
 )
 
 
-def _error_message(dtype: torch.dtype) -> str:
+def covariance_error_message(dtype: torch.dtype) -> str:
+    """scikit-learn's message for a covariance that is not positive definite, with its
+    advice for float32 data."""
     if dtype == torch.float32:
         return _ERROR_MESSAGE + (
             " The numerical accuracy can also be improved by passing float64 data instead"
@@ -71,11 +87,13 @@ _PRECISION_CHOLESKY = {
 }
 
 
-def _precision_cholesky(covariances: Tensor, covariance_type: str) -> tuple[Tensor, Tensor]:
-    """precisions_cholesky and a (B,) flag of the datasets whose covariances failed."""
-    precisions_chol, failed = _lookup(_PRECISION_CHOLESKY, covariance_type)(covariances)
+def try_precision_cholesky(covariances: Tensor, covariance_type: str) -> tuple[Tensor, Tensor]:
+    """precisions_cholesky and a (B,) flag of the datasets whose covariances are not
+    positive definite, where :func:`compute_precision_cholesky` would raise: the loops
+    decide what a failure means for each dataset."""
+    precisions_chol, failed = lookup(_PRECISION_CHOLESKY, covariance_type)(covariances)
     failed = failed | ~torch.isfinite(precisions_chol)  # same shape as covariances
-    n_dims = len(_PARAM_SHAPES[covariance_type](1, 1))  # dims of one dataset
+    n_dims = len(PARAM_SHAPES[covariance_type](1, 1))  # dims of one dataset
     return precisions_chol, failed.flatten(failed.dim() - n_dims).any(-1)
 
 
@@ -104,16 +122,16 @@ def compute_precision_cholesky(covariances: Tensor, covariance_type: str) -> Ten
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm.gaussian import compute_precision_cholesky
+    >>> from transformer_gmm.engine.gaussian import compute_precision_cholesky
     >>> covariances = torch.tensor([[[4.0, 0.0], [0.0, 1.0]]], dtype=torch.float64)  # tied
     >>> compute_precision_cholesky(covariances, "tied").tolist()
     [[[0.5, 0.0], [0.0, 1.0]]]
     >>> compute_precision_cholesky(torch.tensor([[4.0, 0.25]]), "spherical").tolist()
     [[0.5, 2.0]]
     """
-    precisions_chol, failed = _precision_cholesky(covariances, covariance_type)
+    precisions_chol, failed = try_precision_cholesky(covariances, covariance_type)
     if bool(failed.any()):
-        raise ValueError(_error_message(covariances.dtype))
+        raise ValueError(covariance_error_message(covariances.dtype))
     return precisions_chol
 
 
@@ -154,13 +172,13 @@ def precisions_cholesky_from_precisions(precisions: Tensor, covariance_type: str
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm.gaussian import precisions_cholesky_from_precisions
+    >>> from transformer_gmm.engine.gaussian import precisions_cholesky_from_precisions
     >>> precisions = torch.tensor([[[2.0, 0.5], [0.5, 1.0]]], dtype=torch.float64)
     >>> P = precisions_cholesky_from_precisions(precisions, "tied")
     >>> torch.allclose(P @ P.mT, precisions)
     True
     """
-    return _lookup(_FROM_PRECISIONS, covariance_type)(precisions)
+    return lookup(_FROM_PRECISIONS, covariance_type)(precisions)
 
 
 def _covariances_matrix(precisions_chol: Tensor) -> Tensor:
@@ -199,14 +217,14 @@ def covariances_from_precisions_cholesky(
     Examples
     --------
     >>> import torch
-    >>> from transformer_gmm.gaussian import (
+    >>> from transformer_gmm.engine.gaussian import (
     ...     compute_precision_cholesky, covariances_from_precisions_cholesky)
     >>> covariances = torch.tensor([[[[2.0, 0.5], [0.5, 1.0]]]], dtype=torch.float64)  # full
     >>> P = compute_precision_cholesky(covariances, "full")
     >>> torch.allclose(covariances_from_precisions_cholesky(P, "full"), covariances)
     True
     """
-    return _lookup(_COVARIANCES_FROM_PRECISIONS_CHOLESKY, covariance_type)(precisions_cholesky)
+    return lookup(_COVARIANCES_FROM_PRECISIONS_CHOLESKY, covariance_type)(precisions_cholesky)
 
 
 # --- log-probabilities -----------------------------------------------------------------
@@ -309,7 +327,7 @@ def estimate_log_gaussian_prob(
     The standard normal in one dimension, at 0 and 1:
 
     >>> import torch
-    >>> from transformer_gmm.gaussian import estimate_log_gaussian_prob
+    >>> from transformer_gmm.engine.gaussian import estimate_log_gaussian_prob
     >>> X = torch.tensor([[[0.0], [1.0]]], dtype=torch.float64)  # (1, 2, 1)
     >>> means = torch.zeros(1, 1, 1, dtype=torch.float64)  # (1, 1, 1)
     >>> precisions_cholesky = torch.ones(1, 1, dtype=torch.float64)  # spherical (1, 1)
@@ -318,6 +336,6 @@ def estimate_log_gaussian_prob(
     (torch.Size([1, 2, 1]), [-0.9189, -1.4189])
     """
     n_features = X.shape[-1]
-    distances = _lookup(_MAHALANOBIS, covariance_type)(X, means, precisions_cholesky)
+    distances = lookup(_MAHALANOBIS, covariance_type)(X, means, precisions_cholesky)
     log_det = _LOG_DET_CHOLESKY[covariance_type](precisions_cholesky, n_features)
     return -0.5 * (n_features * math.log(2 * math.pi) + distances) + log_det[:, None, :]

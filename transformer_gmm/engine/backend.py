@@ -1,8 +1,8 @@
 """The numpy/torch boundary that every path shares.
 
 The estimators hand numpy arrays in and get numpy arrays back. The modules that fit
-(:mod:`~transformer_gmm._starts`, :mod:`~transformer_gmm._fit`,
-:mod:`~transformer_gmm._fit_by_blocks`) cross the boundary with what is here: devices and
+(:mod:`~transformer_gmm.engine.starts`, :mod:`~transformer_gmm.engine.fit`,
+:mod:`~transformer_gmm.engine.fit_by_blocks`) cross the boundary with what is here: devices and
 dtypes, tensors in and out, the backbone, the input-range check, and the out-of-memory
 error. Fitting runs in float64 on CPU (to agree with scikit-learn) and float32 on CUDA
 (where float64 is slow); fitted parameters come back as float64 numpy arrays so a model
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import em, readout
-from .storage import checkpoints
+from ..storage import checkpoints
+from . import e_step, m_step, readout
 
 # Rows per chunk when scoring: bounds memory at O(chunk * K * d) whatever n_samples is.
 _CHUNK_ROWS = 65536
@@ -178,7 +178,7 @@ def clear_model_cache() -> None:
 @dataclass(frozen=True)
 class TransformerEstimate:
     """The backbone's raw answer for one dataset, in model space (to inspect and test it;
-    fitting reads the backbone through :mod:`transformer_gmm.readout`)."""
+    fitting reads the backbone through :mod:`transformer_gmm.engine.readout`)."""
 
     weights: np.ndarray  # (K,)
     means: np.ndarray  # (K, d_max)
@@ -293,7 +293,7 @@ def estimate_weighted_log_prob(
     covariance_type: str,
 ) -> np.ndarray:
     """log p(x | k) + log w_k of shape (n, K), on CPU in float64, in bounded-memory chunks."""
-    params = em.MixtureParams(
+    params = m_step.MixtureParams(
         weights=tensor(weights, "cpu")[None],
         means=tensor(means, "cpu")[None],
         covariances=None,  # not needed to score
@@ -303,6 +303,6 @@ def estimate_weighted_log_prob(
     for start in range(0, X.shape[0], _CHUNK_ROWS):
         chunk = tensor(X[start : start + _CHUNK_ROWS], "cpu")[None]
         out[start : start + _CHUNK_ROWS] = to_numpy(
-            em.estimate_weighted_log_prob(chunk, params, covariance_type)[0]
+            e_step.estimate_weighted_log_prob(chunk, params, covariance_type)[0]
         )
     return out

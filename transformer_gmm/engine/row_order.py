@@ -48,7 +48,7 @@ def row_hashes(X: np.ndarray, sample_weight: np.ndarray | None = None) -> np.nda
     Examples
     --------
     >>> import numpy as np
-    >>> from transformer_gmm._row_order import row_hashes
+    >>> from transformer_gmm.engine.row_order import row_hashes
     >>> h = row_hashes(np.array([[1.0, -0.0], [1.0, 0.0], [0.0, 1.0]]))
     >>> bool(h[0] == h[1]), bool(h[0] == h[2])
     (True, False)
@@ -96,7 +96,7 @@ def canonical_order(X: np.ndarray, sample_weight: np.ndarray | None = None) -> n
     Examples
     --------
     >>> import numpy as np
-    >>> from transformer_gmm._row_order import canonical_order
+    >>> from transformer_gmm.engine.row_order import canonical_order
     >>> X = np.random.default_rng(0).normal(size=(6, 2))
     >>> shuffled = X[[3, 0, 5, 1, 4, 2]]
     >>> bool((X[canonical_order(X)] == shuffled[canonical_order(shuffled)]).all())
@@ -117,7 +117,7 @@ def canonical_orders(
     Examples
     --------
     >>> import numpy as np
-    >>> from transformer_gmm._row_order import canonical_order, canonical_orders
+    >>> from transformer_gmm.engine.row_order import canonical_order, canonical_orders
     >>> rng = np.random.default_rng(0)
     >>> Xs = [rng.normal(size=(n, 2)) for n in (5, 3, 4)]
     >>> orders = canonical_orders(Xs)

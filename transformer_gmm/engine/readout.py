@@ -1,12 +1,12 @@
 """From a batch of datasets to the transformer's starting points, all in torch.
 
 One pass over B padded datasets (B, N, d) on their device: standardize them
-(:mod:`transformer_gmm.standardize`), subsample each to the model's context, run the
+(:mod:`transformer_gmm.engine.standardize`), subsample each to the model's context, run the
 backbone, score every point under the transformer's own mixture in model space, and read
 the weights and means out with one M-step in the user's space. No step loops over the
 datasets in Python, so the cost per dataset is that of the tensor work alone.
 
-Conventions are those of :mod:`transformer_gmm.em`: ``mask`` (bool, (B, N), optional) is
+Conventions are those of :mod:`transformer_gmm.engine.em`: ``mask`` (bool, (B, N), optional) is
 True for real rows; work happens in ``x``'s dtype (float64 on CPU, float32 on CUDA),
 except the backbone, which runs in float32, and the standardization, in float64.
 """
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import em
-from .nn.model import MixtureOutput
+from ..nn.model import MixtureOutput
+from . import e_step, m_step
 from .standardize import Standardization, fit_standardization, subsample_rows, take_rows
 
 __all__ = [
@@ -93,13 +93,13 @@ def model_space_responsibilities(
     kept = kept[:, None, :]  # (B | 1, 1, d_max)
     variances = out.scales.expand(-1, -1, d_max).to(dtype) ** 2
     variances = torch.where(kept, variances, 1.0)  # (B, K, d_max)
-    params = em.MixtureParams(
+    params = m_step.MixtureParams(
         weights=out.weights.to(dtype),  # (B, K)
         means=out.means.to(dtype).masked_fill(~kept, 0.0),  # (B, K, d_max)
         covariances=variances,
         precisions_cholesky=variances.rsqrt(),
     )
-    _, log_resp = em.e_step(z, params, "diag", mask)  # -inf on padded rows
+    _, log_resp = e_step.e_step(z, params, "diag", mask)  # -inf on padded rows
     return log_resp.exp()
 
 
@@ -138,7 +138,7 @@ def reflections(n_views: int, width: int) -> Tensor:
 
     Examples
     --------
-    >>> from transformer_gmm.readout import reflections
+    >>> from transformer_gmm.engine.readout import reflections
     >>> reflections(4, 3).tolist()
     [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0], [1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
     """
@@ -256,7 +256,7 @@ def mixture_inits(
     --------
     >>> import torch
     >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.readout import mixture_inits
+    >>> from transformer_gmm.engine.readout import mixture_inits
     >>> model = MixtureTransformer(config_from_preset("tiny")).eval()
     >>> x = torch.randn(3, 80, 2, dtype=torch.float64)  # above the context of 64
     >>> from_mixture, from_labels = mixture_inits(model, x, None, 3, torch.Generator())
@@ -299,7 +299,7 @@ def cluster_centers(
     --------
     >>> import torch
     >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.readout import cluster_centers
+    >>> from transformer_gmm.engine.readout import cluster_centers
     >>> model = MixtureTransformer(config_from_preset("tiny")).eval()
     >>> x = torch.randn(2, 100, 3, dtype=torch.float64)  # above the context of 64
     >>> from_labels, from_mixture = cluster_centers(model, x, None, 4, torch.Generator())

@@ -1,8 +1,8 @@
 """Several EM runs per dataset in one batch: laying them out, and keeping one.
 
 Parameters of B datasets' R runs travel as (B, R, ...) tensors, or flattened to
-(B * R, ...), dataset-major, for EM. All torch: the fits (:mod:`transformer_gmm._fit`,
-:mod:`transformer_gmm._fit_by_blocks`) make them from numpy arrays and back.
+(B * R, ...), dataset-major, for EM. All torch: the fits (:mod:`transformer_gmm.engine.fit`,
+:mod:`transformer_gmm.engine.fit_by_blocks`) make them from numpy arrays and back.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from . import em
+from . import m_step
 
 # A k-means++ start replaces the transformer's only when its total log-likelihood is
 # higher by more than this many nats: a likelihood ratio above e^5, "very strong"
@@ -66,19 +66,20 @@ FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
 
 
 def unflatten(
-    params: em.MixtureParams, n_datasets: int, run_major: bool = False
-) -> em.MixtureParams:
+    params: m_step.MixtureParams, n_datasets: int, run_major: bool = False
+) -> m_step.MixtureParams:
     """(B * R, ...) parameters, dataset-major (or run-major), as (B, R, ...)."""
     if run_major:
         fields = (getattr(params, f).unflatten(0, (-1, n_datasets)).transpose(0, 1) for f in FIELDS)
-        return em.MixtureParams(*fields)
-    return em.MixtureParams(*(getattr(params, f).unflatten(0, (n_datasets, -1)) for f in FIELDS))
+        return m_step.MixtureParams(*fields)
+    fields = (getattr(params, f).unflatten(0, (n_datasets, -1)) for f in FIELDS)
+    return m_step.MixtureParams(*fields)
 
 
-def flatten(params: em.MixtureParams) -> em.MixtureParams:
-    return em.MixtureParams(*(getattr(params, f).flatten(0, 1) for f in FIELDS))
+def flatten(params: m_step.MixtureParams) -> m_step.MixtureParams:
+    return m_step.MixtureParams(*(getattr(params, f).flatten(0, 1) for f in FIELDS))
 
 
-def concatenate(runs: list[em.MixtureParams]) -> em.MixtureParams:
+def concatenate(runs: list[m_step.MixtureParams]) -> m_step.MixtureParams:
     """Join parameters of shape (B, R_i, ...) along the runs axis."""
-    return em.MixtureParams(*(torch.cat([getattr(p, f) for p in runs], dim=1) for f in FIELDS))
+    return m_step.MixtureParams(*(torch.cat([getattr(p, f) for p in runs], dim=1) for f in FIELDS))

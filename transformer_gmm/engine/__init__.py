@@ -1,0 +1,97 @@
+"""The torch engine: everything that fits, batched over datasets, on CPU or CUDA.
+
+The estimators (``TransformerGMM``, ``TransformerClusterer``, ``fit_many``) validate
+numpy arrays and hand them to :mod:`~transformer_gmm.engine.fit`; what comes back is numpy
+again. In between, every step works on a padded batch of B datasets with no loop over
+them in Python. The modules, from the estimators' side down:
+
+:mod:`~transformer_gmm.engine.fit`
+    Fitting data in memory: builds every start, runs EM or Lloyd from all of them in one
+    batch (on a subsample first for many rows), and keeps one run per dataset.
+
+:mod:`~transformer_gmm.engine.fit_by_blocks`
+    The same fits for data read by blocks of rows (a Dask array, which
+    ``transformer_gmm._dask`` drives): per-block statistics, EM and Lloyd over their sums.
+
+:mod:`~transformer_gmm.engine.starts`
+    Where EM and Lloyd start: the transformer's starts, k-means++'s, and the estimator's
+    own initial parameters.
+
+:mod:`~transformer_gmm.engine.runs`
+    Several runs per dataset in one batch: their layout, and which one is kept.
+
+:mod:`~transformer_gmm.engine.row_order`
+    The canonical order of a dataset's rows (a fixed hash of their values), so that no
+    fit depends on the order the rows came in. Numpy only.
+
+:mod:`~transformer_gmm.engine.backend`
+    The numpy/torch boundary: devices and dtypes, tensors in and out, the loaded backbone
+    and its copies on devices, the input-range check, out-of-memory errors, and scoring
+    a fitted mixture.
+
+:mod:`~transformer_gmm.engine.standardize`
+    The map to the model's input space (centring, principal directions, one scale), and
+    the rows the backbone reads.
+
+:mod:`~transformer_gmm.engine.readout`
+    The backbone's forward pass over a batch and its readout: weights and means in the
+    user's space by one M-step on the transformer's responsibilities.
+
+:mod:`~transformer_gmm.engine.em`
+    EM as scikit-learn's ``GaussianMixture`` runs it: the loop, and the re-seeding of
+    components that empty on the way.
+
+:mod:`~transformer_gmm.engine.e_step`
+    EM's E-step: weighted log-probabilities, responsibilities, the lower bound.
+
+:mod:`~transformer_gmm.engine.m_step`
+    EM's M-step, the ``MixtureParams`` it estimates, and scikit-learn's k-means
+    initialisations of a mixture.
+
+:mod:`~transformer_gmm.engine.gaussian`
+    Gaussian log-densities and the conversions between covariances and precisions, for
+    the four covariance types.
+
+:mod:`~transformer_gmm.engine.kmeans`
+    k-means++ seeding and Lloyd's algorithm, as scikit-learn's ``KMeans``.
+
+:mod:`~transformer_gmm.engine.sufficient_stats`
+    EM and Lloyd from statistics summed over blocks of rows, which
+    :mod:`~transformer_gmm.engine.fit_by_blocks` computes where the blocks live.
+
+:mod:`~transformer_gmm.engine.batching`
+    The batch convention every kernel shares: checks, padding, per-row weights, and the
+    shrinking batch with which the loops drop the problems that have converged.
+
+The submodules load on first access (``transformer_gmm.engine.em``), so importing the
+package loads no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_SUBMODULES = {
+    "backend",
+    "batching",
+    "e_step",
+    "em",
+    "fit",
+    "fit_by_blocks",
+    "gaussian",
+    "kmeans",
+    "m_step",
+    "readout",
+    "row_order",
+    "runs",
+    "standardize",
+    "starts",
+    "sufficient_stats",
+}
+
+
+def __getattr__(name: str) -> object:
+    """Import a submodule the first time it is used as an attribute."""
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

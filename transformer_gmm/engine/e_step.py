@@ -1,0 +1,154 @@
+"""The E-step of batched EM in torch, as scikit-learn's ``GaussianMixture``.
+
+The formulas follow scikit-learn's ``_estimate_weighted_log_prob`` and ``_e_step``
+(``sklearn/mixture/``), vectorised over a batch of B datasets (or B restarts of one).
+Shapes and the ``mask`` convention are those of :mod:`transformer_gmm.engine.em`, whose
+loop runs this step; :func:`e_step_unchecked`, on inputs already checked and padded, is
+the step inside that loop and inside the sums over blocks of rows
+(:mod:`transformer_gmm.engine.sufficient_stats`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .batching import check_batch, compact, zero_padding
+from .gaussian import PARAM_SHAPES, estimate_log_gaussian_prob, lookup
+from .m_step import MixtureParams
+
+__all__ = ["check_params", "e_step", "e_step_unchecked", "estimate_weighted_log_prob"]
+
+
+def check_params(
+    X: Tensor, params: MixtureParams, covariance_type: str, mask, sample_weight=None
+) -> int:
+    """Check shapes agree (no silent broadcasting of a missing batch dim); return B."""
+    means, weights = params.means, params.weights
+    if means.dim() != 3 or means.shape[-1] != X.shape[-1]:
+        raise ValueError(f"means must have shape (B, K, {X.shape[-1]}), got {means.shape}")
+    n_components = means.shape[1]
+    if weights.shape[1:] != (n_components,) or weights.dim() != 2:
+        raise ValueError(f"weights must have shape (B, {n_components}), got {weights.shape}")
+    expected = lookup(PARAM_SHAPES, covariance_type)(n_components, X.shape[-1])
+    prec = params.precisions_cholesky
+    if prec.dim() != len(expected) + 1 or prec.shape[1:] != expected:
+        raise ValueError(
+            f"{covariance_type} precisions_cholesky must have shape (B, *{expected}), "
+            f"got {tuple(prec.shape)}"
+        )
+    if sample_weight is not None and sample_weight.shape[-1:] != X.shape[1:2]:
+        raise ValueError(
+            f"sample_weight must have shape (B, {X.shape[1]}), got {sample_weight.shape}"
+        )
+    weighted = () if sample_weight is None else (sample_weight,)
+    return check_batch(X, weights, means, prec, *weighted, mask=mask)
+
+
+def estimate_weighted_log_prob(X: Tensor, params: MixtureParams, covariance_type: str) -> Tensor:
+    """log p(x_n | k) + log w_k: (B, N, K). ``params.covariances`` is not used.
+
+    Parameters
+    ----------
+    X : Tensor of shape (B, N, d) or (1, N, d)
+    params : MixtureParams
+    covariance_type : {"full", "tied", "diag", "spherical"}
+
+    Returns
+    -------
+    weighted_log_prob : Tensor of shape (B, N, K)
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.engine import e_step, m_step
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
+    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> params = m_step.estimate_gaussian_parameters(
+    ...     X, resp, covariance_type="diag", reg_covar=1e-6)
+    >>> weighted = e_step.estimate_weighted_log_prob(X, params, "diag")
+    >>> weighted.shape
+    torch.Size([1, 40, 2])
+    >>> weighted[0].argmax(-1).tolist() == [0] * 20 + [1] * 20
+    True
+    """
+    check_params(X, params, covariance_type, None)
+    log_prob = estimate_log_gaussian_prob(
+        X, params.means, params.precisions_cholesky, covariance_type
+    )
+    return log_prob + params.weights.log()[:, None, :]
+
+
+def e_step_unchecked(
+    X: Tensor, params: MixtureParams, covariance_type: str, mask, sample_weight=None
+) -> tuple[Tensor, Tensor]:
+    """:func:`e_step` on inputs already checked, compacted and with padding zeroed, as
+    the loops hold them (``sample_weight`` compacted too)."""
+    weighted = estimate_weighted_log_prob(X, params, covariance_type)  # (B, N, K)
+    log_prob_norm = weighted.logsumexp(-1)  # (B, N)
+    log_resp = weighted - log_prob_norm[..., None]
+    if sample_weight is not None:  # (B|1, N), zero on padding
+        weighted_sum = torch.where(sample_weight > 0, log_prob_norm * sample_weight, 0.0)
+        mean = weighted_sum.sum(-1) / sample_weight.sum(-1)
+        return mean, log_resp if mask is None else log_resp.masked_fill(~mask[..., None], -math.inf)
+    if mask is None:
+        return log_prob_norm.mean(-1), log_resp
+    mean = log_prob_norm.masked_fill(~mask, 0.0).sum(-1) / mask.sum(-1)
+    return mean, log_resp.masked_fill(~mask[..., None], -math.inf)
+
+
+def e_step(
+    X: Tensor,
+    params: MixtureParams,
+    covariance_type: str,
+    mask: Tensor | None = None,
+    sample_weight: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The E-step.
+
+    Parameters
+    ----------
+    X : Tensor of shape (B, N, d) or (1, N, d)
+    params : MixtureParams
+    covariance_type : {"full", "tied", "diag", "spherical"}
+    mask : bool Tensor of shape (B, N) or (1, N), optional
+        True for real points.
+    sample_weight : Tensor of shape (B, N) or (1, N), optional
+        Non-negative weights of the points, zero on padding.
+
+    Returns
+    -------
+    log_prob_norm : Tensor of shape (B,)
+        Mean (weighted by ``sample_weight``) over real points of ``logsumexp_k`` of the
+        weighted log-probabilities.
+    log_resp : Tensor of shape (B, N, K)
+        Log-responsibilities; -inf on the rows of padded points.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.engine import e_step, m_step
+    >>> g = torch.Generator().manual_seed(0)
+    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
+    >>> X[0, :20] -= 4.0
+    >>> X[0, 20:] += 4.0
+    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
+    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> params = m_step.estimate_gaussian_parameters(
+    ...     X, resp, covariance_type="diag", reg_covar=1e-6)
+    >>> log_prob_norm, log_resp = e_step.e_step(X, params, "diag")
+    >>> log_prob_norm.shape, log_resp.shape
+    (torch.Size([1]), torch.Size([1, 40, 2]))
+    >>> torch.allclose(log_resp.exp().sum(-1), torch.ones(1, 40, dtype=torch.float64))
+    True
+    """
+    check_params(X, params, covariance_type, mask, sample_weight)
+    X, mask = compact(X), compact(mask)
+    X = zero_padding(X, mask)
+    return e_step_unchecked(X, params, covariance_type, mask, compact(sample_weight))
