@@ -27,7 +27,7 @@ from conftest import make_tiny_checkpoint
 
 from transformer_gmm import CheckpointError, TransformerGMM, storage
 from transformer_gmm.nn import MixtureTransformer
-from transformer_gmm.storage import checkpoints, hub
+from transformer_gmm.storage import checkpoints, hub, time_limits
 from transformer_gmm.storage.checkpoints import load_model, resolve_checkpoint
 
 # --- a Hub on 127.0.0.1 ------------------------------------------------------------------
@@ -496,17 +496,17 @@ def test_time_limits_touch_only_the_requests_sent_under_them():
 
     unbounded = {"connect": None, "read": None, "write": None, "pool": None}
     request = get_session().build_request("GET", "http://127.0.0.1:9/x", timeout=None)
-    hub._before_request(request)
+    time_limits._before_request(request)
     assert request.extensions["timeout"] == unbounded
-    with hub.time_limits() as headers:
+    with time_limits.time_limits() as headers:
         request = get_session().build_request(
             "GET", "http://127.0.0.1:9/x", headers=headers, timeout=None
         )
-        hub._before_request(request)
+        time_limits._before_request(request)
         # Sent by this thread without the header (an upload to storage): bounded too.
         plain = get_session().build_request("PUT", "http://127.0.0.1:9/y", timeout=None)
-        hub._before_request(plain)
-    limit = hub.download_timeout()
+        time_limits._before_request(plain)
+    limit = time_limits.download_timeout()
     assert request.extensions["timeout"] == dict.fromkeys(unbounded, limit)
     assert plain.extensions["timeout"] == dict.fromkeys(unbounded, limit)
     assert not set(headers) & set(request.headers)  # the header is not for the server

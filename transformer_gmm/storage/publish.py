@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from .checkpoints import export_checkpoint
 from .format import CHECKPOINT_FILES, CheckpointError, save_checkpoint
-from .hub import no_answer, time_limits
+from .time_limits import no_answer, time_limits
 
 if TYPE_CHECKING:
     from ..nn import MixtureTransformer
@@ -35,7 +35,7 @@ def push_to_hub(
     loads back through ``checkpoint="<repo_id>"``. Needs a token with write access:
     ``token=``, ``HF_TOKEN``, or ``hf auth login``.
 
-    The requests run under :func:`transformer_gmm.storage.hub.time_limits`: a Hub that
+    The requests run under :func:`transformer_gmm.storage.time_limits.time_limits`: a Hub that
     does not answer, or stops answering, ends the push with a :class:`CheckpointError` within
     about twice ``HF_HUB_DOWNLOAD_TIMEOUT`` (10 s by default), where ``huggingface_hub``
     alone would wait forever. (An upload through ``hf_xet`` keeps that library's limits.)
