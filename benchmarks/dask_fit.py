@@ -138,6 +138,8 @@ def estimate(model) -> np.ndarray:
 def chosen_start(method: str, X_dask, checkpoint) -> dict:
     """The start the Dask fit of ``method`` goes on from over every row, rebuilt from its
     sample (one more pass over the array) as the fit builds it."""
+    import dataclasses
+
     from sklearn.utils import check_random_state
 
     from transformer_gmm import _dask
@@ -147,20 +149,17 @@ def chosen_start(method: str, X_dask, checkpoint) -> dict:
     model = make_estimator(method, checkpoint)
     seed = draw_seed(check_random_state(model.random_state))
     sample = _dask._summarize(X_dask, seed, method).sample
-    backbone = model._load_backbone()
-    n_transformer, n_kmeans = model._starts(backbone is not None)
-    options = dict(device="cpu", seed=seed, backbone=backbone, n_kmeans_inits=n_kmeans,
-                   n_transformer_inits=n_transformer, max_iter=model.max_iter, tol=model.tol)
-    if n_transformer + n_kmeans == 1 or len(sample) == X_dask.shape[0]:
+    # The estimator's own plan, with the Dask fit's seed: the same starts on the sample.
+    plan = model._plan(sample, None, check_random_state(model.random_state))
+    plan = dataclasses.replace(plan, seed=seed)
+    if plan.n_runs == 1 or len(sample) == X_dask.shape[0]:
         raise SystemExit("the same-start check needs several starts and more rows than the "
                          "sample: raise --n-samples")
     if method == "TransformerGMM":
-        fits = fit.fit_mixtures([sample], n_components=N_COMPONENTS,
-                                covariance_type=model.covariance_type,
-                                reg_covar=model.reg_covar, **options)
+        fits = fit.fit(plan, [sample])
         return dict(weights=fits.weights, means=fits.means, covariances=fits.covariances,
                     n_iter=fits.n_iter)
-    kmeans_fit = fit.fit_kmeans(sample, n_clusters=N_COMPONENTS, **options)
+    kmeans_fit = fit.fit(plan, [sample])
     return dict(centers=kmeans_fit.centers[None], n_iter=np.array([kmeans_fit.n_iter]))
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from transformer_gmm.engine.standardize import fit_standardization
 from transformer_gmm.nn import MixtureTransformer, config_from_preset
 from transformer_gmm.storage import save_checkpoint
 
@@ -52,6 +53,29 @@ def make_blobs(n_per_cluster: int, centers, scale: float = 1.0, seed: int = 0) -
         [c + scale * rng.standard_normal((n_per_cluster, centers.shape[1])) for c in centers]
     )
     return X[rng.permutation(len(X))]
+
+
+class OneStandardization:
+    """The engine's standardization of one numpy dataset (a batch of one), numpy in and
+    out: for references that standardize dataset by dataset, as fitting did before it
+    was batched and as the training sampler does."""
+
+    def __init__(self, X, d_max: int, n_components: int, noise_directions: int = 0):
+        x = torch.as_tensor(np.asarray(X, dtype=np.float64))[None]
+        self.map = fit_standardization(x, None, d_max, n_components, noise_directions)
+        self.center = self.map.center[0].numpy()  # (d,)
+        self.scale = self.map.scale[0].item()
+        self.basis = self.map.basis[0].numpy()  # (d, kept)
+
+    def transform(self, points) -> np.ndarray:
+        """(m, d) points as float32 model inputs (m, d_max)."""
+        points = torch.as_tensor(np.asarray(points, dtype=np.float64))[None]
+        return self.map.transform(points)[0].numpy()
+
+    def inverse_transform_means(self, means) -> np.ndarray:
+        """(K, d_max) model-space means as float64 (K, d)."""
+        means = torch.as_tensor(np.asarray(means, dtype=np.float64))[None]
+        return self.map.inverse_transform_means(means)[0].numpy()
 
 
 @pytest.fixture

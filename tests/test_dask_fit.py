@@ -20,6 +20,7 @@ from sklearn.utils import check_random_state  # noqa: E402
 from transformer_gmm import TransformerClusterer, TransformerGMM, _dask  # noqa: E402
 from transformer_gmm._base import draw_seed  # noqa: E402
 from transformer_gmm.engine import em, fit, m_step, runs  # noqa: E402
+from transformer_gmm.engine.plan import FitPlan  # noqa: E402
 
 K = 3
 CENTERS = [[-5.0, 0.0, 1.0], [0.0, 5.0, -1.0], [4.0, -1.0, 0.0]]
@@ -121,9 +122,8 @@ def test_large_array_matches_in_memory_em_from_its_start():
         sample = _dask._summarize(X_dask, seed, "TransformerGMM").sample
     assert sample.shape == (8_192, 3)
     options = dict(covariance_type="full", reg_covar=1e-6, max_iter=100, tol=1e-3)
-    chosen = fit.fit_mixtures(
-        [sample], n_components=K, device="cpu", seed=seed, n_kmeans_inits=2, **options
-    )
+    plan = FitPlan(n_components=K, device="cpu", seed=seed, n_kmeans_inits=2, **options)
+    chosen = fit.fit(plan, [sample])
     start = m_step.MixtureParams(*(torch.from_numpy(getattr(chosen, f)) for f in runs.FIELDS))
     result = em.fit_em(torch.from_numpy(X)[None], start, **options)
     np.testing.assert_allclose(gmm.means_, result.params.means[0].numpy(), atol=1e-6)

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_CHECKPOINT, make_blobs
+from conftest import TINY_CHECKPOINT, OneStandardization, make_blobs
 from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
@@ -19,7 +19,6 @@ from transformer_gmm import (
     TransformerGMM,
     fit_many,
 )
-from transformer_gmm._preprocessing import fit_standardization
 from transformer_gmm.engine import backend, fit, runs
 from transformer_gmm.engine.standardize import subsample_rows
 
@@ -68,7 +67,7 @@ def test_max_iter_zero_returns_the_transformers_estimate(three_blobs):
     X = three_blobs[:60]  # within the tiny model's context: the backbone reads every point
     gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
     backbone = backend.load_backbone(TINY_CHECKPOINT)
-    standardization = fit_standardization(X, backbone.d_max, 3, backbone.noise_directions)
+    standardization = OneStandardization(X, backbone.d_max, 3, backbone.noise_directions)
     Z = standardization.transform(X).astype(np.float64)
     estimate = backend.transformer_estimates(backbone, [Z], 3, "cpu")[0]
     # The transformer's responsibilities under its own mixture (scored on the two real

@@ -192,8 +192,6 @@ def test_the_engine_imports_no_estimator():
     never the modules that validate numpy input or build fitted attributes."""
     graph = package_imports()
     allowed = ("transformer_gmm.engine", "transformer_gmm.nn", "transformer_gmm.storage")
-    # The numpy reference of the standardization, until it leaves the top level.
-    allowed += ("transformer_gmm._preprocessing",)
     outside = {
         (module, target)
         for module, targets in graph.items()

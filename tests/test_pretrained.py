@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import OneStandardization
 from sklearn.mixture import GaussianMixture
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
-from transformer_gmm._preprocessing import fit_standardization
 from transformer_gmm.engine import backend
 from transformer_gmm.storage import checkpoints
 
@@ -78,9 +78,7 @@ def test_pinned_network_output(name):
     make_data, n_components = DATA[name]
     X = make_data()
     backbone = backend.load_backbone("default")
-    standardization = fit_standardization(
-        X, backbone.d_max, n_components, backbone.noise_directions
-    )
+    standardization = OneStandardization(X, backbone.d_max, n_components, backbone.noise_directions)
     (estimate,) = backend.transformer_estimates(
         backbone, [standardization.transform(X)], n_components, "cpu"
     )

@@ -1,8 +1,9 @@
-"""The batched standardization and readout (torch) against the per-dataset numpy reference.
+"""The batched standardization and readout (torch): the map's properties, and the readout
+against a per-dataset reference.
 
-The reference is what fitting did dataset by dataset before the path was batched:
-:func:`transformer_gmm._preprocessing.fit_standardization`, one forward pass per dataset,
-the E-step of the transformer's own mixture and one M-step, all in numpy.
+The reference is what fitting did dataset by dataset before the path was batched: the
+standardization of the dataset alone (the engine's map on a batch of one), one forward
+pass per dataset, the E-step of the transformer's own mixture and one M-step in numpy.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_CHECKPOINT, TINY_NOISE_CHECKPOINT
+from conftest import TINY_CHECKPOINT, TINY_NOISE_CHECKPOINT, OneStandardization
 from scipy.special import logsumexp
 
-from transformer_gmm._preprocessing import fit_standardization as numpy_standardization
 from transformer_gmm.engine import backend, readout
-from transformer_gmm.engine.standardize import fit_standardization, subsample_rows
+from transformer_gmm.engine.standardize import (
+    fit_standardization,
+    n_kept_directions,
+    subsample_rows,
+)
 from transformer_gmm.nn.model import MixtureOutput
 
 # --- the numpy reference -----------------------------------------------------------------
@@ -45,9 +49,7 @@ def reference_weights_and_means(X, resp, fallback_weights, fallback_means):
 
 def reference_init(backbone, X: np.ndarray, n_components: int, rows: np.ndarray):
     """The old per-dataset path: standardize, read ``rows``, score all rows, one M-step."""
-    standardization = numpy_standardization(
-        X, backbone.d_max, n_components, backbone.noise_directions
-    )
+    standardization = OneStandardization(X, backbone.d_max, n_components, backbone.noise_directions)
     (estimate,) = backend.transformer_estimates(
         backbone, [standardization.transform(X[rows])], n_components, "cpu"
     )
@@ -85,32 +87,124 @@ CASES = {  # (n_features, n_components, d_max, noise_directions)
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("sizes", [[40, 40, 40], [13, 70, 41]], ids=["equal n", "unequal n"])
-def test_standardization_matches_the_numpy_reference(case, sizes):
+def _standardize(case, sizes, seed=0):
+    """A padded batch of datasets, NaN in its padding, and its standardization."""
     n_features, n_components, d_max, noise_directions = CASES[case]
-    datasets = random_datasets(sizes, n_features)
+    datasets = random_datasets(sizes, n_features, seed)
     x, mask = padded(datasets)
     if mask is not None:
         x = x.masked_fill(~mask[..., None], float("nan"))  # padding never leaks in
-    batched = fit_standardization(x, mask, d_max, n_components, noise_directions)
+    return datasets, x, mask, fit_standardization(x, mask, d_max, n_components, noise_directions)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("sizes", [[40, 40, 40], [13, 70, 41]], ids=["equal n", "unequal n"])
+def test_standardization_is_centred_whitened_principal_and_padded(case, sizes):
+    n_features, n_components, d_max, noise_directions = CASES[case]
+    datasets, x, mask, batched = _standardize(case, sizes)
     expected_kept = min(n_features, d_max, n_components - 1 + noise_directions)
+    assert batched.n_kept == n_kept_directions(n_features, n_components, d_max, noise_directions)
     assert batched.n_kept == expected_kept
     Z = batched.transform(x)
     assert Z.dtype == torch.float32 and Z.shape == (3, max(sizes), d_max)
+    assert bool((Z[..., expected_kept:] == 0).all())  # zero padding to d_max
+    for i, X in enumerate(datasets):
+        basis = batched.basis[i].numpy()
+        np.testing.assert_allclose(batched.center[i].numpy(), X.mean(0), rtol=1e-12)
+        np.testing.assert_allclose(basis.T @ basis, np.eye(expected_kept), atol=1e-12)
+        # The top principal directions, largest variance first, and one global scale:
+        # the root mean variance of the kept coordinates, which it brings to one.
+        eigenvalues, eigenvectors = np.linalg.eigh(np.cov(X.T, bias=True).reshape(n_features, -1))
+        top = eigenvalues[::-1][:expected_kept]
+        np.testing.assert_allclose(
+            np.abs(eigenvectors[:, ::-1][:, :expected_kept].T @ basis),
+            np.eye(expected_kept),
+            atol=1e-8,
+        )
+        assert batched.scale[i].item() == pytest.approx(np.sqrt(top.mean()), rel=1e-12)
+        z = Z[i, : len(X), :expected_kept].double().numpy()
+        np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-6)
+        np.testing.assert_allclose(z.var(0), top / top.mean(), rtol=1e-5)
+        assert z.var(0).mean() == pytest.approx(1.0)
+        # The sign rule: each direction's largest loading is positive.
+        assert bool((basis[np.abs(basis).argmax(0), np.arange(expected_kept)] > 0).all())
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_dataset_gets_the_map_it_gets_alone(case):
+    """Padding rows (NaN here) and the other datasets of the batch change no dataset's map."""
+    n_features, n_components, d_max, noise_directions = CASES[case]
+    datasets, x, mask, batched = _standardize(case, [13, 70, 41])
+    Z = batched.transform(x)
     means = torch.randn(3, 5, d_max, generator=torch.Generator().manual_seed(1))
     lifted = batched.inverse_transform_means(means)
     for i, X in enumerate(datasets):
-        reference = numpy_standardization(X, d_max, n_components, noise_directions)
-        np.testing.assert_allclose(batched.center[i].numpy(), reference.center, rtol=1e-12)
-        assert batched.scale[i].item() == pytest.approx(reference.scale, rel=1e-12)
-        np.testing.assert_allclose(batched.basis[i].numpy(), reference.basis, atol=1e-10)
-        np.testing.assert_allclose(
-            Z[i, : len(X)].numpy(), reference.transform(X), rtol=1e-6, atol=1e-6
+        alone = fit_standardization(
+            torch.tensor(X)[None], None, d_max, n_components, noise_directions
         )
-        np.testing.assert_allclose(
-            lifted[i].numpy(), reference.inverse_transform_means(means[i].numpy()), atol=1e-10
+        torch.testing.assert_close(batched.center[i], alone.center[0], rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(batched.scale[i], alone.scale[0], rtol=1e-12, atol=0.0)
+        torch.testing.assert_close(batched.basis[i], alone.basis[0], rtol=0.0, atol=1e-10)
+        torch.testing.assert_close(
+            Z[i, : len(X)], alone.transform(torch.tensor(X)[None])[0], rtol=1e-6, atol=1e-6
         )
+        torch.testing.assert_close(
+            lifted[i], alone.inverse_transform_means(means[i : i + 1])[0], rtol=0, atol=1e-10
+        )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_standardization_is_translation_and_scale_equivariant(case):
+    """x -> a x + b moves the centre to a center + b and the scale to a scale, keeps the
+    basis and the model's input, and lifts model-space means to a mu + b."""
+    n_features, n_components, d_max, noise_directions = CASES[case]
+    datasets, x, mask, batched = _standardize(case, [13, 70, 41])
+    shift = torch.tensor(np.random.default_rng(2).normal(size=n_features) * 10.0)
+    moved_x = 3.5 * x + shift
+    moved = fit_standardization(moved_x, mask, d_max, n_components, noise_directions)
+    torch.testing.assert_close(moved.center, 3.5 * batched.center + shift)
+    torch.testing.assert_close(moved.scale, 3.5 * batched.scale)
+    torch.testing.assert_close(moved.basis, batched.basis, rtol=0.0, atol=1e-9)
+    real = mask[..., None]
+    Z, moved_Z = batched.transform(x), moved.transform(moved_x)
+    torch.testing.assert_close(
+        moved_Z.masked_fill(~real, 0), Z.masked_fill(~real, 0), rtol=1e-5, atol=1e-5
+    )
+    means = torch.randn(
+        3, 5, d_max, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
+    )
+    torch.testing.assert_close(
+        moved.inverse_transform_means(means), 3.5 * batched.inverse_transform_means(means) + shift
+    )
+    # Round trip: a point mapped in and lifted back is its part in the kept subspace.
+    lifted = batched.inverse_transform_means(Z.double())  # NaN on padding rows only
+    for i, X in enumerate(datasets):
+        back = lifted[i, : len(X)].numpy()
+        center, basis = batched.center[i].numpy(), batched.basis[i].numpy()
+        projected = center + (X - center) @ basis @ basis.T
+        np.testing.assert_allclose(back, projected, rtol=1e-5, atol=1e-5 * np.abs(X).max())
+
+
+def test_the_sign_rule_makes_the_largest_loading_positive():
+    """The map is deterministic: each direction's largest loading is positive. Reflecting
+    a feature turns the basis with it, then the rule fixes each direction's sign again."""
+    X = random_datasets([60], 3, seed=5)[0]
+    x = torch.tensor(X)[None]
+    flipped = x * torch.tensor([-1.0, 1.0, 1.0])
+    st, st_flipped = (fit_standardization(t, None, 4, 4) for t in (x, flipped))
+    basis, basis_flipped = st.basis[0], st_flipped.basis[0]
+    for b in (basis, basis_flipped):
+        assert bool((b[b.abs().argmax(dim=0), torch.arange(3)] > 0).all())
+    # Each direction turns with the reflected feature, then its sign is fixed again.
+    turned = basis * torch.tensor([-1.0, 1.0, 1.0])[:, None]
+    signs = turned[turned.abs().argmax(dim=0), torch.arange(3)].sign()
+    torch.testing.assert_close(basis_flipped, turned * signs, rtol=0.0, atol=1e-10)
+    # A direction whose largest loading is on the reflected feature reads the points
+    # reflected; the others read them as they were.
+    assert signs.tolist() == [-1.0, 1.0, 1.0]
+    torch.testing.assert_close(
+        st_flipped.transform(flipped)[0, :, :3], st.transform(x)[0, :, :3] * signs.float()
+    )
 
 
 def test_coincident_points_get_unit_scale():
@@ -189,7 +283,7 @@ def test_cluster_centers_match_the_per_dataset_reference():
     )
     index, _ = subsample_rows((1, 100), None, 64, torch.Generator().manual_seed(5))
     rows = index[0].numpy()
-    standardization = numpy_standardization(X, backbone.d_max, 3)
+    standardization = OneStandardization(X, backbone.d_max, 3)
     (estimate,) = backend.transformer_estimates(
         backbone, [standardization.transform(X[rows])], 3, "cpu"
     )

@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import OneStandardization
 
 from transformer_gmm import TransformerGMM
-from transformer_gmm._preprocessing import fit_standardization
 from transformer_gmm.engine.readout import mixture_inits
 from transformer_gmm.nn import MixtureOutput, MixtureTransformer, config_from_preset
 from transformer_gmm.storage import load_checkpoint
@@ -82,8 +82,10 @@ def test_inputs_and_targets_are_fits_standardization(d, noise_directions):
     ]
     batch = collate(tasks, d_max)
     for b, task in enumerate(tasks):
-        st = fit_standardization(task.X, d_max, K, noise_directions)
-        assert np.array_equal(batch.x[b].numpy(), st.transform(task.X))  # exactly fit's map
+        st = OneStandardization(task.X, d_max, K, noise_directions)  # fit's map, one dataset
+        n = len(task.X)
+        assert np.array_equal(batch.x[b, :n].numpy(), st.transform(task.X))  # exactly it
+        assert np.array_equal(batch.x[b, :n].numpy(), task.to_model_space(task.X))
         kept = min(d, K - 1 + noise_directions)
         mu = (task.means - st.center) @ st.basis / st.scale  # (K, kept)
         np.testing.assert_allclose(batch.means[b, :, :kept].numpy(), mu, rtol=1e-5, atol=1e-5)
@@ -91,7 +93,8 @@ def test_inputs_and_targets_are_fits_standardization(d, noise_directions):
         assert batch.dim_mask[b].sum() == kept
         # The estimator's inverse gives back the means' part in the kept subspace (all of
         # them when d <= K - 1).
-        back = st.inverse_transform_means(batch.means[b].numpy().astype(np.float64))
+        back = task.from_model_space(batch.means[b].numpy())
+        np.testing.assert_array_equal(back, st.inverse_transform_means(batch.means[b].numpy()))
         projected = st.center + (task.means - st.center) @ st.basis @ st.basis.T
         np.testing.assert_allclose(back, projected, rtol=1e-4, atol=1e-4)
 
@@ -100,7 +103,7 @@ def test_spherical_noise_scale_in_model_units():
     prior = Prior(d_range=(12, 12), scale_range=(0.5, 2.0))
     task = sample_task(np.random.default_rng(0), prior, 3, 12, 100, d_max=4)
     batch = collate([task], 4)
-    expected = task.stds[:, :1] / task.standardization.scale  # (K, 1): a rotation keeps it
+    expected = task.stds[:, :1] / task.scale  # (K, 1): a rotation keeps it
     kept = 2  # K - 1 directions; the padding's scale is 1
     np.testing.assert_allclose(batch.scales[0, :, :kept].numpy(), np.repeat(expected, kept, 1))
     assert torch.all(batch.scales[0, :, kept:] == 1)
@@ -148,8 +151,7 @@ def test_full_covariances_are_elongated_rotated_and_read_in_model_space():
         empirical = np.cov(task.X[task.labels == k].T)
         np.testing.assert_allclose(empirical, true_cov, atol=0.05 * np.abs(true_cov).max())
         # The target scales are the stds along the kept principal directions.
-        st = task.standardization
-        z = (task.X[task.labels == k] - st.center) @ st.basis / st.scale
+        z = task.to_model_space(task.X[task.labels == k])[:, : task.basis.shape[1]]
         np.testing.assert_allclose(task.model_space_stds()[k], z.std(0), rtol=0.03)
 
 
@@ -253,7 +255,7 @@ def test_m_step_loss_reads_out_what_the_estimator_returns(seed):
     for b, task in enumerate(batch.tasks):
         starts = mixture_inits(model, torch.from_numpy(task.X)[None], None, 3, torch.Generator())
         for start, means in zip(starts, trained_on, strict=True):
-            expected = task.standardization.transform(start.means[0].numpy())
+            expected = task.to_model_space(start.means[0].numpy())
             np.testing.assert_allclose(means[b].numpy(), expected, atol=2e-4)
 
 

@@ -1,5 +1,6 @@
-"""What TransformerGMM and TransformerClusterer share: parameters, validation, and the
-choice between the backbone and the k-means++ fallback. No torch here: the backbone is
+"""What TransformerGMM and TransformerClusterer share: parameters, validation, the
+choice between the backbone and the k-means++ fallback, and the fit's plan
+(:class:`~transformer_gmm.engine.plan.FitPlan`) and its run. No torch here: the backbone is
 loaded by :mod:`transformer_gmm.engine.backend` and read in :mod:`transformer_gmm.engine.starts`,
 batched."""
 
@@ -18,7 +19,8 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
 from . import _dask, storage
-from .engine import backend
+from .engine import backend, fit
+from .engine.plan import FitPlan
 
 
 class FallbackWarning(UserWarning):
@@ -109,6 +111,46 @@ class TransformerMixtureBase(BaseEstimator):
             return (from_transformer, 0) if self.max_iter == 0 else (from_transformer, 2)
         n_transformer = min(self.n_init, from_transformer)
         return n_transformer, self.n_init - n_transformer
+
+    def _transformer_starts(self) -> dict:
+        """The plan's starts when the transformer starts the fit: its backbone (None when
+        it falls back), the numbers of the transformer's and of k-means++'s starts, and
+        the name of each run's start."""
+        backbone = self._load_backbone()
+        n_transformer, n_kmeans = self._starts(backbone is not None)
+        return dict(
+            backbone=backbone,
+            n_transformer_inits=n_transformer,
+            n_kmeans_inits=n_kmeans,
+            start_names=("transformer",) * n_transformer + ("k-means++",) * n_kmeans,
+        )
+
+    # --- the fit -----------------------------------------------------------------------
+
+    def _plan_fields(self, X, sample_weight, random_state) -> dict:
+        """What the plan holds beyond the shared settings: the solver's and the starts'."""
+        raise NotImplementedError
+
+    def _plan(self, X, sample_weight, random_state: np.random.RandomState) -> FitPlan:
+        """The fit of ``X``, decided once. The estimator's own random starts are drawn from
+        ``random_state`` first, then the seed of the fit's generator."""
+        device = backend.resolve_device(self.device)
+        fields = self._plan_fields(X, sample_weight, random_state)
+        return FitPlan(
+            n_components=self._n_components(),
+            max_iter=self.max_iter,
+            tol=self.tol,
+            device=device,
+            seed=draw_seed(random_state),
+            **fields,
+        )
+
+    @staticmethod
+    def _run(plan: FitPlan, X, sample_weight=None):
+        """``plan`` run on ``X``: in memory, or by blocks for a Dask array."""
+        if _dask.is_dask_array(X):
+            return _dask.fit_plan(plan, X)
+        return fit.fit(plan, [X], None if sample_weight is None else [sample_weight])
 
     # --- input -----------------------------------------------------------------------
 

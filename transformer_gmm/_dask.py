@@ -194,29 +194,19 @@ def _reducer(X) -> fit_by_blocks.ReduceBlocks:
     return lambda function, args, length: _sum_over_blocks(X, function, args, length)
 
 
-def fit_mixtures(Xs: list, *, seed: int, **options) -> fit.MixtureFits:
-    """:func:`transformer_gmm.engine.fit.fit_mixtures` for one Dask array ``Xs[0]``."""
-    (X,) = Xs
-    summary = _summarize(X, seed, "TransformerGMM")
+def fit_plan(plan, X) -> fit.MixtureFits | fit.KMeansFit:
+    """:func:`transformer_gmm.engine.fit.fit` of ``plan`` (an
+    :class:`~transformer_gmm.engine.plan.FitPlan`) for one Dask array ``X``; a k-means
+    fit's ``labels`` are None (the estimator labels lazily)."""
+    name = "TransformerGMM" if plan.is_mixture else "TransformerClusterer"
+    summary = _summarize(X, plan.seed, name)
     backend.check_range(summary.highest, summary.lowest, summary.n_rows)
-    return fit_by_blocks.fit_mixtures_by_blocks(
-        _reducer(X), summary.sample, summary.n_rows, seed=seed, **options
-    )
-
-
-def fit_kmeans(X, *, seed: int, **options) -> fit.KMeansFit:
-    """:func:`transformer_gmm.engine.fit.fit_kmeans` for a Dask array; ``labels`` is None
-    (the estimator labels lazily)."""
-    summary = _summarize(X, seed, "TransformerClusterer")
-    backend.check_range(summary.highest, summary.lowest, summary.n_rows)
+    if plan.is_mixture:
+        return fit_by_blocks.fit_mixtures_by_blocks(
+            _reducer(X), summary.sample, summary.n_rows, plan
+        )
     return fit_by_blocks.fit_kmeans_by_blocks(
-        _reducer(X),
-        summary.sample,
-        summary.n_rows,
-        summary.mean,
-        summary.sum_of_squares,
-        seed=seed,
-        **options,
+        _reducer(X), summary.sample, summary.n_rows, summary.mean, summary.sum_of_squares, plan
     )
 
 

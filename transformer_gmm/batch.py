@@ -11,8 +11,8 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
-from ._base import draw_seed, warn_user
-from .engine import backend, fit
+from ._base import warn_user
+from .engine import fit
 from .gmm import TransformerGMM
 
 
@@ -156,18 +156,9 @@ random_state
             f"fit_many needs datasets with the same number of features; got {widths}. "
             "Group the datasets by width and call fit_many once per group."
         )
-    random_state = check_random_state(random_state)
-    device = backend.resolve_device(device)
-    backbone = template._load_backbone()
-    n_transformer_inits, n_kmeans_inits = template._starts(backbone is not None)
-    fits = fit.fit_mixtures(
-        Xs,
-        **template._em_options(device),
-        seed=draw_seed(random_state),
-        n_kmeans_inits=n_kmeans_inits,
-        backbone=backbone,
-        n_transformer_inits=n_transformer_inits,
-    )
+    # The plan reads the template's parameters; nothing in it depends on the dataset.
+    plan = template._plan(Xs[0], None, check_random_state(random_state))
+    fits = fit.fit(plan, Xs)
     n_failed = int(np.count_nonzero(~fits.converged))
     if n_failed and max_iter > 0:
         warn_user(
@@ -176,8 +167,9 @@ random_state
             ConvergenceWarning,
         )
     if estimators is None:
-        won = fits.best_run < n_transformer_inits  # the transformer's starts come first
         dtype = Xs.dtype if isinstance(Xs, np.ndarray) else np.result_type(*{X.dtype for X in Xs})
+        # As wide as "transformer" whichever starts ran, as np.where made them.
+        init_method = np.asarray(plan.start_names, dtype="<U11")[fits.best_run]
         return FittedMixtures(
             weights=fits.weights.astype(dtype, copy=False),
             means=fits.means.astype(dtype, copy=False),
@@ -186,19 +178,20 @@ random_state
             lower_bound=fits.lower_bound,
             n_iter=fits.n_iter,
             converged=fits.converged,
-            init_method=np.where(won, "transformer", "k-means++"),
+            init_method=init_method,
             covariance_type=covariance_type,
-            device=device,
+            device=plan.device,
         )
     for i, estimator in enumerate(estimators):
         dtype = Xs.dtype if isinstance(Xs, np.ndarray) else Xs[i].dtype
-        estimator._store_fit(fits, i, device, n_transformer_inits, dtype)
+        estimator._store_fit(fits, i, plan, dtype)
     return estimators
 
 
 # --- many estimators at once -----------------------------------------------------------
-# Per dataset, sklearn's clone and validate_data each cost about 0.25 ms: 5 s for 10,000
-# datasets, more than their whole batched k-means and EM. These do that work once.
+# Per dataset, sklearn's validate_data costs about 0.25 ms and clone about 0.06 ms (0.6 s
+# for 10,000 datasets, as much as their whole batched fit on CPU; _copies takes 0.13 s):
+# these do that work once. Each estimator is then set by its own fit's _store_fit.
 
 
 def _copies(template: TransformerGMM, n_copies: int) -> list[TransformerGMM]:
@@ -220,9 +213,10 @@ def _validate(estimators: list[TransformerGMM], datasets) -> np.ndarray | list[n
     Float arrays of one shape and dtype (a 3-D array, or a list of equal 2-D arrays) are
     validated in one call, on their rows stacked together, and come back as one 3-D
     array; the per-dataset check left (enough samples) holds for all of them when it
-    holds for one. Anything else, or a batch that fails, goes one dataset at a time,
-    which raises the usual errors, and comes back as a list. The same estimator may
-    appear more than once.
+    holds for one, and, as these are plain arrays, validation sets nothing on the other
+    estimators but ``n_features_in_``, which their fit sets. Anything else, or a batch that
+    fails, goes one dataset at a time, which raises the usual errors, and comes back as a
+    list. The same estimator may appear more than once.
     """
     stacked = _stack_floats(datasets)
     if stacked is not None and stacked.shape[1] >= max(2, estimators[0].n_components):
@@ -231,11 +225,7 @@ def _validate(estimators: list[TransformerGMM], datasets) -> np.ndarray | list[n
             rows = first._validate_fit_data(stacked.reshape(-1, stacked.shape[2]))
         except (TypeError, ValueError):
             rows = None
-        if rows is not None:
-            fitted = {name: value for name, value in vars(first).items() if name.endswith("_")}
-            for estimator in estimators[1:]:
-                if estimator is not first:
-                    estimator.__dict__.update(fitted)  # what validation set: n_features_in_
+        if rows is not None:  # the others learn n_features_in_ from their fit (_store_fit)
             return rows.reshape(stacked.shape)
     return [
         estimator._validate_fit_data(X) for estimator, X in zip(estimators, datasets, strict=True)

@@ -18,9 +18,10 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _dask, _initialization, _verbose
-from ._base import TransformerMixtureBase, draw_seed, warn_user
+from ._base import TransformerMixtureBase, warn_user
 from ._cluster_initialization import given_centers, init_kind, n_runs
-from .engine import backend, fit
+from .engine import fit
+from .engine.plan import FitPlan
 
 
 def _nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
@@ -245,37 +246,36 @@ class TransformerClusterer(
                 "algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
                 RuntimeWarning,
             )
-        device = backend.resolve_device(self.device)
-        backbone, n_transformer_inits, n_kmeans_inits, given, starts = self._plan_starts(
-            X, sample_weight, random_state
-        )
-        self._n_init = len(starts)
-        extra = {} if given is None else {"given": given}
-        if sample_weight is not None:
-            extra["sample_weight"] = sample_weight
-        if self.verbose and not _dask.is_dask_array(X):
-            extra["trace"] = True
-        fit_kmeans = _dask.fit_kmeans if _dask.is_dask_array(X) else fit.fit_kmeans
-        fitted = fit_kmeans(
-            X,
-            n_clusters=self.n_clusters,
-            max_iter=self.max_iter,
-            tol=self.tol,
-            device=device,
-            seed=draw_seed(random_state),
-            n_kmeans_inits=n_kmeans_inits,
-            backbone=backbone,
-            n_transformer_inits=n_transformer_inits,
-            **extra,
-        )
+        plan = self._plan(X, sample_weight, random_state)
+        self._n_init = plan.n_runs
+        self._store_fit(self._run(plan, X, sample_weight), X, plan)
+        return self
+
+    def _plan_fields(self, X, sample_weight, random_state) -> dict:
+        """The plan's starts: the backbone (or None), the numbers of the transformer's and
+        of k-means++'s starts, the estimator's own starting centres (R, K, d) or None, and
+        the name of each run's start; and whether to trace Lloyd (``verbose``). Draws the
+        random starts from ``random_state`` first, as scikit-learn does."""
+        kind = init_kind(self.init)
+        trace = bool(self.verbose) and not _dask.is_dask_array(X)
+        if kind == "transformer":
+            return dict(self._transformer_starts(), trace=trace)
+        n_init = n_runs(self)
+        if kind == "k-means++":
+            return dict(n_kmeans_inits=n_init, start_names=("k-means++",) * n_init, trace=trace)
+        given = given_centers(self.init, X, self.n_clusters, n_init, random_state, sample_weight)
+        return dict(given=given, start_names=(kind,) * len(given), trace=trace)
+
+    def _store_fit(self, fitted: fit.KMeansFit, X, plan: FitPlan) -> None:
+        """Set the fitted attributes from the fit of ``plan`` on ``X``."""
         # Computed in float64 on CPU; returned in X's dtype, as KMeans does.
         self.cluster_centers_ = fitted.centers.astype(X.dtype, copy=False)
         # A fit on a dask array labels its rows lazily, as predict does.
         self.labels_ = self.predict(X) if fitted.labels is None else fitted.labels
         self.inertia_ = fitted.inertia
         self.n_iter_ = fitted.n_iter
-        self.init_method_ = starts[fitted.best_run]
-        self.device_ = device
+        self.init_method_ = plan.init_method(fitted.best_run)
+        self.device_ = plan.device
         if fitted.trace is not None:
             threshold = self.tol * float(np.var(X, axis=0).mean())
             _verbose.kmeans_report(fitted.trace, threshold=threshold)
@@ -287,24 +287,6 @@ class TransformerClusterer(
                 f"({self.n_clusters}). Possibly due to duplicate points in X.",
                 ConvergenceWarning,
             )
-        return self
-
-    def _plan_starts(self, X, sample_weight, random_state) -> tuple:
-        """Where Lloyd starts: the backbone (or None), the numbers of the transformer's and
-        of k-means++'s starts, the estimator's own starting centres (R, K, d) or None, and
-        the name of each run's start. Draws the random starts from ``random_state`` first,
-        as scikit-learn does."""
-        kind = init_kind(self.init)
-        if kind == "transformer":
-            backbone = self._load_backbone()
-            n_transformer, n_kmeans = self._starts(backbone is not None)
-            starts = ["transformer"] * n_transformer + ["k-means++"] * n_kmeans
-            return backbone, n_transformer, n_kmeans, None, starts
-        n_init = n_runs(self)
-        if kind == "k-means++":
-            return None, 0, n_init, None, ["k-means++"] * n_init
-        given = given_centers(self.init, X, self.n_clusters, n_init, random_state, sample_weight)
-        return None, 0, 0, given, [kind] * len(given)
 
     def fit_predict(self, X, y=None, sample_weight=None):
         """Cluster ``X`` and return ``labels_``.

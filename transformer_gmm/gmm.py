@@ -11,9 +11,10 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from . import _dask, _initialization, _verbose
-from ._base import TransformerMixtureBase, draw_seed, warn_user
+from ._base import TransformerMixtureBase, warn_user
 from ._mixture_methods import FittedMixtureMixin, precisions_from_cholesky
-from .engine import backend, fit
+from .engine import fit
+from .engine.plan import FitPlan
 from .engine.starts import GivenStarts
 
 
@@ -316,25 +317,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
                 "(X.compute()) to use them."
             )
         sample_weight = _initialization.check_sample_weight(sample_weight, X, self.n_components)
-        random_state = check_random_state(self.random_state)
-        device = backend.resolve_device(self.device)
-        backbone, n_transformer_inits, n_kmeans_inits, given, starts = self._plan_starts(
-            X, sample_weight, random_state
-        )
-        extra = {} if given is None else {"given": given}
-        if sample_weight is not None:
-            extra["sample_weight"] = [sample_weight]
-        fit_mixtures = _dask.fit_mixtures if _dask.is_dask_array(X) else fit.fit_mixtures
-        fits = fit_mixtures(
-            [X],
-            **self._em_options(device),
-            seed=draw_seed(random_state),
-            n_kmeans_inits=n_kmeans_inits,
-            backbone=backbone,
-            n_transformer_inits=n_transformer_inits,
-            **extra,
-        )
-        self._store_fit(fits, 0, device, n_transformer_inits, X.dtype, starts=starts)
+        plan = self._plan(X, sample_weight, check_random_state(self.random_state))
+        fits = self._run(plan, X, sample_weight)
+        self._store_fit(fits, 0, plan, X.dtype)
         if self.verbose and fits.lower_bounds is not None:
             _verbose.report(
                 fits.lower_bounds[0],
@@ -342,7 +327,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
                 best_run=int(fits.best_run[0]),
                 best_converged=self.converged_,
                 tol=self.tol,
-                initial_lower_bound=-np.inf if given is None else given.lower_bound,
+                initial_lower_bound=-np.inf if plan.given is None else plan.given.lower_bound,
                 max_iter=self.max_iter,
                 verbose=self.verbose,
                 verbose_interval=self.verbose_interval,
@@ -355,32 +340,32 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             )
         return self._estimate_weighted_log_prob(X).argmax(axis=1)
 
-    def _plan_starts(self, X, sample_weight, random_state) -> tuple:
-        """Where EM starts: the backbone (or None), the numbers of the transformer's and
-        of k-means's starts, the other starts and the given parameters (or None), and the
-        name of each run's start. Draws the random starts from ``random_state`` first, as
-        scikit-learn does."""
+    def _plan_fields(self, X, sample_weight, random_state) -> dict:
+        """The plan's EM settings and starts: the backbone (or None), the numbers of the
+        transformer's and of k-means's starts, the other starts and the given parameters
+        (or None), and the name of each run's start. Draws the random starts from
+        ``random_state`` first, as scikit-learn does."""
+        em = dict(covariance_type=self.covariance_type, reg_covar=self.reg_covar)
         if self.warm_start and hasattr(self, "converged_"):
-            return None, 0, 0, self._previous_fit(X.shape[1]), ["warm_start"]
+            return dict(em, given=self._previous_fit(X.shape[1]), start_names=("warm_start",))
         given = _initialization.initial_parameters(self, X.shape[1])
         if len(given) == 3:  # nothing left to initialise
-            return None, 0, 0, GivenStarts(**given), ["user"]
+            return dict(em, given=GivenStarts(**given), start_names=("user",))
         n_init = 1 if self.n_init == "auto" else self.n_init
-        starts = [self.init_params] * n_init
+        names = (self.init_params,) * n_init
         if self.init_params == "transformer":
-            backbone = self._load_backbone()
-            n_transformer, n_kmeans = self._starts(backbone is not None)
-            starts = ["transformer"] * n_transformer + ["k-means++"] * n_kmeans
-            given = GivenStarts(**given) if given else None
-            return backbone, n_transformer, n_kmeans, given, starts
+            return dict(
+                em, **self._transformer_starts(), given=GivenStarts(**given) if given else None
+            )
         if self.init_params == "kmeans":
-            return None, 0, n_init, GivenStarts(**given) if given else None, starts
+            given = GivenStarts(**given) if given else None
+            return dict(em, n_kmeans_inits=n_init, given=given, start_names=names)
         if self.init_params == "k-means++":
-            return None, 0, 0, GivenStarts(n_seedings=n_init, **given), starts
+            return dict(em, given=GivenStarts(n_seedings=n_init, **given), start_names=names)
         resp = _initialization.random_responsibilities(
             self.init_params, X, self.n_components, n_init, random_state, sample_weight
         )
-        return None, 0, 0, GivenStarts(resp=resp, **given), starts
+        return dict(em, given=GivenStarts(resp=resp, **given), start_names=names)
 
     def _starts_need_rows(self, sample_weight) -> bool:
         """Whether the fit uses GaussianMixture's ways to start, or weights."""
@@ -404,29 +389,10 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             lower_bound=self.lower_bound_,
         )
 
-    def _em_options(self, device: str) -> dict:
-        return dict(
-            n_components=self.n_components,
-            covariance_type=self.covariance_type,
-            reg_covar=self.reg_covar,
-            max_iter=self.max_iter,
-            tol=self.tol,
-            device=device,
-        )
-
-    def _store_fit(
-        self,
-        fits: fit.MixtureFits,
-        i: int,
-        device: str,
-        n_transformer_inits: int,
-        dtype: np.dtype,
-        starts: list[str] | None = None,
-    ) -> None:
-        """Take dataset ``i`` of a batch's fits, in the training data's ``dtype`` (as
-        GaussianMixture keeps float32); copies, so that no estimator keeps the whole
-        batch's arrays alive. ``starts`` names each run's start, when not the
-        transformer's then k-means++'s."""
+    def _store_fit(self, fits: fit.MixtureFits, i: int, plan: FitPlan, dtype: np.dtype) -> None:
+        """Set the fitted attributes from dataset ``i`` of the fits of ``plan``, in the
+        training data's ``dtype`` (as GaussianMixture keeps float32); copies, so that no
+        estimator keeps the whole batch's arrays alive."""
         precisions_cholesky = fits.precisions_cholesky[i]
         # From the float64 factors: squaring float32 ones would double their rounding.
         precisions = precisions_from_cholesky(precisions_cholesky, self.covariance_type)
@@ -442,8 +408,6 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         if fits.lower_bounds is not None:
             bounds = fits.lower_bounds[i, fits.best_run[i]]
             self.lower_bounds_ = bounds[~np.isnan(bounds)]
-        transformer_won = fits.best_run[i] < n_transformer_inits  # its starts come first
-        self.init_method_ = "transformer" if transformer_won else "k-means++"
-        if starts is not None:
-            self.init_method_ = starts[fits.best_run[i]]
-        self.device_ = device
+        self.init_method_ = plan.init_method(fits.best_run[i])
+        self.device_ = plan.device
+        self.n_features_in_ = self.means_.shape[1]  # as validation set it, for fit_many too

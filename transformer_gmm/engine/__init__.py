@@ -81,6 +81,7 @@ _SUBMODULES = {
     "gaussian",
     "kmeans",
     "m_step",
+    "plan",
     "readout",
     "row_order",
     "runs",

@@ -1,9 +1,12 @@
 """Fitting data in memory: EM or Lloyd from every start in one batch, and one run kept.
 
-:func:`fit_mixtures` fits B datasets at once, :func:`fit_kmeans` one; their starts come
-from :mod:`transformer_gmm.engine.starts`, and the kept run is chosen by
-:func:`transformer_gmm.engine.runs.choose` (mixtures) or the lowest inertia (k-means). On many
-rows the starts compete on a subsample of ``SELECTION_ROWS`` rows first.
+:func:`fit` runs a :class:`~transformer_gmm.engine.plan.FitPlan` on B datasets (mixtures)
+or one (k-means): canonical row order, padding, a subsample where the starts compete on
+many rows, the starts (:mod:`transformer_gmm.engine.starts`), EM or Lloyd from all of
+them, the choice of one run (:func:`transformer_gmm.engine.runs.choose` for mixtures, the
+lowest inertia for k-means), and, after a subsample, EM or Lloyd on every row from the
+chosen start. What differs between mixtures and k-means is in :class:`_Mixtures` and
+:class:`_KMeans`.
 """
 
 from __future__ import annotations
@@ -16,45 +19,14 @@ import numpy as np
 import torch
 
 from . import backend, em, kmeans, m_step, row_order, runs, starts
+from .plan import FitPlan
 from .standardize import subsample_rows, take_rows
 
 # Above this many rows, a fit chooses among its starts on a subsample of this many rows,
-# then runs EM on all rows from the best start only (see fit_mixtures). The lower bounds
+# then runs EM or Lloyd on all rows from the best start only (see fit). The lower bounds
 # of different local optima differ by far more than a subsample of this size blurs. The
 # fits of a Dask array build their starts on a sample of this many rows.
 SELECTION_ROWS = 8192
-
-
-# --- Gaussian mixtures ---------------------------------------------------------------
-
-
-def _in_canonical_order(
-    Xs: list[np.ndarray] | np.ndarray,
-    sample_weight: list[np.ndarray] | np.ndarray | None,
-    given: starts.GivenStarts | None,
-) -> tuple[
-    list[np.ndarray] | np.ndarray, list[np.ndarray] | np.ndarray | None, starts.GivenStarts | None
-]:
-    """Each dataset's rows in the canonical order of :mod:`transformer_gmm.engine.row_order`,
-    each with its weight and, for ``given``'s one dataset, its responsibilities."""
-    if isinstance(Xs, np.ndarray):  # (B, n, d): one batched hash and sort
-        n_datasets, n_rows, n_features = Xs.shape
-        weights = None if sample_weight is None else np.asarray(sample_weight)
-        order = row_order.canonical_order(Xs, weights)  # (B, n)
-        # One take of the flattened rows: several times faster than take_along_axis.
-        flat = (order + n_rows * np.arange(n_datasets)[:, None]).ravel()
-        Xs = np.take(Xs.reshape(-1, n_features), flat, axis=0).reshape(Xs.shape)
-        if weights is not None:
-            sample_weight = np.take(weights.ravel(), flat).reshape(weights.shape)
-        orders = list(order)
-    else:
-        orders = row_order.canonical_orders(Xs, sample_weight)
-        Xs = [np.take(X, o, axis=0) for X, o in zip(Xs, orders, strict=True)]  # faster than X[o]
-        if sample_weight is not None:
-            sample_weight = [np.asarray(w)[o] for w, o in zip(sample_weight, orders, strict=True)]
-    if given is not None and given.resp is not None:  # (R, n, K), for the one dataset
-        given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
-    return Xs, sample_weight, given
 
 
 @dataclass(frozen=True)
@@ -75,169 +47,6 @@ class MixtureFits:
     iteration_times: np.ndarray | None = None  # (T,) seconds from EM's start, per iteration
 
 
-def _selection_rows(
-    x: torch.Tensor, mask: torch.Tensor | None, n_runs: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Where the starts are built and compared: every row, or, for several starts on
-    datasets of more than ``SELECTION_ROWS`` rows, a uniform subsample of that many.
-
-    Returns those rows (B, S, d), which of them are real (or None), and their index
-    (B, S), None when every row is kept.
-    """
-    if n_runs == 1 or x.shape[1] <= SELECTION_ROWS:
-        return x, mask, None
-    index, sub_mask = subsample_rows(tuple(x.shape[:2]), mask, SELECTION_ROWS, generator)
-    return take_rows(x, index), sub_mask, index
-
-
-@backend.explain_out_of_memory
-def fit_mixtures(
-    Xs: list[np.ndarray] | np.ndarray,
-    *,
-    n_components: int,
-    covariance_type: str,
-    reg_covar: float,
-    max_iter: int,
-    tol: float,
-    device: str,
-    seed: int,
-    n_kmeans_inits: int,
-    backbone: backend.Backbone | None = None,
-    n_transformer_inits: int = 0,
-    sample_weight: list[np.ndarray] | np.ndarray | None = None,
-    given: starts.GivenStarts | None = None,
-) -> MixtureFits:
-    """EM on B datasets (padded into one batch) from every initialisation at once; keep
-    each dataset's best run (see :func:`transformer_gmm.engine.runs.choose`).
-
-    Each dataset's runs are, in order: the first ``n_transformer_inits`` of the starts
-    of ``backbone``'s transformer (see :func:`transformer_gmm.engine.readout.mixture_inits`:
-    per view of the data, from its mixture, then from its per-point head; covariances
-    from one M-step on their responsibilities), then
-    ``n_kmeans_inits`` starts from k-means++ and Lloyd (scikit-learn's default
-    initialisation), then ``given``'s (for one dataset; see
-    :class:`~transformer_gmm.engine.starts.GivenStarts`).
-
-    ``sample_weight`` (one non-negative array per dataset, of its number of rows) weighs
-    the rows as frequencies: the transformer reads rows drawn in proportion to their
-    weights, k-means++, Lloyd and EM are weighted, and the lower bound is the weighted
-    mean log-likelihood.
-
-    Datasets of more than ``SELECTION_ROWS`` rows choose among several starts on a
-    uniform subsample of that many rows: every start is built and run by EM there, and
-    only each dataset's best goes on to EM over all rows. So a large fit costs about one
-    EM run whatever ``n_init`` is, with its memory. ``n_iter`` then counts both stages.
-
-    One generator, seeded with ``seed``, draws that subsample (only where it is taken),
-    the rows the backbone reads (only where they are more than its context), then the
-    k-means++ seeds. Those draws pick rows by position, so each dataset's rows are first
-    put in a canonical order (:mod:`transformer_gmm.engine.row_order`), with their weights and
-    given responsibilities: the fit does not depend on the order of the rows, to
-    rounding (only through ``given.resp``, where the caller drew them row by row).
-    Nothing returned is per row.
-
-    The first ``r`` k-means++ starts are the same for any ``n_kmeans_inits >= r``, and
-    the transformer's starts take the same draws however many of them run: so more
-    starts never lose one, and with k-means++ starts alone (which compete on the lower
-    bound only) the kept lower bound never falls, to rounding, as ``n_kmeans_inits``
-    grows; except from one start to two on more than ``SELECTION_ROWS`` rows, where one
-    start is built on every row and two or more on the subsample (and there, the best
-    start on the subsample need not end best on every row).
-    """
-    Xs, sample_weight, given = _in_canonical_order(Xs, sample_weight, given)
-    dtype = backend.dtype_for(device)
-    x, mask = backend.pad(Xs, device, dtype)  # (B, N, d), (B, N) or None
-    weights_all = None if sample_weight is None else backend.pad(sample_weight, device, dtype)[0]
-    del Xs, sample_weight  # the reordered copies, before EM's own memory
-    backend.check_magnitude(x, mask)
-    n_datasets = x.shape[0]
-    generator = backend.generator(seed, device)
-    n_runs = n_transformer_inits + n_kmeans_inits + (0 if given is None else given.n_runs)
-    x_all, mask_all = x, mask
-    x, mask, index = _selection_rows(x, mask, n_runs, generator)  # (B, S, d)
-    weights = weights_all  # (B, S) or None
-    if weights is not None and index is not None:
-        weights = take_rows(weights[..., None], index)[..., 0]
-    extra = {} if given is None else {"initial_lower_bound": x.new_full((1,), given.lower_bound)}
-    params = starts.mixture_starts(  # (B * R, ...), dataset-major
-        x,
-        mask,
-        generator,
-        n_components=n_components,
-        covariance_type=covariance_type,
-        reg_covar=reg_covar,
-        n_kmeans_inits=n_kmeans_inits,
-        backbone=backbone,
-        n_transformer_inits=n_transformer_inits,
-        device=device,
-        sample_weight=weights,
-        given=given,
-        index=index,
-    )
-    result = em.fit_em(
-        runs.repeat(x, n_runs),
-        params,
-        covariance_type=covariance_type,
-        reg_covar=reg_covar,
-        max_iter=max_iter,
-        tol=tol,
-        mask=None if mask is None else runs.repeat(mask, n_runs),
-        **runs.weighted(weights, n_runs),
-        **extra,
-    )
-    lower_bounds = result.lower_bounds.view(n_datasets, n_runs, result.lower_bounds.shape[1])
-    times = result.iteration_times
-    n_rows = x.shape[1] if mask is None else mask.sum(dim=1)  # rows each bound is over
-    if weights is not None:  # frequency weights: the bound is over their sum
-        n_rows = weights.sum(dim=1)
-    best = runs.choose(
-        result.lower_bound.view(n_datasets, n_runs), n_transformer_inits, n_rows
-    )  # (B,)
-    kept = best + n_runs * torch.arange(n_datasets, device=best.device)  # rows of the batch
-    if index is not None:  # the chosen starts, now on every row
-        chosen = m_step.MixtureParams(*(getattr(result.params, f)[kept] for f in runs.FIELDS))
-        n_iter = result.n_iter[kept]
-        result = em.fit_em(
-            x_all,
-            chosen,
-            covariance_type=covariance_type,
-            reg_covar=reg_covar,
-            max_iter=max_iter,
-            tol=tol,
-            mask=mask_all,
-            **runs.weighted(weights_all, 1),
-        )
-        result.n_iter.add_(n_iter)
-        lower_bounds, times = _then(lower_bounds, times, best, result)
-        kept = torch.arange(n_datasets, device=best.device)
-    # One transfer per field for the whole batch: no per-dataset indexing of tensors.
-    fields = [result.params.weights, result.params.means, result.params.covariances]
-    fields += [result.params.precisions_cholesky, result.lower_bound]
-    return MixtureFits(
-        *(backend.to_numpy(t[kept]) for t in fields),
-        n_iter=result.n_iter[kept].cpu().numpy(),
-        converged=result.converged[kept].cpu().numpy(),
-        best_run=best.cpu().numpy(),
-        lower_bounds=backend.to_numpy(lower_bounds),
-        iteration_times=np.asarray(times, dtype=np.float64),
-    )
-
-
-def _then(
-    lower_bounds: torch.Tensor, times: list[float], best: torch.Tensor, second: em.EMResult
-) -> tuple[torch.Tensor, list[float]]:
-    """The lower bounds (B, R, T) and iteration times of EM on a subsample, followed by
-    those of ``second``, the kept runs ``best`` (B,) going on over every row."""
-    more = lower_bounds.new_full((*lower_bounds.shape[:2], second.lower_bounds.shape[1]), math.nan)
-    more[torch.arange(len(best), device=best.device), best] = second.lower_bounds
-    elapsed = times[-1] if times else 0.0
-    times = times + [elapsed + t for t in second.iteration_times]
-    return torch.cat([lower_bounds, more], dim=2), times
-
-
-# --- k-means -------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class KMeansFit:
     """The best of the Lloyd runs, in the user's space."""
@@ -254,90 +63,248 @@ class KMeansFit:
 
 
 @backend.explain_out_of_memory
-def fit_kmeans(
-    X: np.ndarray,
-    *,
-    n_clusters: int,
-    max_iter: int,
-    tol: float,
-    device: str,
-    seed: int,
-    n_kmeans_inits: int,
-    backbone: backend.Backbone | None = None,
-    n_transformer_inits: int = 0,
-    sample_weight: np.ndarray | None = None,
-    given: np.ndarray | None = None,
-    trace: bool = False,
-) -> KMeansFit:
-    """Lloyd from the first ``n_transformer_inits`` of the centres of
-    ``backbone``'s transformer (see :func:`transformer_gmm.engine.readout.cluster_centers`),
-    from ``n_kmeans_inits`` k-means++ seedings and from the centres ``given``
-    (R, K, d), all in one batch; keep the lowest inertia. ``sample_weight`` (N,) weighs
-    the rows as scikit-learn's ``KMeans`` does. As in :func:`fit_mixtures`, a dataset of
-    more than ``SELECTION_ROWS`` rows compares its starts on a subsample of that many and
-    runs Lloyd on all rows from the best only. One generator, seeded with ``seed``, draws
-    that subsample (where it is taken), the rows the backbone reads, then the k-means++
-    seeds. ``trace`` keeps every Lloyd iteration (see :class:`KMeansFit`)."""
-    # The rows in their canonical order, so that the fit does not depend on how they came.
-    order = row_order.canonical_order(X, sample_weight)
-    x = backend.tensor(np.take(X, order, axis=0), device)[None]  # (1, n, d)
-    backend.check_magnitude(x, None)
-    generator = backend.generator(seed, device)
-    w = None
-    if sample_weight is not None:
-        w = backend.tensor(np.take(sample_weight, order), device, x.dtype)[None]
-    x_all, w_all = x, w
-    n_runs = n_transformer_inits + n_kmeans_inits + (0 if given is None else len(given))
-    x, _, index = _selection_rows(x, None, n_runs, generator)
-    subsampled = index is not None
-    if subsampled and w is not None:
-        w = take_rows(w[..., None], index)[..., 0]
-    centers = starts.kmeans_starts(
-        x,
-        generator,
-        n_clusters=n_clusters,
-        n_kmeans_inits=n_kmeans_inits,
-        backbone=backbone,
-        n_transformer_inits=n_transformer_inits,
-        device=device,
-        sample_weight=w,
-        given=given,
+def fit(
+    plan: FitPlan,
+    Xs: list[np.ndarray] | np.ndarray,
+    sample_weight: list[np.ndarray] | np.ndarray | None = None,
+) -> MixtureFits | KMeansFit:
+    """Run ``plan`` on the datasets ``Xs`` (a list of (n_i, d) arrays or one (B, n, d)
+    array; one dataset for k-means), from every start at once, and keep each dataset's
+    best run: a :class:`MixtureFits` for a mixture plan, a :class:`KMeansFit` for k-means.
+
+    Each dataset's runs start, in order, from the first ``plan.n_transformer_inits``
+    starts of the backbone's transformer (see
+    :func:`transformer_gmm.engine.readout.mixture_inits` and ``cluster_centers``), from
+    ``plan.n_kmeans_inits`` k-means++ starts (with Lloyd, for mixtures: scikit-learn's
+    default initialisation), then from ``plan.given``'s (for one dataset).
+
+    ``sample_weight`` (one non-negative array per dataset, of its number of rows) weighs
+    the rows as frequencies: the transformer reads rows drawn in proportion to their
+    weights, k-means++, Lloyd and EM are weighted, and a mixture's lower bound is the
+    weighted mean log-likelihood (k-means's inertia, a weighted sum).
+
+    Datasets of more than ``SELECTION_ROWS`` rows choose among several starts on a
+    uniform subsample of that many rows: every start is built and run there, and only
+    each dataset's best goes on over all rows. So a large fit costs about one run
+    whatever ``n_init`` is, with its memory. ``n_iter`` then counts both stages.
+
+    One generator, seeded with ``plan.seed``, draws that subsample (only where it is
+    taken), the rows the backbone reads (only where they are more than its context), then
+    the k-means++ seeds. Those draws pick rows by position, so each dataset's rows are
+    first put in a canonical order (:mod:`transformer_gmm.engine.row_order`), with their
+    weights and given responsibilities: the fit does not depend on the order of the rows,
+    to rounding (only through given responsibilities, where the caller drew them row by
+    row). K-means's labels come back in the rows' own order; nothing else is per row.
+
+    The first ``r`` k-means++ starts are the same for any ``n_kmeans_inits >= r``, and
+    the transformer's starts take the same draws however many of them run: so more
+    starts never lose one, and with k-means++ starts alone (which compete on the lower
+    bound only) the kept lower bound never falls, to rounding, as ``n_kmeans_inits``
+    grows; except from one start to two on more than ``SELECTION_ROWS`` rows, where one
+    start is built on every row and two or more on the subsample (and there, the best
+    start on the subsample need not end best on every row).
+    """
+    Xs, sample_weight, given, orders = _in_canonical_order(Xs, sample_weight, plan.given)
+    dtype = backend.dtype_for(plan.device)
+    x, mask = backend.pad(Xs, plan.device, dtype)  # (B, N, d), (B, N) or None
+    weights_all = (
+        None if sample_weight is None else backend.pad(sample_weight, plan.device, dtype)[0]
     )
-    stages = [[], []] if trace else None
-    centers, labels, inertia, n_iter = kmeans.lloyd(
-        x.expand(centers.shape[0], -1, -1),
-        centers,
-        max_iter=max_iter,
-        tol=tol,
-        sample_weight=w,
-        trace=None if stages is None else stages[0],
-    )
-    best = int(torch.argmin(inertia))
-    if subsampled:  # the chosen start, now on every row
-        first_stage = n_iter[best]
-        centers, labels, inertia, n_iter = kmeans.lloyd(
-            x_all,
-            centers[best : best + 1],
-            max_iter=max_iter,
-            tol=tol,
-            sample_weight=w_all,
-            trace=None if stages is None else stages[1],
+    del Xs, sample_weight  # the reordered copies, before EM's own memory
+    backend.check_magnitude(x, mask)
+    generator = backend.generator(plan.seed, plan.device)
+    x_all, mask_all = x, mask
+    x, mask, index = _selection_rows(x, mask, plan.n_runs, generator)  # (B, S, d)
+    weights = weights_all  # (B, S) or None
+    if weights is not None and index is not None:
+        weights = take_rows(weights[..., None], index)[..., 0]
+    solver = (_Mixtures if plan.is_mixture else _KMeans)(plan, given)
+    first = solver.solve(x, mask, weights, solver.starts(x, mask, weights, generator, index))
+    best = solver.choose(first, x, mask, weights)
+    if index is None:
+        return solver.result(first, best, orders[0])
+    # The chosen starts, now on every row.
+    final = solver.refit(first, best, x_all, mask_all, weights_all)
+    return solver.result(final, best, orders[0], first=first)
+
+
+def _in_canonical_order(
+    Xs: list[np.ndarray] | np.ndarray,
+    sample_weight: list[np.ndarray] | np.ndarray | None,
+    given: starts.GivenStarts | np.ndarray | None,
+) -> tuple:
+    """Each dataset's rows in the canonical order of :mod:`transformer_gmm.engine.row_order`,
+    each with its weight and, for ``given``'s one dataset, its responsibilities; and
+    each dataset's order (n_i,)."""
+    if isinstance(Xs, np.ndarray):  # (B, n, d): one batched hash and sort
+        n_datasets, n_rows, n_features = Xs.shape
+        weights = None if sample_weight is None else np.asarray(sample_weight)
+        order = row_order.canonical_order(Xs, weights)  # (B, n)
+        # One take of the flattened rows: several times faster than take_along_axis.
+        flat = (order + n_rows * np.arange(n_datasets)[:, None]).ravel()
+        Xs = np.take(Xs.reshape(-1, n_features), flat, axis=0).reshape(Xs.shape)
+        if weights is not None:
+            sample_weight = np.take(weights.ravel(), flat).reshape(weights.shape)
+        orders = list(order)
+    else:
+        orders = row_order.canonical_orders(Xs, sample_weight)
+        Xs = [np.take(X, o, axis=0) for X, o in zip(Xs, orders, strict=True)]  # faster than X[o]
+        if sample_weight is not None:
+            sample_weight = [np.asarray(w)[o] for w, o in zip(sample_weight, orders, strict=True)]
+    if (
+        isinstance(given, starts.GivenStarts) and given.resp is not None
+    ):  # (R, n, K), for the one dataset
+        given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
+    return Xs, sample_weight, given, orders
+
+
+def _selection_rows(
+    x: torch.Tensor, mask: torch.Tensor | None, n_runs: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Where the starts are built and compared: every row, or, for several starts on
+    datasets of more than ``SELECTION_ROWS`` rows, a uniform subsample of that many.
+
+    Returns those rows (B, S, d), which of them are real (or None), and their index
+    (B, S), None when every row is kept.
+    """
+    if n_runs == 1 or x.shape[1] <= SELECTION_ROWS:
+        return x, mask, None
+    index, sub_mask = subsample_rows(tuple(x.shape[:2]), mask, SELECTION_ROWS, generator)
+    return take_rows(x, index), sub_mask, index
+
+
+class _Mixtures:
+    """EM's part of :func:`fit`: its starts, runs, choice, refit and result."""
+
+    def __init__(self, plan: FitPlan, given: starts.GivenStarts | None):
+        self.plan, self.given = plan, given
+
+    def starts(self, x, mask, weights, generator, index) -> m_step.MixtureParams:
+        return starts.mixture_starts(  # (B * R, ...), dataset-major
+            x, mask, generator, self.plan, sample_weight=weights, given=self.given, index=index
         )
-        n_iter = n_iter + first_stage
-    kept = 0 if subsampled else best
-    labels_in_order = labels[kept].cpu().numpy().astype(np.int32)
-    labels = np.empty_like(labels_in_order)
-    labels[order] = labels_in_order  # back in the rows' own order
-    centers, labels = _empty_clusters_last(backend.to_numpy(centers[kept]), labels)
-    return KMeansFit(
-        centers=centers,
-        labels=labels,
-        inertia=float(inertia[kept]),
-        n_iter=int(n_iter[kept]),
-        best_run=best,
-        n_distinct=len(np.unique(labels)),
-        trace=stages,
-    )
+
+    def _em(self, x, mask, weights, params, n_runs: int, **extra) -> em.EMResult:
+        plan = self.plan
+        return em.fit_em(
+            runs.repeat(x, n_runs),
+            params,
+            covariance_type=plan.covariance_type,
+            reg_covar=plan.reg_covar,
+            max_iter=plan.max_iter,
+            tol=plan.tol,
+            mask=None if mask is None else runs.repeat(mask, n_runs),
+            **runs.weighted(weights, n_runs),
+            **extra,
+        )
+
+    def solve(self, x, mask, weights, params) -> em.EMResult:
+        given = self.given
+        extra = (
+            {} if given is None else {"initial_lower_bound": x.new_full((1,), given.lower_bound)}
+        )
+        return self._em(x, mask, weights, params, self.plan.n_runs, **extra)
+
+    def choose(self, result: em.EMResult, x, mask, weights) -> torch.Tensor:
+        n_rows = x.shape[1] if mask is None else mask.sum(dim=1)  # rows each bound is over
+        if weights is not None:  # frequency weights: the bound is over their sum
+            n_rows = weights.sum(dim=1)
+        lower_bound = result.lower_bound.view(x.shape[0], self.plan.n_runs)
+        return runs.choose(lower_bound, self.plan.n_transformer_inits, n_rows)  # (B,)
+
+    def _kept(self, best: torch.Tensor) -> torch.Tensor:  # the kept runs' rows of the batch
+        return best + self.plan.n_runs * torch.arange(len(best), device=best.device)
+
+    def refit(self, result: em.EMResult, best, x, mask, weights) -> em.EMResult:
+        kept = self._kept(best)
+        chosen = m_step.MixtureParams(*(getattr(result.params, f)[kept] for f in runs.FIELDS))
+        second = self._em(x, mask, weights, chosen, 1)
+        second.n_iter.add_(result.n_iter[kept])
+        return second
+
+    def result(self, result: em.EMResult, best, order, first: em.EMResult | None = None):
+        n_datasets = len(best)
+        if first is None:
+            kept = self._kept(best)
+            lower_bounds, times = result.lower_bounds, result.iteration_times
+        else:
+            kept = torch.arange(n_datasets, device=best.device)
+            lower_bounds, times = first.lower_bounds, first.iteration_times
+        lower_bounds = lower_bounds.view(n_datasets, self.plan.n_runs, lower_bounds.shape[1])
+        if first is not None:
+            lower_bounds, times = _then(lower_bounds, times, best, result)
+        # One transfer per field for the whole batch: no per-dataset indexing of tensors.
+        fields = [result.params.weights, result.params.means, result.params.covariances]
+        fields += [result.params.precisions_cholesky, result.lower_bound]
+        return MixtureFits(
+            *(backend.to_numpy(t[kept]) for t in fields),
+            n_iter=result.n_iter[kept].cpu().numpy(),
+            converged=result.converged[kept].cpu().numpy(),
+            best_run=best.cpu().numpy(),
+            lower_bounds=backend.to_numpy(lower_bounds),
+            iteration_times=np.asarray(times, dtype=np.float64),
+        )
+
+
+def _then(
+    lower_bounds: torch.Tensor, times: list[float], best: torch.Tensor, second: em.EMResult
+) -> tuple[torch.Tensor, list[float]]:
+    """The lower bounds (B, R, T) and iteration times of EM on a subsample, followed by
+    those of ``second``, the kept runs ``best`` (B,) going on over every row."""
+    more = lower_bounds.new_full((*lower_bounds.shape[:2], second.lower_bounds.shape[1]), math.nan)
+    more[torch.arange(len(best), device=best.device), best] = second.lower_bounds
+    elapsed = times[-1] if times else 0.0
+    times = times + [elapsed + t for t in second.iteration_times]
+    return torch.cat([lower_bounds, more], dim=2), times
+
+
+class _KMeans:
+    """Lloyd's part of :func:`fit` (one dataset): its starts, runs, choice, refit and
+    result. Each run is (centres, labels, inertia, n_iter)."""
+
+    def __init__(self, plan: FitPlan, given: np.ndarray | None):
+        self.plan = plan
+        self.stages = [[], []] if plan.trace else None
+
+    def starts(self, x, mask, weights, generator, index) -> torch.Tensor:
+        return starts.kmeans_starts(x, generator, self.plan, sample_weight=weights)  # (R, K, d)
+
+    def _lloyd(self, x, centers, weights, stage: int) -> tuple:
+        return kmeans.lloyd(
+            x,
+            centers,
+            max_iter=self.plan.max_iter,
+            tol=self.plan.tol,
+            sample_weight=weights,
+            trace=None if self.stages is None else self.stages[stage],
+        )
+
+    def solve(self, x, mask, weights, centers) -> tuple:
+        return self._lloyd(x.expand(centers.shape[0], -1, -1), centers, weights, 0)
+
+    def choose(self, result: tuple, x, mask, weights) -> int:
+        return int(torch.argmin(result[2]))
+
+    def refit(self, result: tuple, best: int, x, mask, weights) -> tuple:
+        centers, labels, inertia, n_iter = self._lloyd(x, result[0][best : best + 1], weights, 1)
+        return centers, labels, inertia, n_iter + result[3][best]
+
+    def result(self, result: tuple, best: int, order, first: tuple | None = None) -> KMeansFit:
+        centers, labels, inertia, n_iter = result
+        kept = best if first is None else 0
+        labels_in_order = labels[kept].cpu().numpy().astype(np.int32)
+        labels = np.empty_like(labels_in_order)
+        labels[order] = labels_in_order  # back in the rows' own order
+        centers, labels = _empty_clusters_last(backend.to_numpy(centers[kept]), labels)
+        return KMeansFit(
+            centers=centers,
+            labels=labels,
+            inertia=float(inertia[kept]),
+            n_iter=int(n_iter[kept]),
+            best_run=best,
+            n_distinct=len(np.unique(labels)),
+            trace=self.stages,
+        )
 
 
 def _empty_clusters_last(centers: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from . import backend, fit, gaussian, m_step, row_order, runs, starts, sufficient_stats
+from .plan import FitPlan
 
 ReduceBlocks = Callable[[Callable[..., np.ndarray], tuple, int], np.ndarray]
 
@@ -90,24 +91,15 @@ def fit_mixtures_by_blocks(
     reduce_blocks: ReduceBlocks,
     sample: np.ndarray,
     n_rows: int,
-    *,
-    n_components: int,
-    covariance_type: str,
-    reg_covar: float,
-    max_iter: int,
-    tol: float,
-    device: str,
-    seed: int,
-    n_kmeans_inits: int,
-    backbone: backend.Backbone | None = None,
-    n_transformer_inits: int = 0,
+    plan: FitPlan,
 ) -> fit.MixtureFits:
-    """:func:`~transformer_gmm.engine.fit.fit_mixtures` on one dataset of ``n_rows`` rows that
-    ``reduce_blocks`` reads, of which ``sample`` (S, d) is a uniform sample of
-    ``min(n_rows, SELECTION_ROWS)`` rows (every row, in order, when there are no more).
+    """:func:`~transformer_gmm.engine.fit.fit` of the mixture ``plan`` on one dataset of
+    ``n_rows`` rows that ``reduce_blocks`` reads, of which ``sample`` (S, d) is a uniform
+    sample of ``min(n_rows, SELECTION_ROWS)`` rows (every row, in order, when there are
+    no more).
 
-    The starts are built on the sample, on ``device``, by the generator seeded with
-    ``seed``. Where the in-memory fit would compare them on a subsample of
+    The starts are built on the sample, on ``plan.device``, by the generator seeded with
+    ``plan.seed``. Where the in-memory fit would compare them on a subsample of
     ``SELECTION_ROWS`` rows, they are compared on the sample (by EM there) and EM by
     blocks goes on from the best, ``n_iter`` counting both; otherwise EM by blocks runs
     from every start, one pass over the blocks an iteration for all of them, and
@@ -117,23 +109,15 @@ def fit_mixtures_by_blocks(
     the sample holds, when it does not hold all, still depends on where they lie.
     """
     sample = sample[row_order.canonical_order(sample)]
-    options = dict(
-        n_components=n_components,
-        covariance_type=covariance_type,
-        reg_covar=reg_covar,
-        n_kmeans_inits=n_kmeans_inits,
-        backbone=backbone,
-        n_transformer_inits=n_transformer_inits,
-        device=device,
-    )
+    n_components, covariance_type = plan.n_components, plan.covariance_type
     n_iter_before, best_run = 0, None
-    if n_transformer_inits + n_kmeans_inits > 1 and n_rows > fit.SELECTION_ROWS:
-        chosen = fit.fit_mixtures([sample], max_iter=max_iter, tol=tol, seed=seed, **options)
+    if plan.n_runs > 1 and n_rows > fit.SELECTION_ROWS:
+        chosen = fit.fit(plan, [sample])
         start = _on_cpu(chosen.weights, chosen.means, chosen.covariances, covariance_type)
         n_iter_before, best_run = chosen.n_iter, chosen.best_run
     else:
-        x = backend.tensor(sample, device)[None]  # (1, S, d)
-        every = starts.mixture_starts(x, None, backend.generator(seed, device), **options)
+        x = backend.tensor(sample, plan.device)[None]  # (1, S, d)
+        every = starts.mixture_starts(x, None, backend.generator(plan.seed, plan.device), plan)
         start = _on_cpu(every.weights, every.means, every.covariances, covariance_type)
     n_features = sample.shape[1]
 
@@ -159,15 +143,15 @@ def fit_mixtures_by_blocks(
         statistics_of,
         n_rows,
         covariance_type=covariance_type,
-        reg_covar=reg_covar,
-        max_iter=max_iter,
-        tol=tol,
+        reg_covar=plan.reg_covar,
+        max_iter=plan.max_iter,
+        tol=plan.tol,
     )
     kept = 0
     if best_run is None:
-        best = runs.choose(result.lower_bound[None], n_transformer_inits, n_rows)  # (1,)
+        best = runs.choose(result.lower_bound[None], plan.n_transformer_inits, n_rows)  # (1,)
         kept, best_run = int(best[0]), best.numpy()
-    one = slice(kept, kept + 1)  # a batch of one dataset, as fit.fit_mixtures returns
+    one = slice(kept, kept + 1)  # a batch of one dataset, as fit.fit returns
     fields = [result.params.weights, result.params.means, result.params.covariances]
     fields += [result.params.precisions_cholesky, result.lower_bound]
     return fit.MixtureFits(
@@ -185,20 +169,12 @@ def fit_kmeans_by_blocks(
     n_rows: int,
     mean: np.ndarray,
     sum_of_squares: float,
-    *,
-    n_clusters: int,
-    max_iter: int,
-    tol: float,
-    device: str,
-    seed: int,
-    n_kmeans_inits: int,
-    backbone: backend.Backbone | None = None,
-    n_transformer_inits: int = 0,
+    plan: FitPlan,
 ) -> fit.KMeansFit:
-    """:func:`~transformer_gmm.engine.fit.fit_kmeans` on one dataset of ``n_rows`` rows that
-    ``reduce_blocks`` reads, with ``sample`` as in :func:`fit_mixtures_by_blocks`: the
-    starts are built on it, and compared on it where the in-memory fit would compare them
-    on a subsample.
+    """:func:`~transformer_gmm.engine.fit.fit` of the k-means ``plan`` on one dataset of
+    ``n_rows`` rows that ``reduce_blocks`` reads, with ``sample`` as in
+    :func:`fit_mixtures_by_blocks`: the starts are built on it, and compared on it where
+    the in-memory fit would compare them on a subsample.
 
     ``mean`` (d,) is the mean of every row, on which Lloyd centres the data, and
     ``sum_of_squares`` the sum of their squared differences from it, which scales
@@ -207,23 +183,16 @@ def fit_kmeans_by_blocks(
     in the canonical order of rows, as :func:`fit_mixtures_by_blocks` puts it.
     """
     sample = sample[row_order.canonical_order(sample)]
-    options = dict(
-        n_kmeans_inits=n_kmeans_inits,
-        backbone=backbone,
-        n_transformer_inits=n_transformer_inits,
-        device=device,
-    )
+    n_clusters, max_iter, tol = plan.n_components, plan.max_iter, plan.tol
     n_iter_before, best_run = 0, None
-    if n_transformer_inits + n_kmeans_inits > 1 and n_rows > fit.SELECTION_ROWS:
-        chosen = fit.fit_kmeans(
-            sample, n_clusters=n_clusters, max_iter=max_iter, tol=tol, seed=seed, **options
-        )
+    if plan.n_runs > 1 and n_rows > fit.SELECTION_ROWS:
+        chosen = fit.fit(plan, [sample])
         centers = torch.from_numpy(chosen.centers)[None]
         n_iter_before, best_run = chosen.n_iter, chosen.best_run
     else:
-        x = backend.tensor(sample, device)[None]  # (1, S, d)
-        generator = backend.generator(seed, device)
-        centers = starts.kmeans_starts(x, generator, n_clusters=n_clusters, **options)
+        x = backend.tensor(sample, plan.device)[None]  # (1, S, d)
+        generator = backend.generator(plan.seed, plan.device)
+        centers = starts.kmeans_starts(x, generator, plan)
         centers = centers.to("cpu", torch.float64)
     n_features = sample.shape[1]
     offset = torch.from_numpy(np.asarray(mean, dtype=np.float64)).reshape(1, 1, -1)

@@ -1,11 +1,13 @@
-"""The map to the model's input space, batched in torch: B datasets at once.
+"""The map to the model's input space, in torch: B datasets at once.
 
-The same map as :func:`transformer_gmm._preprocessing.fit_standardization` (the numpy
-reference, which training uses): centre, principal axes, a sign fix, the top
-``n_kept_directions`` of them, one global scale, zero padding to ``d_max``. Here it runs
-on a padded batch (B, N, d) with an optional bool ``mask`` (B, N) of real rows, on the
-batch's device, with no per-dataset Python. The statistics are computed in float64
-whatever the input's dtype, so the map agrees with the numpy reference to rounding.
+The backbone reads points of width ``d_max`` with zero mean and unit average variance per
+coordinate. :func:`fit_standardization` fits that map: centre, principal axes, a sign fix,
+the top :func:`n_kept_directions` of them, one global scale, zero padding to ``d_max``.
+It runs on a padded batch (B, N, d) with an optional bool ``mask`` (B, N) of real rows, on
+the batch's device, with no per-dataset Python. Fitting standardizes its batch of datasets
+with it, and the training task sampler each task as a batch of one, so the model sees at
+inference exactly the distribution it was trained on. The statistics are computed in
+float64 whatever the input's dtype.
 """
 
 from __future__ import annotations
@@ -15,9 +17,38 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._preprocessing import n_kept_directions
+__all__ = [
+    "Standardization",
+    "fit_standardization",
+    "n_kept_directions",
+    "subsample_rows",
+    "take_rows",
+]
 
-__all__ = ["Standardization", "fit_standardization", "subsample_rows", "take_rows"]
+
+def n_kept_directions(
+    n_features: int, n_components: int, d_max: int, noise_directions: int = 0
+) -> int:
+    """How many coordinates the model reads: all of them, or the top principal directions.
+
+    The means of K components span an affine subspace of at most K - 1 dimensions, so
+    when the data has more features than that, only the top ``K - 1 + noise_directions``
+    principal directions (at most ``d_max``) are kept: every task then looks alike to the
+    model, whatever its number of features, and the rest is noise that the EM polish
+    handles in full space. A direction beyond the K - 1 holds (almost) only noise, and so
+    shows the model how wide the components are, which the K - 1 alone confound with how
+    far apart they lie; a checkpoint's config says how many such directions its model
+    was trained to read.
+
+    Examples
+    --------
+    >>> from transformer_gmm.engine.standardize import n_kept_directions
+    >>> n_kept_directions(2, 5, 9), n_kept_directions(128, 5, 9), n_kept_directions(8, 2, 9)
+    (2, 4, 1)
+    >>> n_kept_directions(2, 2, 9, noise_directions=1), n_kept_directions(128, 10, 9, 1)
+    (2, 9)
+    """
+    return min(n_features, d_max, max(n_components - 1, 1) + noise_directions)
 
 
 @dataclass(frozen=True)
@@ -31,7 +62,9 @@ class Standardization:
     scale : Tensor of shape (B,)
         One global scale per dataset: the root mean variance of the kept coordinates.
     basis : Tensor of shape (B, n_features, n_kept)
-        Orthonormal columns: the top principal directions, largest variance first.
+        Orthonormal columns: the top principal directions (see :func:`n_kept_directions`),
+        where the component means live, largest variance first; each column's largest
+        loading (the first, on ties) is positive.
     d_max : int
         Width of the model's input.
 
@@ -92,7 +125,10 @@ def fit_standardization(
     Returns
     -------
     Standardization
-        Equal, dataset by dataset, to the numpy reference on the real rows.
+        Each dataset's map depends on its real rows only. Translating a dataset by ``b``
+        and scaling it by ``a > 0`` changes its ``center`` to ``a * center + b`` and its
+        ``scale`` to ``a * scale`` and leaves the transformed points unchanged (up to
+        rounding), so the model's estimate is equivariant.
 
     Examples
     --------
@@ -117,6 +153,10 @@ def fit_standardization(
         center = x.masked_fill(padding, 0.0).sum(dim=1) / counts  # (B, d)
         centered = (x - center[:, None, :]).masked_fill(padding, 0.0)
     covariance = centered.mT @ centered / counts[..., None]  # (B, d, d)
+    # The principal axes even when every feature is kept: the backbone is not rotation
+    # equivariant, and a canonical orientation (largest variance first) is one thing less
+    # for it to learn. Eigenvectors of the d x d covariance: O(N d^2) time and O(d^2)
+    # memory per dataset, whatever N.
     # Ascending eigenvalues: the last n_kept, reversed, are the largest first.
     eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
     variances = eigenvalues.flip(-1)[:, :n_kept].clamp_min(0.0)  # (B, n_kept)

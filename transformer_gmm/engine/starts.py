@@ -1,20 +1,25 @@
 """Where EM and Lloyd start: the transformer's starts, k-means++'s, and the estimator's own.
 
-Both fits (:mod:`transformer_gmm.engine.fit` in memory, :mod:`transformer_gmm.engine.fit_by_blocks`
-for a Dask array) build their starts here, in torch, on the fit's device; the backbone
-reads the data through :mod:`transformer_gmm.engine.readout`.
+Both fits (:func:`transformer_gmm.engine.fit.fit` in memory,
+:mod:`transformer_gmm.engine.fit_by_blocks` for a Dask array) build their starts here, in
+torch, on the fit's device; the backbone reads the data through
+:mod:`transformer_gmm.engine.readout`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from . import backend, gaussian, kmeans, m_step, readout, runs
 from .standardize import take_rows
+
+if TYPE_CHECKING:
+    from .plan import FitPlan
 
 # --- Gaussian mixtures ---------------------------------------------------------------
 
@@ -55,25 +60,23 @@ def mixture_starts(
     x: torch.Tensor,
     mask: torch.Tensor | None,
     generator: torch.Generator,
+    plan: FitPlan,
     *,
-    n_components: int,
-    covariance_type: str,
-    reg_covar: float,
-    n_kmeans_inits: int,
-    backbone: backend.Backbone | None,
-    n_transformer_inits: int,
-    device: str,
     sample_weight: torch.Tensor | None = None,
     given: GivenStarts | None = None,
     index: torch.Tensor | None = None,
 ) -> m_step.MixtureParams:
-    """The starts of :func:`~transformer_gmm.engine.fit.fit_mixtures` for the datasets ``x``
-    (B, N, d), flattened to (B * R, ...), dataset-major: the transformer's first, then
-    k-means++'s, then ``given``'s (see :class:`GivenStarts`; ``index`` (B, N) is where
-    ``x``'s rows sit in the data, or None), all with ``given``'s parameters in place of
-    theirs. With ``sample_weight`` (B, N), the transformer reads rows drawn in proportion
-    to their weights, and the other starts are weighted."""
+    """The starts of the mixture ``plan`` (see :func:`transformer_gmm.engine.fit.fit`) for
+    the datasets ``x`` (B, N, d), flattened to (B * R, ...), dataset-major: the
+    transformer's first, then k-means++'s, then ``given``'s (``plan.given``, its rows in
+    ``x``'s order; see :class:`GivenStarts`; ``index`` (B, N) is where ``x``'s rows sit in
+    the data, or None), all with ``given``'s parameters in place of theirs. With
+    ``sample_weight`` (B, N), the transformer reads rows drawn in proportion to their
+    weights, and the other starts are weighted."""
     n_datasets = x.shape[0]
+    n_components, covariance_type = plan.n_components, plan.covariance_type
+    reg_covar, backbone, device = plan.reg_covar, plan.backbone, plan.device
+    n_transformer_inits, n_kmeans_inits = plan.n_transformer_inits, plan.n_kmeans_inits
     run_params = []  # each (B, R_i, ...) parameters
     if n_transformer_inits > 0:
         model = backend.model_on(backbone.model, device)
@@ -210,20 +213,18 @@ def _with_given(
 def kmeans_starts(
     x: torch.Tensor,
     generator: torch.Generator,
+    plan: FitPlan,
     *,
-    n_clusters: int,
-    n_kmeans_inits: int,
-    backbone: backend.Backbone | None,
-    n_transformer_inits: int,
-    device: str,
     sample_weight: torch.Tensor | None = None,
-    given: np.ndarray | None = None,
 ) -> torch.Tensor:
-    """The starting centres (R, K, d) of :func:`~transformer_gmm.engine.fit.fit_kmeans` for one
-    dataset ``x`` (1, N, d): the transformer's first, then k-means++'s, then ``given``'s
-    (R_given, K, d), the estimator's own. With ``sample_weight`` (1, N), the transformer
-    reads rows drawn in proportion to their weights, and k-means++ is weighted."""
-    starts = []
+    """The starting centres (R, K, d) of the k-means ``plan`` (see
+    :func:`transformer_gmm.engine.fit.fit`) for one dataset ``x`` (1, N, d): the
+    transformer's first, then k-means++'s, then ``plan.given``'s (R_given, K, d), the
+    estimator's own. With ``sample_weight`` (1, N), the transformer reads rows drawn in
+    proportion to their weights, and k-means++ is weighted."""
+    n_clusters, given, device = plan.n_components, plan.given, plan.device
+    n_transformer_inits, n_kmeans_inits = plan.n_transformer_inits, plan.n_kmeans_inits
+    backbone, starts = plan.backbone, []
     if n_transformer_inits > 0:
         model = backend.model_on(backbone.model, device)
         x_read = x

@@ -104,7 +104,7 @@ def evaluate(model: MixtureTransformer, batches: list[TaskBatch], device: str) -
         out = MixtureOutput(*(t.float() for t in out))
         means = out.means.cpu().numpy()  # (B, K, d_max)
         errors = [
-            matched_mean_error(t.standardization.inverse_transform_means(m), t.means)
+            matched_mean_error(t.from_model_space(m), t.means)
             for t, m in zip(batch.tasks, means, strict=True)
         ]
         resp = model_space_responsibilities(b.x, b.dim_mask, out, b.mask).cpu()  # (B, N, K)
@@ -132,7 +132,7 @@ def readout_means(
 ) -> np.ndarray:
     """(K, d): the means the estimators read out of the responsibilities ``resp`` (N, K)
     of ``task``'s points, with the head's estimate for a component that gets none."""
-    fallback_means = task.standardization.inverse_transform_means(head_means)  # (K, d)
+    fallback_means = task.from_model_space(head_means)  # (K, d)
     _, readout = weights_and_means_from_responsibilities(
         torch.as_tensor(task.X, dtype=torch.float64)[None],
         resp.to(torch.float64)[None],

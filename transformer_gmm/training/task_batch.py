@@ -45,7 +45,7 @@ class TaskBatch:
     (5, 4, torch.Size([5, 3, 4]), 5)
     """
 
-    x: Tensor  # (B, N, d_max) float32, fit_standardization(X, d_max).transform(X), zero rows pad
+    x: Tensor  # (B, N, d_max) float32, each task's standardization of its X, zero rows pad
     mask: Tensor  # (B, N) bool, True for real points
     labels: Tensor  # (B, N) int64 true component, 0 on padding
     means: Tensor  # (B, K, d_max) true means in model space, zero-padded
@@ -125,11 +125,11 @@ def collate(tasks: list[Task], d_max: int) -> TaskBatch:
     scales = np.ones((B, K, d_max), np.float32)
     dim_mask = np.zeros((B, d_max), bool)
     for b, task in enumerate(tasks):
-        st, n, kept = task.standardization, len(task.X), task.standardization.basis.shape[1]
-        x[b, :n] = st.transform(task.X)
+        n, kept = len(task.X), task.basis.shape[1]
+        x[b, :n] = task.to_model_space(task.X)
         mask[b, :n] = True
         labels[b, :n] = task.labels
-        means[b] = st.transform(task.means)  # (mu - center) @ basis / scale, zero-padded
+        means[b] = task.to_model_space(task.means)  # (mu - center) @ basis / scale, padded
         scales[b, :, :kept] = task.model_space_stds()
         dim_mask[b, :kept] = True
     weights = np.stack([t.weights for t in tasks]).astype(np.float32)  # (B, K)

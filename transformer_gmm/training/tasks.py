@@ -1,9 +1,10 @@
 """Synthetic Gaussian-mixture tasks, brought to the model's input space exactly as ``fit`` does.
 
 A task is one dataset: K means, K weights, a noise model, n points and their labels. Every
-task goes through :func:`~transformer_gmm._preprocessing.fit_standardization` (centre,
-project onto the top min(K - 1, d_max) principal components when d exceeds that, one
-global scale, zero-pad), so the model trains on the distribution it meets at inference.
+task goes through :func:`~transformer_gmm.engine.standardize.fit_standardization`, the
+map ``fit`` applies, as a batch of one (centre, project onto the top min(K - 1, d_max)
+principal components when d exceeds that, one global scale, zero-pad), so the model trains
+on the distribution it meets at inference.
 The targets are mapped by the same standardization: they are what the model should
 output for this input.
 
@@ -18,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from .._preprocessing import Standardization, fit_standardization
+from ..engine.standardize import Standardization, fit_standardization
 from .real_data import (
     add_irrelevant_features,
     add_outliers,
@@ -183,8 +185,15 @@ class Task:
     weights : ndarray of shape (K,)
     stds : ndarray of shape (K, d)
         Noise standard deviation per component and coordinate.
-    standardization : Standardization
-        The map ``fit`` applies to ``X``.
+    center : ndarray of shape (d,)
+    scale : float
+    basis : ndarray of shape (d, kept)
+    d_max : int
+        The map ``fit`` applies to ``X``, fitted by the engine's
+        :func:`~transformer_gmm.engine.standardize.fit_standardization` and kept as numpy
+        (tasks cross process boundaries from the DataLoader's workers, where every tensor
+        would hold a file descriptor): :attr:`standardization` gives it back as the
+        engine's map, and :meth:`to_model_space` and :meth:`from_model_space` apply it.
     factors : ndarray of shape (K, d, d) or None
         Where covariances are full: covariance k is ``factors[k] @ factors[k].T``, and
         ``stds`` is the root of its diagonal. None where they are diagonal (``stds``).
@@ -203,15 +212,68 @@ class Task:
     means: np.ndarray  # (K, d)
     weights: np.ndarray  # (K,)
     stds: np.ndarray  # (K, d) noise standard deviation per component and coordinate
-    standardization: Standardization
+    # The engine's map of X, as numpy: z = basis.T @ (x - center) / scale, zero-padded.
+    center: np.ndarray  # (d,)
+    scale: float
+    basis: np.ndarray  # (d, kept)
+    d_max: int
     factors: np.ndarray | None = None  # (K, d, d): covariance k is factors[k] @ factors[k].T
+
+    @property
+    def standardization(self) -> Standardization:
+        """The map ``fit`` applies to ``X``: the engine's, for a batch of one dataset.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm.training import PRIORS, sample_task
+        >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], 2, 6, 20, d_max=4)
+        >>> task.standardization.basis.shape, task.standardization.n_kept  # 1 of 6 kept
+        (torch.Size([1, 6, 1]), 1)
+        """
+        return Standardization(
+            center=torch.from_numpy(self.center)[None],
+            scale=torch.tensor([self.scale], dtype=torch.float64),
+            basis=torch.from_numpy(self.basis)[None],
+            d_max=self.d_max,
+        )
+
+    def to_model_space(self, points: np.ndarray) -> np.ndarray:
+        """Points (m, d) of the user's space as float32 model inputs (m, d_max).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm.training import PRIORS, sample_task
+        >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], 2, 6, 20, d_max=4)
+        >>> z = task.to_model_space(task.X)  # 1 direction kept of 6, then zero padding
+        >>> z.shape, z.dtype, bool((z[:, 1:] == 0).all())
+        ((20, 4), dtype('float32'), True)
+        """
+        points = torch.as_tensor(points, dtype=torch.float64)[None]
+        return self.standardization.transform(points)[0].numpy()
+
+    def from_model_space(self, means: np.ndarray) -> np.ndarray:
+        """Model-space means (K, d_max) back in the user's space, float64 (K, d).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm.training import PRIORS, sample_task
+        >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], 3, 2, 30, d_max=4)
+        >>> back = task.from_model_space(task.to_model_space(task.means))  # d = K - 1: all kept
+        >>> bool(np.allclose(back, task.means, atol=1e-5))
+        True
+        """
+        means = torch.as_tensor(means, dtype=torch.float64)[None]
+        return self.standardization.inverse_transform_means(means)[0].numpy()
 
     def model_space_stds(self) -> np.ndarray:
         """Noise std per component along each kept direction in model space, (K, kept)."""
-        st = self.standardization
+        basis, scale = self.basis, self.scale
         if self.factors is None:  # basis.T diag(std^2) basis: its diagonal
-            return np.sqrt(self.stds**2 @ st.basis**2) / st.scale
-        return np.sqrt(((st.basis.T @ self.factors) ** 2).sum(-1)) / st.scale
+            return np.sqrt(self.stds**2 @ basis**2) / scale
+        return np.sqrt(((basis.T @ self.factors) ** 2).sum(-1)) / scale
 
     def oracle_means(self) -> np.ndarray:
         """Means of the true clusters, (K, d): what an estimator that knew the labels gets.
@@ -280,7 +342,7 @@ def sample_task(
     >>> import numpy as np
     >>> from transformer_gmm.training import PRIORS, sample_task
     >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], K=2, d=6, n=20, d_max=4)
-    >>> task.X.shape, task.standardization.transform(task.X).shape  # 1 direction, padded
+    >>> task.X.shape, task.to_model_space(task.X).shape  # 1 direction, padded
     ((20, 6), (20, 4))
     """
     h = log_uniform(rng, *prior.half_width)
@@ -307,8 +369,10 @@ def sample_task(
         X, labels = add_outliers(rng, prior, X, labels, means, weights, factors)
         means, factors, X = standardize_features(rng, prior, means, factors, X)
         stds = np.sqrt((factors**2).sum(-1))  # (K, d) the root of each diagonal
-    standardization = fit_standardization(X, d_max, K, noise_directions)
-    return Task(X, labels, means, weights, stds, standardization, factors)
+    x = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))[None]  # a batch of one
+    st = fit_standardization(x, None, d_max, K, noise_directions)
+    center, scale, basis = st.center[0].numpy(), st.scale[0].item(), st.basis[0].numpy()
+    return Task(X, labels, means, weights, stds, center, scale, basis, d_max, factors)
 
 
 def _draw_d(rng: np.random.Generator, d_range: tuple[int, int]) -> int:
