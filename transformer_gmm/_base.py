@@ -92,17 +92,9 @@ class TransformerMixtureBase(BaseEstimator):
         raise NotImplementedError
 
     def _starts(self, uses_transformer: bool) -> tuple[int, int]:
-        """How many starts to run: (from the transformer, from k-means++).
-
-        The transformer gives two starts per view of the data, ``2 * n_views`` in all
-        (see :func:`transformer_gmm.engine.readout.mixture_inits`); they are the first of
-        ``n_init``. "auto" runs all of them and two k-means++ starts, or one k-means++
-        start alone when no transformer runs (as scikit-learn does). A poor start can
-        trap EM and Lloyd in a local optimum; the transformer's starts and k-means++'s
-        fail on different datasets, and more starts in the same batch cost little next to
-        the forward pass (docs/benchmarks.md compares one k-means++ start with two). With
-        ``max_iter=0``, "auto" runs the transformer's starts alone: that setting asks for
-        the transformer's own estimate, and a k-means++ start without EM is not.
+        """How many starts to run: (from the transformer, from k-means++). "auto" runs the
+        transformer's ``2 * n_views`` and two k-means++ starts (they fail on different datasets;
+        docs/benchmarks.md), one k-means++ start without a transformer, none with ``max_iter=0``.
         """
         if not uses_transformer:
             return 0, 1 if self.n_init == "auto" else self.n_init

@@ -39,10 +39,9 @@ def is_dask_array(X) -> bool:
 
 
 def validate(estimator, X, *, reset: bool, min_samples: int = 1):
-    """What ``validate_data`` checks, for a Dask array and without computing it: 2-D,
-    whole rows in each chunk, a numeric dtype (float32 kept, others made float64), the
-    number of features; NaN and infinity are found by the fit's first pass, or by each
-    chunk's prediction. Returns the array, perhaps cast lazily."""
+    """``validate_data``'s checks for a Dask array, without computing it: 2-D, whole rows per
+    chunk, numeric (float32 kept, else float64), ``n_features``; NaN and inf are found later.
+    """
     if X.ndim != 2:
         raise ValueError(
             f"Expected a 2D array, got a {X.ndim}D dask array of shape {X.shape} instead. "

@@ -150,19 +150,8 @@ def random_responsibilities(
     random_state: np.random.RandomState,
     sample_weight: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``n_init`` starting responsibilities (n_init, n_samples, n_components), drawn one
-    after another from ``random_state`` as scikit-learn's ``"random"`` (uniform, each row
-    normalised) or ``"random_from_data"`` (one-hot on distinct rows drawn uniformly, or in
-    proportion to ``sample_weight``) draws them.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from transformer_gmm._initialization import random_responsibilities
-    >>> X = np.arange(10.0).reshape(5, 2)
-    >>> resp = random_responsibilities("random_from_data", X, 2, 3, np.random.RandomState(0))
-    >>> resp.shape, resp.sum(axis=(1, 2)).tolist()
-    ((3, 5, 2), [2.0, 2.0, 2.0])
+    """``n_init`` starting responsibilities (n_init, n_samples, n_components), drawn from
+    ``random_state`` as scikit-learn's ``"random"`` or ``"random_from_data"`` draws them.
     """
     draw = _RANDOM_STARTS[init_params]
     return np.stack([draw(X, n_components, random_state, sample_weight) for _ in range(n_init)])
@@ -174,12 +163,6 @@ def random_responsibilities(
 def checked_sample_weight(sample_weight, n_samples: int, min_positive: int = 1) -> np.ndarray:
     """``sample_weight`` as float64 (n_samples,), finite and non-negative, with at least
     ``min_positive`` positive weights; a number weighs every sample alike.
-
-    Examples
-    --------
-    >>> from transformer_gmm._initialization import checked_sample_weight
-    >>> checked_sample_weight(2, 3).tolist()
-    [2.0, 2.0, 2.0]
     """
     if isinstance(sample_weight, Real):
         sample_weight = np.full(n_samples, sample_weight, dtype=np.float64)

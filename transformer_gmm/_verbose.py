@@ -30,12 +30,9 @@ def report(
     verbose: int,
     verbose_interval: int,
 ) -> None:
-    """Print, for each run (row of ``lower_bounds`` (R, T), NaN after it stopped),
-    scikit-learn's ``Initialization i``, an ``Iteration`` line every ``verbose_interval``
-    iterations, and whether it converged (the kept run ``best_run`` as the fit says, the
-    others by their last change); with ``verbose >= 2``, the time lapses (of the batch:
-    ``iteration_times`` (T,) are seconds from EM's start) and the changes and final value
-    of the lower bound.
+    """Print scikit-learn's EM report for each run (row of ``lower_bounds`` (R, T), NaN after
+    it stopped): initialization, iterations every ``verbose_interval``, convergence, and with
+    ``verbose >= 2`` times and lower-bound changes.
     """
     if len(lower_bounds) > 1:
         print(f"{len(lower_bounds)} initializations run as one batch; time lapses are the batch's.")
@@ -91,12 +88,9 @@ def _lloyd_lines(steps: list, threshold: float) -> list[list[str]]:
 
 
 def kmeans_report(trace: list[list], *, threshold: float) -> None:
-    """Print scikit-learn's ``KMeans`` report for each run of a TransformerClusterer fit:
-    ``Initialization complete``, then each Lloyd iteration's inertia (of the assignment
-    to the centres it started from) and how the run converged. ``trace`` holds the
-    steps of the batched loop and, where the runs were compared on a subsample, those of
-    the kept run on every row; ``threshold`` is ``tol`` times the mean variance of the
-    features."""
+    """Print scikit-learn's ``KMeans`` report for each run of a TransformerClusterer fit from
+    ``trace``: initialization, each Lloyd iteration's inertia, and how the run converged.
+    """
     runs, refit = (_lloyd_lines(steps, threshold) for steps in trace)
     if len(runs) > 1:
         print(f"{len(runs)} initializations run as one batch.")

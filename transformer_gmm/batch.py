@@ -208,15 +208,8 @@ def _copies(template: TransformerGMM, n_copies: int) -> list[TransformerGMM]:
 
 
 def _validate(estimators: list[TransformerGMM], datasets) -> np.ndarray | list[np.ndarray]:
-    """Each dataset validated as its estimator's ``fit`` validates it.
-
-    Float arrays of one shape and dtype (a 3-D array, or a list of equal 2-D arrays) are
-    validated in one call, on their rows stacked together, and come back as one 3-D
-    array; the per-dataset check left (enough samples) holds for all of them when it
-    holds for one, and, as these are plain arrays, validation sets nothing on the other
-    estimators but ``n_features_in_``, which their fit sets. Anything else, or a batch that
-    fails, goes one dataset at a time, which raises the usual errors, and comes back as a
-    list. The same estimator may appear more than once.
+    """Each dataset validated as its estimator's ``fit`` validates it: float arrays of one shape
+    in one call (returned as one 3-D array), anything else one at a time (returned as a list).
     """
     stacked = _stack_floats(datasets)
     if stacked is not None and stacked.shape[1] >= max(2, estimators[0].n_components):

@@ -223,13 +223,8 @@ def transformer_estimates(
 
 
 def check_magnitude(x: torch.Tensor, mask: torch.Tensor | None) -> None:
-    """Raise a ValueError for a dataset of ``x`` (B, N, d) whose values would overflow
-    ``x``'s dtype in the fit's sums, before any of them is taken.
-
-    Covariances, squared distances and the k-means inertia sum up to ``n * d`` squared
-    differences, each at most the square of a feature's range; means sum ``n`` values.
-    Past the largest float those sums are inf, and torch's eigendecomposition and Cholesky
-    factorisation then fail with errors that say nothing about the data.
+    """Raise a ValueError for a dataset of ``x`` whose sums would overflow its dtype, before
+    torch's eigendecomposition or Cholesky fails with an error that says nothing of the data.
     """
     if mask is None:
         highest, lowest = x.amax(dim=1), x.amin(dim=1)  # (B, d)

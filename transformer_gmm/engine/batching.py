@@ -82,12 +82,8 @@ SHRINK_WHEN_STOPPED = 0.25
 
 
 class ShrinkingBatch:
-    """The rows of a batch that a loop still works on, and the results of those it left.
-
-    ``rows`` maps the working batch to the full batch. A ``state`` is a tuple of the
-    loop's per-row tensors, of the working batch's size. The first state stored becomes
-    the full-size results and is written into in place later on, so loops pass tensors
-    they made themselves, never their inputs.
+    """The rows of a batch a loop still works on (``rows`` maps them to the full batch), and
+    the results of those it left; the first state stored is written into in place later.
     """
 
     def __init__(self, n_batch: int, device: torch.device) -> None:

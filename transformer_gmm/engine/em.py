@@ -137,10 +137,8 @@ def _reseed_means(
     points: Tensor,
     covariance_type: str,
 ) -> Tensor:
-    """``params.means`` with each empty component (``empty``, (B, K)) moved onto a point
-    that the other components explain worst: the j-th empty one (by index) takes the
-    j-th worst point, as k-means relocates empty clusters, so several empty components
-    part. Only ``points`` (B|1, N) are candidates: never padding, nor a row of weight 0.
+    """``params.means`` with the j-th ``empty`` component moved onto the j-th point the others
+    explain worst (as k-means relocates empty clusters); only ``points`` are candidates.
     """
     others = MixtureParams(
         params.weights.masked_fill(empty, 0.0),  # the empty components explain nothing
@@ -169,19 +167,9 @@ def _reseed(
     points: Tensor,
     covariance_type: str,
 ) -> tuple[MixtureParams, Tensor]:
-    """Re-seed the ``empty`` (B, K) components of ``params``.
-
-    Each takes the others' average covariance (weighted by ``counts`` (B, K), the
-    components' weighted counts), one average point's weight ``unit`` beside the
-    others' ``counts``, and a mean at a point the others explain worst
-    (:func:`_reseed_means`). Datasets without an empty component keep their parameters
-    bit for bit.
-
-    Returns
-    -------
-    params : MixtureParams
-    failed : bool Tensor of shape (B,)
-        The re-seeded datasets whose covariances are not positive definite.
+    """Re-seed the ``empty`` (B, K) components: the others' average covariance, one average
+    point's weight, a mean at a badly explained point; returns ``(params, failed)``, where
+    ``failed`` (B,) marks covariances that are not positive definite.
     """
     covariances = params.covariances
     if covariances is None:

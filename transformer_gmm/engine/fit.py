@@ -68,41 +68,14 @@ def fit(
     Xs: list[np.ndarray] | np.ndarray,
     sample_weight: list[np.ndarray] | np.ndarray | None = None,
 ) -> MixtureFits | KMeansFit:
-    """Run ``plan`` on the datasets ``Xs`` (a list of (n_i, d) arrays or one (B, n, d)
-    array; one dataset for k-means), from every start at once, and keep each dataset's
-    best run: a :class:`MixtureFits` for a mixture plan, a :class:`KMeansFit` for k-means.
+    """Run ``plan`` on the datasets ``Xs`` from every start at once and keep each dataset's best
+    run: :class:`MixtureFits` for a mixture plan, :class:`KMeansFit` for k-means.
 
-    Each dataset's runs start, in order, from the first ``plan.n_transformer_inits``
-    starts of the backbone's transformer (see
-    :func:`transformer_gmm.engine.readout.mixture_inits` and ``cluster_centers``), from
-    ``plan.n_kmeans_inits`` k-means++ starts (with Lloyd, for mixtures: scikit-learn's
-    default initialisation), then from ``plan.given``'s (for one dataset).
-
-    ``sample_weight`` (one non-negative array per dataset, of its number of rows) weighs
-    the rows as frequencies: the transformer reads rows drawn in proportion to their
-    weights, k-means++, Lloyd and EM are weighted, and a mixture's lower bound is the
-    weighted mean log-likelihood (k-means's inertia, a weighted sum).
-
-    Datasets of more than ``SELECTION_ROWS`` rows choose among several starts on a
-    uniform subsample of that many rows: every start is built and run there, and only
-    each dataset's best goes on over all rows. So a large fit costs about one run
-    whatever ``n_init`` is, with its memory. ``n_iter`` then counts both stages.
-
-    One generator, seeded with ``plan.seed``, draws that subsample (only where it is
-    taken), the rows the backbone reads (only where they are more than its context), then
-    the k-means++ seeds. Those draws pick rows by position, so each dataset's rows are
-    first put in a canonical order (:mod:`transformer_gmm.engine.row_order`), with their
-    weights and given responsibilities: the fit does not depend on the order of the rows,
-    to rounding (only through given responsibilities, where the caller drew them row by
-    row). K-means's labels come back in the rows' own order; nothing else is per row.
-
-    The first ``r`` k-means++ starts are the same for any ``n_kmeans_inits >= r``, and
-    the transformer's starts take the same draws however many of them run: so more
-    starts never lose one, and with k-means++ starts alone (which compete on the lower
-    bound only) the kept lower bound never falls, to rounding, as ``n_kmeans_inits``
-    grows; except from one start to two on more than ``SELECTION_ROWS`` rows, where one
-    start is built on every row and two or more on the subsample (and there, the best
-    start on the subsample need not end best on every row).
+    Runs start from the transformer's starts, then k-means++'s, then ``plan.given``'s.
+    Rows are first put in canonical order (:mod:`~transformer_gmm.engine.row_order`), so the
+    fit does not depend on their order; beyond ``SELECTION_ROWS`` rows, starts compete on a
+    uniform subsample and only the best runs on every row. ``sample_weight`` weighs rows as
+    frequencies.
     """
     Xs, sample_weight, given, orders = _in_canonical_order(Xs, sample_weight, plan.given)
     dtype = backend.dtype_for(plan.device)
@@ -161,11 +134,8 @@ def _in_canonical_order(
 def _selection_rows(
     x: torch.Tensor, mask: torch.Tensor | None, n_runs: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Where the starts are built and compared: every row, or, for several starts on
-    datasets of more than ``SELECTION_ROWS`` rows, a uniform subsample of that many.
-
-    Returns those rows (B, S, d), which of them are real (or None), and their index
-    (B, S), None when every row is kept.
+    """Where starts are built and compared: every row, or a uniform subsample of
+    ``SELECTION_ROWS`` rows; returns the rows, their mask (or None) and their index (or None).
     """
     if n_runs == 1 or x.shape[1] <= SELECTION_ROWS:
         return x, mask, None

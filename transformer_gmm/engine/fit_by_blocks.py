@@ -93,20 +93,9 @@ def fit_mixtures_by_blocks(
     n_rows: int,
     plan: FitPlan,
 ) -> fit.MixtureFits:
-    """:func:`~transformer_gmm.engine.fit.fit` of the mixture ``plan`` on one dataset of
-    ``n_rows`` rows that ``reduce_blocks`` reads, of which ``sample`` (S, d) is a uniform
-    sample of ``min(n_rows, SELECTION_ROWS)`` rows (every row, in order, when there are
-    no more).
-
-    The starts are built on the sample, on ``plan.device``, by the generator seeded with
-    ``plan.seed``. Where the in-memory fit would compare them on a subsample of
-    ``SELECTION_ROWS`` rows, they are compared on the sample (by EM there) and EM by
-    blocks goes on from the best, ``n_iter`` counting both; otherwise EM by blocks runs
-    from every start, one pass over the blocks an iteration for all of them, and
-    :func:`transformer_gmm.engine.runs.choose` keeps one. When the sample holds every row, the
-    starts and the choice are the in-memory fit's, and the fit equals it to rounding.
-    The sample is put in the in-memory fit's canonical order of rows for that; which rows
-    the sample holds, when it does not hold all, still depends on where they lie.
+    """:func:`~transformer_gmm.engine.fit.fit` of a mixture ``plan`` on ``n_rows`` rows read by
+    ``reduce_blocks``: starts built (and, beyond ``SELECTION_ROWS``, chosen) on ``sample``,
+    then EM by blocks; equal to the in-memory fit, to rounding, when ``sample`` holds every row.
     """
     sample = sample[row_order.canonical_order(sample)]
     n_components, covariance_type = plan.n_components, plan.covariance_type
@@ -171,16 +160,9 @@ def fit_kmeans_by_blocks(
     sum_of_squares: float,
     plan: FitPlan,
 ) -> fit.KMeansFit:
-    """:func:`~transformer_gmm.engine.fit.fit` of the k-means ``plan`` on one dataset of
-    ``n_rows`` rows that ``reduce_blocks`` reads, with ``sample`` as in
-    :func:`fit_mixtures_by_blocks`: the starts are built on it, and compared on it where
-    the in-memory fit would compare them on a subsample.
-
-    ``mean`` (d,) is the mean of every row, on which Lloyd centres the data, and
-    ``sum_of_squares`` the sum of their squared differences from it, which scales
-    ``tol``. The fit's ``labels`` are None (the caller labels the rows lazily); a last
-    pass gives the inertia and the number of clusters that hold a row. The sample is put
-    in the canonical order of rows, as :func:`fit_mixtures_by_blocks` puts it.
+    """:func:`~transformer_gmm.engine.fit.fit` of a k-means ``plan`` by blocks, as
+    :func:`fit_mixtures_by_blocks`; Lloyd centres on ``mean`` and scales ``tol`` by
+    ``sum_of_squares``; ``labels`` are None (the caller labels rows lazily).
     """
     sample = sample[row_order.canonical_order(sample)]
     n_clusters, max_iter, tol = plan.n_components, plan.max_iter, plan.tol

@@ -53,13 +53,8 @@ def _squared_distances(X: Tensor, centers: Tensor, x_norms: Tensor) -> Tensor:
 def _uniforms(
     n_batch: int, n_draws: int, generator: torch.Generator, dtype: torch.dtype, device
 ) -> Tensor:
-    """Uniforms in (0, 1], (n_batch, n_draws), whose row b depends on b and on
-    ``generator``'s state alone, never on n_batch.
-
-    One number drawn from ``generator`` seeds a CPU generator, which draws the rows one
-    after another: so the first rows of a larger batch are the rows of a smaller one, and
-    ``generator`` moves on by that one draw whatever the batch. A CUDA generator's draws
-    would not do: which number lands where depends on the size of the tensor drawn.
+    """Uniforms in (0, 1], (n_batch, n_draws), row b depending on b and ``generator`` alone,
+    never on n_batch (a CPU generator seeded by one draw; CUDA draws depend on the size).
     """
     seed = torch.randint(2**63 - 1, (1,), generator=generator, device=generator.device)
     rows = torch.Generator().manual_seed(int(seed))
@@ -137,19 +132,8 @@ def kmeans_plusplus_indices(
     mask: Tensor | None = None,
     sample_weight: Tensor | None = None,
 ) -> Tensor:
-    """The row indices (B, K) of :func:`kmeans_plusplus`'s seeds, drawn as it draws them
-    (arguments as there): what scikit-learn's ``init_params="k-means++"`` starts from
-    (:func:`~transformer_gmm.engine.m_step.initialize_kmeans_plusplus`).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.engine.kmeans import kmeans_plusplus, kmeans_plusplus_indices
-    >>> X = torch.randn(1, 40, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    >>> index = kmeans_plusplus_indices(X, 3, generator=torch.Generator().manual_seed(1))
-    >>> seeds = kmeans_plusplus(X, 3, generator=torch.Generator().manual_seed(1))
-    >>> index.shape, bool((X[0, index[0]] == seeds[0]).all())
-    (torch.Size([1, 3]), True)
+    """The row indices (B, K) of :func:`kmeans_plusplus`'s seeds, drawn as it draws them:
+    what :func:`~transformer_gmm.engine.m_step.initialize_kmeans_plusplus` starts from.
     """
     return _kmeans_plusplus(X, n_clusters, generator, mask, sample_weight)[1]
 
@@ -202,10 +186,8 @@ def _kmeans_plusplus(
 
 
 def assign(X: Tensor, centers: Tensor) -> Tensor:
-    """Index of the closest centre: (B|1, N, d), (B, K, d) -> (B, N).
-
-    ||x||^2 is the same for every centre, so the argmin needs only ||c||^2 - 2 x.c: one
-    fused matmul-and-add over (B, N, K), as in scikit-learn's Lloyd step.
+    """Index (B, N) of the closest centre, by ``||c||^2 - 2 x.c`` in one fused matmul-and-add
+    (``||x||^2`` is the same for every centre), as scikit-learn's Lloyd step.
     """
     scores = torch.baddbmm(
         centers.square().sum(-1)[:, None, :],  # (B, 1, K)
@@ -240,12 +222,9 @@ def _relocate_empty(
     sums: Tensor,
     padded: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """scikit-learn's relocation of empty clusters, batched: the j-th empty cluster (by
-    index) takes the j-th point farthest from its centre, which leaves its old cluster.
-    Nothing moves where every point sits on its centre (fewer distinct points than
-    clusters). ``counts`` (A, K, 1) and ``sums`` (A, K, d) are the weighted counts and
-    sums of the assignment ``labels`` (A, N) to ``centers`` (A, K, d); returns them
-    updated."""
+    """scikit-learn's relocation of empty clusters, batched: the j-th empty cluster takes the
+    j-th point farthest from its centre; returns ``counts`` and ``sums`` updated.
+    """
     n_batch, n_clusters = counts.shape[:2]
     empty = counts[..., 0] == 0  # (A, K)
     nearest = centers.gather(1, labels[..., None].expand(-1, -1, X.shape[-1]))  # (A, N, d)

@@ -133,23 +133,8 @@ def estimate_parameters_unchecked(
 def pool_covariances(
     covariances: Tensor, counts: Tensor, empty: Tensor, covariance_type: str
 ) -> Tensor:
-    """Covariances with each ``empty`` component's replaced by the others' average.
-
-    Parameters
-    ----------
-    covariances : Tensor
-        Of ``covariance_type``'s shape, batch B.
-    counts : Tensor of shape (B, K)
-        Weighted counts (or weights) of the components: the average's weights.
-    empty : bool Tensor of shape (B, K)
-        The components whose covariances are replaced.
-    covariance_type : {"full", "tied", "diag", "spherical"}
-
-    Returns
-    -------
-    Tensor
-        Of the shape of ``covariances``, equal to it where no component is empty; tied
-        covariances are shared, so they are returned as they are.
+    """Covariances with each ``empty`` (B, K) component's replaced by the others' average,
+    weighted by ``counts`` (B, K); tied covariances are returned as they are.
     """
     if covariance_type == "tied":
         return covariances

@@ -19,16 +19,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class FitPlan:
-    """One fit's settings, for every dataset it is given.
-
-    A mixture fit (EM) names its ``covariance_type``; a k-means fit (Lloyd) has none.
-    Each dataset's runs start, in order, from the first ``n_transformer_inits`` starts of
-    ``backbone``'s transformer, from ``n_kmeans_inits`` k-means++ starts, then from
-    ``given``'s: a :class:`~transformer_gmm.engine.starts.GivenStarts` for a mixture, the
-    estimator's own centres (R, K, d) for k-means. ``start_names`` names each run's start
-    (what the estimator reports as ``init_method_``). One generator, seeded with
-    ``seed``, makes every random draw of the fit. ``trace`` keeps each Lloyd iteration
-    (k-means, for ``verbose``).
+    """One fit's settings, for every dataset: ``covariance_type`` (None for k-means), how many
+    transformer and k-means++ starts, ``given`` starts, ``start_names``, ``seed``, ``trace``.
     """
 
     n_components: int

@@ -55,11 +55,8 @@ class MixtureInit:
 def forward(model: torch.nn.Module, z: Tensor, n_components: int, mask: Tensor | None):
     """The backbone on standardized points (B, C, d_max), in chunks of datasets.
 
-    Float32 on every device, not bf16 autocast: bf16 keeps 8 bits of mantissa, and on
-    200 tasks of benchmarks/speed.py (N=128, d=8, K=4, the bundled checkpoint) it moved
-    the readout's weights by up to 6e-3 and its means by up to 4% of the data's scale
-    (median 4e-4), where the pinned outputs allow 2e-4: with ``max_iter=0`` that is
-    what users get, and it can send EM to another optimum.
+    Float32 on every device: bf16 autocast moves the readout's means beyond the pinned
+    outputs' tolerance (docs/performance.md, "On a GPU").
     """
     tokens = _TOKENS_PER_CHUNK.get(z.device.type, _TOKENS_PER_CHUNK["cuda"])
     per_chunk = max(1, tokens // max(1, z.shape[1]))
@@ -77,15 +74,10 @@ def forward(model: torch.nn.Module, z: Tensor, n_components: int, mask: Tensor |
 def model_space_responsibilities(
     z: Tensor, kept: int | Tensor, out: MixtureOutput, mask: Tensor | None
 ) -> Tensor:
-    """Posterior (B, N, K) of each point under the transformer's own mixture, in model
-    space and in ``z``'s dtype; zero on padded rows.
+    """Posterior (B, N, K) of each point under the transformer's own mixture, in model space.
 
-    ``kept`` says which coordinates hold data: an int for the first ``kept`` of every
-    dataset, or a bool Tensor (B, d_max) per dataset (training batches mix widths). The
-    others are zero padding in ``z``; there every component is scored at mean 0 with unit
-    variance, which adds the same constant to each and so changes nothing. Scoring them
-    with the model's own scales would add a -log(scale) per padded coordinate to each
-    component and so favour the narrowest ones.
+    Padded coordinates (``kept``: an int, or a bool (B, d_max)) are scored at mean 0, unit
+    variance, the same constant for every component, so none is favoured.
     """
     dtype, d_max = z.dtype, z.shape[-1]
     if isinstance(kept, int):
@@ -106,12 +98,8 @@ def model_space_responsibilities(
 def weights_and_means_from_responsibilities(
     x: Tensor, resp: Tensor, mask: Tensor | None, fallback_weights: Tensor, fallback_means: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """One M-step: the weights (B, K) and means (B, K, d) that ``resp`` (B, N, K) gives.
-
-    The means are averages of the user's own points, so they are as precise as the
-    transformer's assignments, not as its regression of coordinates, and they keep every
-    coordinate the projection dropped. A component with (almost) no responsibility keeps
-    ``fallback_weights`` (B, K) and ``fallback_means`` (B, K, d), the head's own.
+    """One M-step: weights (B, K) and means (B, K, d) from ``resp`` (B, N, K) on the user's
+    points; a component with (almost) no responsibility keeps the head's fallback.
     """
     if mask is None:
         n_real = x.new_full((x.shape[0], 1), x.shape[1])  # (B, 1)
@@ -128,19 +116,8 @@ def weights_and_means_from_responsibilities(
 
 
 def reflections(n_views: int, width: int) -> Tensor:
-    """Signs (n_views, width) of the model-space axes in each view of the data.
-
-    View v negates axis i when ``v & (2i + 1)`` has an odd number of bits: view 0 is the
-    data, view 1 negates every axis, view 2 the odd ones, view 3 the even ones, and so on.
-    A reflection maps a mixture to a mixture, but the transformer is not exactly
-    equivariant to it, so each view is another reading of the same data; in d
-    principal directions at most 2^d views differ.
-
-    Examples
-    --------
-    >>> from transformer_gmm.engine.readout import reflections
-    >>> reflections(4, 3).tolist()
-    [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0], [1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]]
+    """Signs (n_views, width) of the model-space axes in each view: view v negates axis i when
+    ``v & (2i + 1)`` has an odd number of bits (view 0 is the data, view 1 negates all).
     """
     return torch.tensor(
         [[(-1.0) ** bin(v & (2 * i + 1)).count("1") for i in range(width)] for v in range(n_views)]
@@ -155,14 +132,9 @@ def _read(
     generator,
     n_starts: int,
 ) -> tuple[Standardization, Tensor, Tensor, Tensor | None, list[MixtureOutput]]:
-    """Standardize, subsample to the context, and run the backbone on the views that
-    ``n_starts`` starts need (two a view), reflections of the rows read
-    (:func:`reflections`), all in one batch.
-
-    Returns the standardization, every row in model space (B, N, d_max), the rows read
-    in the user's space (B, C, d), which of them are real (B, C) or None, and each view's
-    output mapped back to the unreflected model space (its means reflected back; weights,
-    scales and labels do not change under a reflection).
+    """Standardize, subsample, and run the backbone on every view ``n_starts`` needs in one
+    batch; returns the standardization, rows in model space, rows read, their mask, and each
+    view's output mapped back to the unreflected space.
     """
     n_views = -(-n_starts // 2)
     config = model.config
@@ -220,21 +192,17 @@ def mixture_inits(
 ) -> tuple[MixtureInit, ...]:
     """The transformer's starts, two from each view of the data, in one forward pass.
 
-    The first of a view's two scores every row under the transformer's own mixture (its
-    weights, means and scales, in model space); the second takes its per-point head's
-    cluster probabilities for the rows it read. Each gives weights and means in the
-    user's space by one M-step. The two often lead EM to different optima, so running
-    both and keeping the better lower bound helps at no cost in forward passes
-    (docs/benchmarks.md measures it). Starts beyond two come from reflections of the
-    data (:func:`reflections`), whose readings differ where the transformer is unsure;
-    each view costs a forward pass, batched with the others.
+    Per view, one start from the transformer's mixture (scoring all N rows) and one from its
+    per-point head (the rows it read), each turned into weights and means in the user's space
+    by one M-step. The two often lead EM to different optima (docs/benchmarks.md); starts
+    beyond two come from :func:`reflections` of the data.
 
     Parameters
     ----------
     model : MixtureTransformer
-        On ``x``'s device; its config gives ``d_max`` and ``context_size``.
+        On ``x``'s device.
     x : Tensor of shape (B, N, d)
-        The datasets, padded; float64 on CPU or float32.
+        The datasets, padded.
     mask : bool Tensor of shape (B, N), optional
         True for real rows.
     n_components : int
@@ -242,26 +210,11 @@ def mixture_inits(
     generator : torch.Generator
         Draws the rows read where a dataset has more than ``context_size``.
     n_starts : int, default=2
-        How many starts to build: the first ``n_starts`` of, in order, view 0's start
-        from the transformer's mixture and from its per-point head, then view 1's two,
-        and so on (``ceil(n_starts / 2)`` views).
+        How many starts, view by view (``ceil(n_starts / 2)`` views).
 
     Returns
     -------
     starts : tuple of MixtureInit
-        Per view, the start from the transformer's mixture (for all N rows) and the one
-        from its per-point head (for the rows it read).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.engine.readout import mixture_inits
-    >>> model = MixtureTransformer(config_from_preset("tiny")).eval()
-    >>> x = torch.randn(3, 80, 2, dtype=torch.float64)  # above the context of 64
-    >>> from_mixture, from_labels = mixture_inits(model, x, None, 3, torch.Generator())
-    >>> from_mixture.resp.shape, from_labels.resp.shape, from_labels.means.shape
-    (torch.Size([3, 80, 3]), torch.Size([3, 64, 3]), torch.Size([3, 3, 2]))
     """
     standardization, z, x_read, read_mask, outs = _read(
         model, x, mask, n_components, generator, n_starts
@@ -286,25 +239,9 @@ def cluster_centers(
     generator: torch.Generator,
     n_starts: int = 2,
 ) -> tuple[Tensor, ...]:
-    """The transformer's sets of centres (B, K, d), two from each view of the data, in
-    one forward pass.
-
-    A view's first from its per-point head: each centre is the mean of the read points
-    its label holds. Its second from its mixture: the means of :func:`mixture_inits`'s
-    start from that view's mixture. A cluster left empty starts at the parameter head's
-    mean instead. Arguments as :func:`mixture_inits`; the first ``n_starts`` are
-    returned, view by view.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.engine.readout import cluster_centers
-    >>> model = MixtureTransformer(config_from_preset("tiny")).eval()
-    >>> x = torch.randn(2, 100, 3, dtype=torch.float64)  # above the context of 64
-    >>> from_labels, from_mixture = cluster_centers(model, x, None, 4, torch.Generator())
-    >>> from_labels.shape, from_mixture.shape
-    (torch.Size([2, 4, 3]), torch.Size([2, 4, 3]))
+    """The transformer's sets of centres (B, K, d), two from each view, in one forward pass:
+    the mean of the read points of each head label, then :func:`mixture_inits`' means.
+    Arguments as :func:`mixture_inits`.
     """
     standardization, z, x_read, read_mask, outs = _read(
         model, x, mask, n_clusters, generator, n_starts

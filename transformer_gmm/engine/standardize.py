@@ -29,56 +29,18 @@ __all__ = [
 def n_kept_directions(
     n_features: int, n_components: int, d_max: int, noise_directions: int = 0
 ) -> int:
-    """How many coordinates the model reads: all of them, or the top principal directions.
-
-    The means of K components span an affine subspace of at most K - 1 dimensions, so
-    when the data has more features than that, only the top ``K - 1 + noise_directions``
-    principal directions (at most ``d_max``) are kept: every task then looks alike to the
-    model, whatever its number of features, and the rest is noise that the EM polish
-    handles in full space. A direction beyond the K - 1 holds (almost) only noise, and so
-    shows the model how wide the components are, which the K - 1 alone confound with how
-    far apart they lie; a checkpoint's config says how many such directions its model
-    was trained to read.
-
-    Examples
-    --------
-    >>> from transformer_gmm.engine.standardize import n_kept_directions
-    >>> n_kept_directions(2, 5, 9), n_kept_directions(128, 5, 9), n_kept_directions(8, 2, 9)
-    (2, 4, 1)
-    >>> n_kept_directions(2, 2, 9, noise_directions=1), n_kept_directions(128, 10, 9, 1)
-    (2, 9)
+    """How many coordinates the model reads: all ``d``, or the top ``K - 1 + noise_directions``
+    principal directions (at most ``d_max``), where the means live, plus noise that shows the
+    model how wide the components are.
     """
     return min(n_features, d_max, max(n_components - 1, 1) + noise_directions)
 
 
 @dataclass(frozen=True)
 class Standardization:
-    """B affine maps ``z = basis.T @ (x - center) / scale``, zero-padded to ``d_max``.
-
-    Attributes
-    ----------
-    center : Tensor of shape (B, n_features)
-        Mean of each dataset, float64.
-    scale : Tensor of shape (B,)
-        One global scale per dataset: the root mean variance of the kept coordinates.
-    basis : Tensor of shape (B, n_features, n_kept)
-        Orthonormal columns: the top principal directions (see :func:`n_kept_directions`),
-        where the component means live, largest variance first; each column's largest
-        loading (the first, on ties) is positive.
-    d_max : int
-        Width of the model's input.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.engine.standardize import fit_standardization
-    >>> x = torch.randn(2, 50, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    >>> standardization = fit_standardization(x, None, d_max=4, n_components=3)
-    >>> standardization.basis.shape  # K - 1 = 2 principal directions kept of 3
-    torch.Size([2, 3, 2])
-    >>> z = standardization.transform(x)
-    >>> z.shape, z.dtype, bool((z[..., 2:] == 0).all())
-    (torch.Size([2, 50, 4]), torch.float32, True)
+    """B affine maps ``z = basis.T @ (x - center) / scale``, zero-padded to ``d_max``: ``center``
+    (B, d) float64, one ``scale`` (B,) per dataset, orthonormal ``basis`` (B, d, n_kept) of
+    principal directions (largest variance first, largest loading positive).
     """
 
     center: Tensor
@@ -105,30 +67,11 @@ class Standardization:
 def fit_standardization(
     x: Tensor, mask: Tensor | None, d_max: int, n_components: int, noise_directions: int = 0
 ) -> Standardization:
-    """Fit, for each dataset of the batch, the map that brings it to model space.
+    """Fit, for each dataset of ``x`` (B, N, d) with real rows ``mask`` (B, N) or None, the map
+    to model space.
 
-    Parameters
-    ----------
-    x : Tensor of shape (B, N, n_features)
-        The datasets, padded to N rows; padded rows may hold anything.
-    mask : bool Tensor of shape (B, N), optional
-        True for real rows; None when every row is real.
-    d_max : int
-        Width of the model's input.
-    n_components : int
-        K: ``n_kept_directions(n_features, K, d_max, noise_directions)`` principal
-        directions are kept.
-    noise_directions : int, default=0
-        Directions kept beyond the K - 1 that can hold the means (the model's config says
-        how many it reads).
-
-    Returns
-    -------
-    Standardization
-        Each dataset's map depends on its real rows only. Translating a dataset by ``b``
-        and scaling it by ``a > 0`` changes its ``center`` to ``a * center + b`` and its
-        ``scale`` to ``a * scale`` and leaves the transformed points unchanged (up to
-        rounding), so the model's estimate is equivariant.
+    Each map depends on the real rows only; translating and scaling a dataset leaves the
+    transformed points unchanged (to rounding), so the model's estimate is equivariant.
 
     Examples
     --------
@@ -175,37 +118,8 @@ def fit_standardization(
 def subsample_rows(
     shape: tuple[int, int], mask: Tensor | None, context_size: int, generator: torch.Generator
 ) -> tuple[Tensor | None, Tensor | None]:
-    """The rows the backbone reads: each dataset's real rows, or a uniform subset of
-    ``context_size`` of them, drawn without replacement and kept in order.
-
-    Parameters
-    ----------
-    shape : (int, int)
-        (B, N): datasets, and rows of each (padding included).
-    mask : bool Tensor of shape (B, N), optional
-        Real rows; None when every row is real.
-    context_size : int
-        The most rows the backbone reads per dataset.
-    generator : torch.Generator
-        The draw's randomness (on the mask's device); used only when N > context_size.
-
-    Returns
-    -------
-    index : long Tensor of shape (B, C) or None
-        Row indices, C = context_size, ascending; None when N <= context_size (every
-        row is read). A dataset with fewer than C real rows reads all of them, then
-        padding rows.
-    read_mask : bool Tensor of shape (B, C), or None
-        Which of the read rows are real; None when all are.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.engine.standardize import subsample_rows
-    >>> mask = torch.arange(6)[None] < torch.tensor([[6], [3]])  # 6 and 3 real rows
-    >>> index, read_mask = subsample_rows((2, 6), mask, 4, torch.Generator().manual_seed(0))
-    >>> index.shape, index[1].tolist()[:3], read_mask[1].tolist()
-    (torch.Size([2, 4]), [0, 1, 2], [True, True, True, False])
+    """The rows the backbone reads: ``(index, read_mask)``, a sorted uniform draw of
+    ``context_size`` rows per dataset (real rows first), or ``(None, None)`` when every row fits.
     """
     if shape[1] <= context_size:
         return None, mask
@@ -221,14 +135,5 @@ def subsample_rows(
 
 
 def take_rows(t: Tensor, index: Tensor) -> Tensor:
-    """Rows ``index`` (B, C) of each dataset of ``t`` (B, N, F): (B, C, F).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.engine.standardize import take_rows
-    >>> t = torch.arange(12.0).reshape(2, 3, 2)
-    >>> take_rows(t, torch.tensor([[2], [0]])).tolist()
-    [[[4.0, 5.0]], [[6.0, 7.0]]]
-    """
+    """Rows ``index`` (B, C) of each dataset of ``t`` (B, N, F): (B, C, F)."""
     return t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))

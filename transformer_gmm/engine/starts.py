@@ -26,17 +26,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class GivenStarts:
-    """What the estimator fixed about the starts of a mixture fit, for one dataset:
-    scikit-learn's other initialisations, and parameters that replace every start's.
-
-    ``n_seedings`` starts from k-means++ seeds alone (scikit-learn's
-    ``init_params="k-means++"``), then one start for each of the ``resp`` (R, N, K), by
-    one M-step on those responsibilities (the estimator draws them as scikit-learn's
-    ``"random"`` and ``"random_from_data"`` do). ``weights`` (K,), ``means`` (K, d) and
-    ``precisions_cholesky`` (by covariance type), where given, replace those of every
-    start (``weights_init``, ``means_init``, ``precisions_init``, or the previous fit for a
-    warm start), and the covariances follow the precisions. Given all three and no other
-    start, EM runs once from them, its first change measured from ``lower_bound``.
+    """What the estimator fixed about a mixture fit's starts, for one dataset: ``n_seedings``
+    k-means++ seedings, responsibilities ``resp`` (R, N, K), and any ``weights``, ``means``,
+    ``precisions_cholesky`` that replace every start's (``*_init`` or a warm start).
     """
 
     n_seedings: int = 0
@@ -66,13 +58,9 @@ def mixture_starts(
     given: GivenStarts | None = None,
     index: torch.Tensor | None = None,
 ) -> m_step.MixtureParams:
-    """The starts of the mixture ``plan`` (see :func:`transformer_gmm.engine.fit.fit`) for
-    the datasets ``x`` (B, N, d), flattened to (B * R, ...), dataset-major: the
-    transformer's first, then k-means++'s, then ``given``'s (``plan.given``, its rows in
-    ``x``'s order; see :class:`GivenStarts`; ``index`` (B, N) is where ``x``'s rows sit in
-    the data, or None), all with ``given``'s parameters in place of theirs. With
-    ``sample_weight`` (B, N), the transformer reads rows drawn in proportion to their
-    weights, and the other starts are weighted."""
+    """The starts of a mixture ``plan`` for ``x`` (B, N, d), flattened to (B * R, ...),
+    dataset-major: the transformer's, k-means++'s, then ``plan.given``'s.
+    """
     n_datasets = x.shape[0]
     n_components, covariance_type = plan.n_components, plan.covariance_type
     reg_covar, backbone, device = plan.reg_covar, plan.backbone, plan.device
@@ -217,11 +205,9 @@ def kmeans_starts(
     *,
     sample_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The starting centres (R, K, d) of the k-means ``plan`` (see
-    :func:`transformer_gmm.engine.fit.fit`) for one dataset ``x`` (1, N, d): the
-    transformer's first, then k-means++'s, then ``plan.given``'s (R_given, K, d), the
-    estimator's own. With ``sample_weight`` (1, N), the transformer reads rows drawn in
-    proportion to their weights, and k-means++ is weighted."""
+    """The starting centres (R, K, d) of a k-means ``plan`` for one dataset ``x`` (1, N, d):
+    the transformer's, k-means++'s, then ``plan.given``'s.
+    """
     n_clusters, given, device = plan.n_components, plan.given, plan.device
     n_transformer_inits, n_kmeans_inits = plan.n_transformer_inits, plan.n_kmeans_inits
     backbone, starts = plan.backbone, []

@@ -1,23 +1,13 @@
 """EM and Lloyd from sums over blocks of rows, batched, in torch.
 
-An EM iteration needs the data only through sums over its rows: per component, the
-responsibilities, the weighted sums of the points and of their outer products (or
-squares), and the log-likelihood; a Lloyd iteration needs the counts and sums of each
-cluster. So data split into blocks of rows (the chunks of a Dask array, held by other
-processes or machines) is fitted by computing each block's statistics where the block
-lives, adding them up, and updating the parameters from the totals: K x d (x d) numbers a
-block, never its rows. :mod:`transformer_gmm._dask` does that with Dask, through
-:mod:`transformer_gmm.engine.fit_by_blocks`.
-
-A block's statistics come from the in-memory kernels (the E-step of
-:mod:`transformer_gmm.engine.e_step`, the covariance estimators of
-:mod:`transformer_gmm.engine.m_step`, the assignment and inertia of
-:mod:`transformer_gmm.engine.kmeans`), and the loops below keep
+An EM iteration needs the data only through per-component sums over rows (and a Lloyd
+iteration through counts and sums), so data in blocks (a Dask array's chunks) is fitted by
+computing each block's statistics where it lives and updating from the totals:
+:mod:`transformer_gmm._dask` does that through :mod:`transformer_gmm.engine.fit_by_blocks`.
+The statistics come from the in-memory kernels and the loops keep
 :func:`~transformer_gmm.engine.em.fit_em`'s and :func:`~transformer_gmm.engine.kmeans.lloyd`'s
-rules, so from the same start they reach the in-memory fit to rounding. The loops take
-``statistics_of``, a function from the parameters of the runs still going to their
-statistics summed over every block. Shapes follow :mod:`transformer_gmm.engine.em`, with
-B runs.
+rules, so from the same start they reach the in-memory fit to rounding. ``statistics_of``
+maps the parameters of the runs still going to their statistics summed over every block.
 """
 
 from __future__ import annotations

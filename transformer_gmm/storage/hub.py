@@ -201,14 +201,9 @@ def _fetch(
     token: str | bool | None,
     force_download: bool,
 ) -> Path:
-    """``snapshot(local_files_only, headers)`` online, never waiting long on a silent Hub.
-
-    ``snapshot_download`` waits for the answer to its first request with no time limit
-    (``HfApi.repo_info`` has no timeout there), so a Hub that accepts the connection and
-    never answers would hang ``fit``. One request with a timeout asks first; without an
-    answer, the cache serves, as ``snapshot_download`` does when the Hub is unreachable.
-    The download itself runs under :func:`time_limits`: a Hub that stops answering midway
-    also ends it in seconds, and the cache serves if it holds the files.
+    """``snapshot(local_files_only, headers)`` online, never waiting long on a silent Hub:
+    ``snapshot_download``'s first request has no timeout, so one timed request asks first,
+    and the download runs under :func:`time_limits`; without an answer, the cache serves.
     """
     import huggingface_hub
     from huggingface_hub import constants

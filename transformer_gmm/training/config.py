@@ -201,35 +201,14 @@ EVAL_SEED = 20_251_122  # the held-out tasks do not depend on --seed
 
 
 def model_config(cfg: TrainConfig) -> ModelConfig:
-    """The model's config: the preset ``cfg.model`` with the fields ``cfg`` sets replaced.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.config import PRESETS, TrainConfig, model_config
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> mc = model_config(cfg)
-    >>> mc.d_model, mc.k_max
-    (16, 4)
-    >>> model_config(TrainConfig(model="tiny", k_max=6)).k_max
-    6
-    """
+    """The model's config: the preset ``cfg.model`` with the fields ``cfg`` sets replaced."""
     names = ("d_max", "k_max", "n_layer", "d_model", "n_head", "context_size", "noise_directions")
     overrides = {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
     return config_from_preset(cfg.model, **overrides)
 
 
 def k_range(cfg: TrainConfig, mc: ModelConfig, prior: str | None = None) -> tuple[int, int]:
-    """The K the prior (``cfg.prior`` unless named) asks for that the model has a head for.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.config import PRESETS, TrainConfig, model_config
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> mc = model_config(cfg)
-    >>> from transformer_gmm.training.config import k_range
-    >>> k_range(cfg, mc)
-    (2, 4)
-    """
+    """The K the prior (``cfg.prior`` unless named) asks for that the model has a head for."""
     name = cfg.prior if prior is None else prior
     low, high = max(PRIORS[name].k_range[0], mc.k_min), min(PRIORS[name].k_range[1], mc.k_max)
     if low > high:

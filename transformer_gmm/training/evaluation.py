@@ -21,17 +21,7 @@ from .tasks import PRIORS, Task, sample_batch
 
 
 def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:
-    """The fixed held-out tasks: ``eval_tasks`` per K.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.config import PRESETS, TrainConfig, model_config
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> mc = model_config(cfg)
-    >>> from transformer_gmm.training.evaluation import eval_set
-    >>> [(b.n_components, len(b.tasks)) for b in eval_set(cfg, mc)]
-    [(2, 4), (3, 4), (4, 4)]
-    """
+    """The fixed held-out tasks: ``eval_tasks`` per K."""
     low, high = k_range(cfg, mc)
     return [
         sample_batch(
@@ -48,17 +38,7 @@ def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:
 
 
 def autocast(device: str):
-    """The autocast context for ``device``: bfloat16 on CUDA, none (float32) on CPU.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.training.evaluation import autocast
-    >>> with autocast("cpu"):
-    ...     y = torch.ones(2, 2) @ torch.ones(2, 2)
-    >>> y.dtype
-    torch.float32
-    """
+    """The autocast context for ``device``: bfloat16 on CUDA, none (float32) on CPU."""
     # bf16 on CUDA: fp32 range, so no loss scaling; CPU runs in fp32.
     if device.startswith("cuda"):
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -165,14 +145,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def hardware(device: str, world_size: int) -> str:
-    """What the run ran on, for the model card: the GPU name, or the CPU and its threads.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.evaluation import hardware
-    >>> hardware("cpu", 1).startswith("1 x CPU")
-    True
-    """
+    """What the run ran on, for the model card: the GPU name, or the CPU and its threads."""
     if device.startswith("cuda"):
         return f"{world_size} x {torch.cuda.get_device_name(device)}"
     cpu = platform.processor() or platform.machine()
@@ -189,20 +162,7 @@ def model_card(
     rows: list[dict] | None,
     eval_step: int,
 ) -> str:
-    """The model card of a training run: its data, its evaluation and both configs.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.config import PRESETS, TrainConfig, model_config
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> mc = model_config(cfg)
-    >>> from transformer_gmm.training.evaluation import model_card
-    >>> card = model_card(cfg, mc, 30, 1, 60.0, "1 x CPU", None, 0)
-    >>> card.splitlines()[5]
-    '# transformer_gmm checkpoint (preset `custom`)'
-    >>> "Not evaluated yet." in card
-    True
-    """
+    """The model card of a training run: its data, its evaluation and both configs."""
     low, high = k_range(cfg, mc)
     focus = ""
     if cfg.focus_prob > 0:

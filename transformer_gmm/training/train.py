@@ -127,17 +127,7 @@ def batches(cfg: TrainConfig, mc: ModelConfig, start: int, stop: int, rank: int)
 
 
 def get_lr(step: int, cfg: TrainConfig) -> float:
-    """Linear warmup, then cosine decay to min_lr: a function of the step, nothing to save.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import PRESETS, TrainConfig, model_config
-    >>> cfg = TrainConfig(**PRESETS["tiny"])
-    >>> mc = model_config(cfg)
-    >>> from transformer_gmm.training.train import get_lr
-    >>> [round(get_lr(step, cfg), 6) for step in (0, cfg.warmup_steps, cfg.max_steps)]
-    [0.0006, 0.003, 0.0003]
-    """
+    """Linear warmup, then cosine decay to min_lr: a function of the step, nothing to save."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
@@ -147,13 +137,6 @@ def get_lr(step: int, cfg: TrainConfig) -> float:
 def out_of_time(seconds: float, cfg: TrainConfig, world_size: int) -> bool:
     """Whether ``cfg.time_limit`` has passed, agreed by all ranks (the slowest decides), so
     that every rank stops at the same step.
-
-    Examples
-    --------
-    >>> from transformer_gmm.training.train import TrainConfig, out_of_time
-    >>> cfg = TrainConfig(time_limit=1.0)  # minutes
-    >>> out_of_time(90.0, cfg, world_size=1), out_of_time(30.0, cfg, world_size=1)
-    (True, False)
     """
     late = torch.tensor(float(seconds > 60 * cfg.time_limit))
     if world_size > 1:
@@ -168,19 +151,7 @@ def out_of_time(seconds: float, cfg: TrainConfig, world_size: int) -> bool:
 
 
 def save_state(path: Path, state: dict) -> None:
-    """``torch.save`` ``state`` to ``path`` through a temporary file, then rename it.
-
-    Examples
-    --------
-    >>> import contextlib, io, tempfile
-    >>> from pathlib import Path
-    >>> import torch
-    >>> from transformer_gmm.training.train import save_state
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     save_state(Path(tmp) / "state.pt", {"step": 3})
-    ...     print(torch.load(Path(tmp) / "state.pt", weights_only=True))
-    {'step': 3}
-    """
+    """``torch.save`` ``state`` to ``path`` through a temporary file, then rename it."""
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)  # a crash mid-save leaves the previous state.pt whole

@@ -12,15 +12,9 @@ from .config import TrainConfig
 
 
 def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) -> None:
-    """Copy ``source``'s weights into ``model``, which may have more blocks than it.
-
-    The source's blocks come first. Each extra block starts as a copy of the source's last
-    block with its two output projections (attention's and the MLP's) zeroed: it adds
-    nothing to the residual stream, so the deeper model computes exactly what the source
-    did, and training then decides what the extra depth does. The copy, rather than fresh
-    random weights, gives the projections' first gradients features that already mean
-    something. Every other shape must match; ``noise_directions`` may differ too (it
-    changes what the model reads, not a weight), for fine-tuning a model to read more.
+    """Copy ``source``'s weights into ``model``, which may have more blocks: each extra block is
+    a copy of the last with its output projections zeroed, so the deeper model starts out
+    computing exactly what the source did.
     """
     have, want = source.config.n_layer, model.config.n_layer
     changeable = dict(n_layer=want, noise_directions=model.config.noise_directions)
@@ -39,12 +33,8 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
 
 
 def param_groups(model: MixtureTransformer, cfg: TrainConfig) -> list[dict]:
-    """The weights the optimizer updates: all of them, or with ``cfg.only_k`` that K's own.
-
-    With ``only_k``, every other weight is frozen (``requires_grad=False``). The K
-    embedding is one matrix whose other rows belong to the other K: they get a zero
-    gradient, which leaves AdamW's moments at zero, and the matrix gets no weight decay,
-    so those rows stay bit for bit as they were.
+    """The weights the optimizer updates: all, or with ``cfg.only_k`` that K's own (the others
+    frozen; the K embedding gets no weight decay, so other K's rows stay bit for bit).
     """
     if not cfg.only_k:
         return [{"params": list(model.parameters())}]
