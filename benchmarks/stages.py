@@ -40,15 +40,15 @@ from common import (  # noqa: E402
     write_csv,
 )
 
-from transformer_gmm import TransformerGMM, _base  # noqa: E402
+from transformer_gmm import TransformerGMM, _base, _fitting  # noqa: E402
 from transformer_gmm.engine import em, m_step, readout  # noqa: E402
 from transformer_gmm.storage import load_model  # noqa: E402
 
 # (label, module, attribute): the functions timed, looked up by the package at call time.
 STAGES = [
     ("parameter validation", _base.TransformerMixtureBase, "_validate_params"),
-    ("input validation", _base, "validate_data"),
-    ("checkpoint lookup", _base.TransformerMixtureBase, "_load_backbone"),
+    ("input validation", _fitting, "validate_data"),
+    ("checkpoint lookup", _fitting, "load_backbone"),
     ("forward pass", readout, "forward"),
     ("readout (responsibilities, one M-step)", readout, "mixture_inits"),
     ("covariances of the transformer's starts", m_step, "estimate_gaussian_parameters"),

@@ -11,7 +11,7 @@ from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 
-from transformer_gmm import FallbackWarning, TransformerClusterer
+from transformer_gmm import FallbackWarning, TransformerClusterer, _fitting
 from transformer_gmm.engine import backend, fit
 
 
@@ -138,7 +138,8 @@ def test_views_add_starts_and_never_raise_the_inertia():
     params = dict(checkpoint=TINY_CHECKPOINT, max_iter=0, random_state=2)
     one = TransformerClusterer(4, **params).fit(X)
     four = TransformerClusterer(4, n_views=4, **params).fit(X)
-    assert four._starts(True) == (8, 0) and four.init_method_ == "transformer"
+    assert _fitting.n_starts(four.get_params(), True) == (8, 0)
+    assert four.init_method_ == "transformer"
     assert four.inertia_ <= one.inertia_ + 1e-9
 
 

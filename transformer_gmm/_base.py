@@ -1,8 +1,7 @@
-"""What TransformerGMM and TransformerClusterer share: parameters, validation, the
-choice between the backbone and the k-means++ fallback, and the fit's plan
-(:class:`~transformer_gmm.engine.plan.FitPlan`) and its run. No torch here: the backbone is
-loaded by :mod:`transformer_gmm.engine.backend` and read in :mod:`transformer_gmm.engine.starts`,
-batched."""
+"""What TransformerGMM and TransformerClusterer share as estimators: parameters, the
+predict data's validation, and the checkpoint's loading and publishing. The steps of a fit,
+which :func:`~transformer_gmm.fit_many` shares too, are in :mod:`transformer_gmm._fitting`.
+No torch here."""
 
 from __future__ import annotations
 
@@ -13,14 +12,12 @@ from numbers import Integral, Real
 
 import numpy as np
 import sklearn
-from scipy import sparse
 from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
 from . import _dask, storage
-from .engine import backend, fit
-from .engine.plan import FitPlan
+from .engine import backend
 
 
 class FallbackWarning(UserWarning):
@@ -85,91 +82,10 @@ class TransformerMixtureBase(BaseEstimator):
         "random_state": ["random_state"],
     }
 
-    # What runs without the transformer, as the FallbackWarning names it.
-    _fallback_algorithm = "EM with k-means++ initialisation"
-
-    def _n_components(self) -> int:
-        raise NotImplementedError
-
-    def _starts(self, uses_transformer: bool) -> tuple[int, int]:
-        """How many starts to run: (from the transformer, from k-means++). "auto" runs the
-        transformer's ``2 * n_views`` and two k-means++ starts (they fail on different datasets;
-        docs/benchmarks.md), one k-means++ start without a transformer, none with ``max_iter=0``.
-        """
-        if not uses_transformer:
-            return 0, 1 if self.n_init == "auto" else self.n_init
-        from_transformer = 2 * self.n_views
-        if self.n_init == "auto":
-            return (from_transformer, 0) if self.max_iter == 0 else (from_transformer, 2)
-        n_transformer = min(self.n_init, from_transformer)
-        return n_transformer, self.n_init - n_transformer
-
-    def _transformer_starts(self) -> dict:
-        """The plan's starts when the transformer starts the fit: its backbone (None when
-        it falls back), the numbers of the transformer's and of k-means++'s starts, and
-        the name of each run's start."""
-        backbone = self._load_backbone()
-        n_transformer, n_kmeans = self._starts(backbone is not None)
-        return dict(
-            backbone=backbone,
-            n_transformer_inits=n_transformer,
-            n_kmeans_inits=n_kmeans,
-            start_names=("transformer",) * n_transformer + ("k-means++",) * n_kmeans,
-        )
-
-    # --- the fit -----------------------------------------------------------------------
-
-    def _plan_fields(self, X, sample_weight, random_state) -> dict:
-        """What the plan holds beyond the shared settings: the solver's and the starts'."""
-        raise NotImplementedError
-
-    def _plan(self, X, sample_weight, random_state: np.random.RandomState) -> FitPlan:
-        """The fit of ``X``, decided once. The estimator's own random starts are drawn from
-        ``random_state`` first, then the seed of the fit's generator."""
-        device = backend.resolve_device(self.device)
-        fields = self._plan_fields(X, sample_weight, random_state)
-        return FitPlan(
-            n_components=self._n_components(),
-            max_iter=self.max_iter,
-            tol=self.tol,
-            device=device,
-            seed=draw_seed(random_state),
-            **fields,
-        )
-
-    @staticmethod
-    def _run(plan: FitPlan, X, sample_weight=None):
-        """``plan`` run on ``X``: in memory, or by blocks for a Dask array."""
-        if _dask.is_dask_array(X):
-            return _dask.fit_plan(plan, X)
-        return fit.fit(plan, [X], None if sample_weight is None else [sample_weight])
-
     # --- input -----------------------------------------------------------------------
 
     # Sparse input the estimator takes: False, or "csr" (scipy's other formats convert).
     _accept_sparse: bool | str = False
-
-    def _validate_fit_data(self, X) -> np.ndarray:
-        if _dask.is_dask_array(X):
-            X = _dask.validate(self, X, reset=True, min_samples=2)
-        else:
-            X = validate_data(
-                self,
-                X,
-                accept_sparse=self._accept_sparse,
-                dtype=[np.float64, np.float32],
-                ensure_min_samples=2,
-            )
-        if X.shape[0] < self._n_components():
-            raise ValueError(self._too_few_samples_message(X.shape[0]))
-        return _densified(X) if sparse.issparse(X) else X
-
-    def _too_few_samples_message(self, n_samples: int) -> str:
-        return (
-            f"Expected n_samples >= n_components but got n_components = "
-            f"{self._n_components()}, n_samples = {n_samples}. Pass more samples or lower "
-            "n_components."
-        )
 
     def _validate_predict_data(self, X) -> np.ndarray:
         if _dask.is_dask_array(X):
@@ -177,38 +93,6 @@ class TransformerMixtureBase(BaseEstimator):
         return validate_data(
             self, X, accept_sparse=self._accept_sparse, dtype=[np.float64, np.float32], reset=False
         )
-
-    # --- the transformer's estimate ----------------------------------------------------
-
-    def _load_backbone(self) -> backend.Backbone | None:
-        """The backbone that covers this request, or None (with a FallbackWarning when the
-        user would expect the transformer). A checkpoint the user named that cannot be
-        found or loaded raises CheckpointError: that is never silently replaced."""
-        n_components = self._n_components()
-        if self.checkpoint is None or n_components == 1:
-            # No checkpoint asked for, or nothing to learn: one component's maximum
-            # likelihood estimate is the sample mean and covariance.
-            return None
-        if _is_missing_default(self.checkpoint):
-            warn_user(
-                "No default checkpoint is bundled with this version of transformer_gmm, so "
-                f"the estimator falls back to {self._fallback_algorithm}. Pass "
-                "checkpoint=<folder or Hub id> to use a trained transformer, or "
-                "checkpoint=None to choose this fallback explicitly and silence this warning.",
-                FallbackWarning,
-            )
-            return None
-        backbone = backend.load_backbone(self.checkpoint)
-        if n_components not in backbone.supported_n_components:
-            k = backbone.supported_n_components
-            warn_user(
-                f"Checkpoint {str(self.checkpoint)!r} has readout heads for "
-                f"{k.start} to {k.stop - 1} components, not {n_components}; falling back to "
-                f"{self._fallback_algorithm}.",
-                FallbackWarning,
-            )
-            return None
-        return backbone
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -253,7 +137,7 @@ class TransformerMixtureBase(BaseEstimator):
         2 True
         """
         estimator = cls(checkpoint=checkpoint, **params)
-        if checkpoint is not None and not _is_missing_default(checkpoint):
+        if checkpoint is not None and not is_missing_default(checkpoint):
             backend.load_backbone(checkpoint)  # raises CheckpointError for a bad checkpoint
         return estimator
 
@@ -351,7 +235,7 @@ class TransformerMixtureBase(BaseEstimator):
         )
 
     def _checkpoint_to_publish(self) -> str | os.PathLike:
-        if self.checkpoint is None or _is_missing_default(self.checkpoint):
+        if self.checkpoint is None or is_missing_default(self.checkpoint):
             why = "it uses no transformer" if self.checkpoint is None else "no default is bundled"
             raise storage.CheckpointError(
                 f"This estimator has no transformer checkpoint to save (checkpoint="
@@ -361,7 +245,7 @@ class TransformerMixtureBase(BaseEstimator):
         return self.checkpoint
 
 
-def _is_missing_default(checkpoint) -> bool:
+def is_missing_default(checkpoint) -> bool:
     """The default checkpoint was asked for, but this version bundles none."""
     return checkpoint == DEFAULT_CHECKPOINT and not backend.has_bundled(DEFAULT_CHECKPOINT)
 
@@ -371,7 +255,7 @@ def _is_missing_default(checkpoint) -> bool:
 MAX_DENSIFIED_VALUES = 2**28
 
 
-def _densified(X) -> np.ndarray:
+def densified(X) -> np.ndarray:
     """A sparse matrix as a dense array, or a ValueError that says what to do when it
     would not fit in memory comfortably."""
     n_values = X.shape[0] * X.shape[1]

@@ -26,15 +26,16 @@ def init_kind(init) -> str:
     return "array" if _is_arraylike_not_scalar(init) else "callable"
 
 
-def n_runs(estimator) -> int:
+def n_runs(init, n_init, name: str) -> int:
     """How many runs an ``init`` other than the transformer asks for, with KMeans's
-    ``n_init="auto"`` and its warning when centres are given with ``n_init`` above one."""
-    kind = init_kind(estimator.init)
-    n_init = _AUTO_N_INIT[kind] if estimator.n_init == "auto" else estimator.n_init
+    ``n_init="auto"`` and its warning (naming the estimator ``name``) when centres are given
+    with ``n_init`` above one."""
+    kind = init_kind(init)
+    n_init = _AUTO_N_INIT[kind] if n_init == "auto" else n_init
     if kind == "array" and n_init != 1:
         warnings.warn(
             "Explicit initial center position passed: performing only one init in "
-            f"{type(estimator).__name__} instead of n_init={n_init}.",
+            f"{name} instead of n_init={n_init}.",
             RuntimeWarning,
             stacklevel=3,
         )

@@ -106,18 +106,19 @@ def precisions_cholesky(precisions: np.ndarray, covariance_type: str) -> np.ndar
     return np.sqrt(precisions)
 
 
-def initial_parameters(estimator, n_features: int) -> dict[str, np.ndarray]:
-    """The starting parameters ``estimator`` was given, checked and in float64, by name:
-    ``weights``, ``means`` and ``precisions_cholesky`` (from ``precisions_init``)."""
-    n_components, covariance_type = estimator.n_components, estimator.covariance_type
+def initial_parameters(params: dict, n_features: int) -> dict[str, np.ndarray]:
+    """The starting parameters an estimator was given (its ``get_params()``), checked and in
+    float64, by name: ``weights``, ``means`` and ``precisions_cholesky`` (from
+    ``precisions_init``)."""
+    n_components, covariance_type = params["n_components"], params["covariance_type"]
     given = {}
-    if estimator.weights_init is not None:
-        given["weights"] = check_weights(estimator.weights_init, n_components)
-    if estimator.means_init is not None:
-        given["means"] = check_means(estimator.means_init, n_components, n_features)
-    if estimator.precisions_init is not None:
+    if params["weights_init"] is not None:
+        given["weights"] = check_weights(params["weights_init"], n_components)
+    if params["means_init"] is not None:
+        given["means"] = check_means(params["means_init"], n_components, n_features)
+    if params["precisions_init"] is not None:
         precisions = check_precisions(
-            estimator.precisions_init, covariance_type, n_components, n_features
+            params["precisions_init"], covariance_type, n_components, n_features
         )
         given["precisions_cholesky"] = precisions_cholesky(precisions, covariance_type)
     return {name: np.asarray(value, dtype=np.float64) for name, value in given.items()}

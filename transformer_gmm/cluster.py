@@ -11,17 +11,22 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from . import _dask, _initialization, _verbose
+from . import _dask, _fitting, _initialization
 from ._base import TransformerMixtureBase, warn_user
-from ._cluster_initialization import given_centers, init_kind, n_runs
-from .engine import fit
+from ._cluster_initialization import init_kind
 from .engine.plan import FitPlan
+
+
+def _too_few_samples_message(n_clusters: int, n_samples: int) -> str:
+    return (  # KMeans's words, then what to do
+        f"n_samples={n_samples} should be >= n_clusters={n_clusters}. Pass more "
+        "samples or lower n_clusters."
+    )
 
 
 def _nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
@@ -145,7 +150,6 @@ class TransformerClusterer(
         "copy_x": ["boolean"],
         "algorithm": [StrOptions({"lloyd", "elkan"})],
     }
-    _fallback_algorithm = "k-means (Lloyd) with k-means++ seeding"
     _accept_sparse = "csr"
 
     def __init__(
@@ -176,15 +180,6 @@ class TransformerClusterer(
         self.checkpoint = checkpoint
         self.n_views = n_views
         self.device = device
-
-    def _n_components(self) -> int:
-        return self.n_clusters
-
-    def _too_few_samples_message(self, n_samples: int) -> str:
-        return (  # KMeans's words, then what to do
-            f"n_samples={n_samples} should be >= n_clusters={self.n_clusters}. Pass more "
-            "samples or lower n_clusters."
-        )
 
     @property
     def _n_features_out(self) -> int:
@@ -229,7 +224,9 @@ class TransformerClusterer(
         >>> np.sort(km.cluster_centers_[:, 0]).round().tolist()
         [-5.0, 5.0]
         """
-        X = self._validate_fit_data(X)
+        X = _fitting.validate_fit_data(
+            self, X, self.n_clusters, self._accept_sparse, _too_few_samples_message
+        )
         if _dask.is_dask_array(X) and (
             sample_weight is not None or init_kind(self.init) not in ("transformer", "k-means++")
         ):
@@ -248,45 +245,13 @@ class TransformerClusterer(
             )
         plan = self._plan(X, sample_weight, random_state)
         self._n_init = plan.n_runs
-        self._store_fit(self._run(plan, X, sample_weight), X, plan)
+        _fitting.store_kmeans(self, _fitting.run(plan, X, sample_weight), X, plan)
         return self
 
-    def _plan_fields(self, X, sample_weight, random_state) -> dict:
-        """The plan's starts: the backbone (or None), the numbers of the transformer's and
-        of k-means++'s starts, the estimator's own starting centres (R, K, d) or None, and
-        the name of each run's start; and whether to trace Lloyd (``verbose``). Draws the
-        random starts from ``random_state`` first, as scikit-learn does."""
-        kind = init_kind(self.init)
-        trace = bool(self.verbose) and not _dask.is_dask_array(X)
-        if kind == "transformer":
-            return dict(self._transformer_starts(), trace=trace)
-        n_init = n_runs(self)
-        if kind == "k-means++":
-            return dict(n_kmeans_inits=n_init, start_names=("k-means++",) * n_init, trace=trace)
-        given = given_centers(self.init, X, self.n_clusters, n_init, random_state, sample_weight)
-        return dict(given=given, start_names=(kind,) * len(given), trace=trace)
-
-    def _store_fit(self, fitted: fit.KMeansFit, X, plan: FitPlan) -> None:
-        """Set the fitted attributes from the fit of ``plan`` on ``X``."""
-        # Computed in float64 on CPU; returned in X's dtype, as KMeans does.
-        self.cluster_centers_ = fitted.centers.astype(X.dtype, copy=False)
-        # A fit on a dask array labels its rows lazily, as predict does.
-        self.labels_ = self.predict(X) if fitted.labels is None else fitted.labels
-        self.inertia_ = fitted.inertia
-        self.n_iter_ = fitted.n_iter
-        self.init_method_ = plan.init_method(fitted.best_run)
-        self.device_ = plan.device
-        if fitted.trace is not None:
-            threshold = self.tol * float(np.var(X, axis=0).mean())
-            _verbose.kmeans_report(fitted.trace, threshold=threshold)
-        n_distinct = fitted.n_distinct
-        if n_distinct < self.n_clusters:
-            # KMeans's warning, word for word, so that filters written for it apply.
-            warn_user(
-                f"Number of distinct clusters ({n_distinct}) found smaller than n_clusters "
-                f"({self.n_clusters}). Possibly due to duplicate points in X.",
-                ConvergenceWarning,
-            )
+    def _plan(self, X, sample_weight, random_state: np.random.RandomState) -> FitPlan:
+        """The fit of ``X``, decided once by :func:`~transformer_gmm._fitting.kmeans_plan`."""
+        params = self.get_params(deep=False)
+        return _fitting.kmeans_plan(params, X, sample_weight, random_state, type(self).__name__)
 
     def fit_predict(self, X, y=None, sample_weight=None):
         """Cluster ``X`` and return ``labels_``.

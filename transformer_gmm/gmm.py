@@ -10,12 +10,10 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from . import _dask, _initialization, _verbose
+from . import _dask, _fitting, _initialization, _verbose
 from ._base import TransformerMixtureBase, warn_user
-from ._mixture_methods import FittedMixtureMixin, precisions_from_cholesky
-from .engine import fit
+from ._mixture_methods import FittedMixtureMixin
 from .engine.plan import FitPlan
-from .engine.starts import GivenStarts
 
 
 class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
@@ -233,9 +231,6 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         self.verbose = verbose
         self.verbose_interval = verbose_interval
 
-    def _n_components(self) -> int:
-        return self.n_components
-
     # --- fitting -----------------------------------------------------------------------
 
     def fit(self, X, y=None, sample_weight=None):
@@ -309,7 +304,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         >>> np.bincount(labels)
         array([50, 50])
         """
-        X = self._validate_fit_data(X)
+        X = _fitting.validate_fit_data(self, X, self.n_components)
         if _dask.is_dask_array(X) and self._starts_need_rows(sample_weight):
             raise ValueError(
                 "sample_weight, warm_start, weights_init, means_init, precisions_init and "
@@ -318,8 +313,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             )
         sample_weight = _initialization.check_sample_weight(sample_weight, X, self.n_components)
         plan = self._plan(X, sample_weight, check_random_state(self.random_state))
-        fits = self._run(plan, X, sample_weight)
-        self._store_fit(fits, 0, plan, X.dtype)
+        fits = _fitting.run(plan, X, sample_weight)
+        _fitting.store_mixture(self, fits, 0, plan, X.dtype)
         if self.verbose and fits.lower_bounds is not None:
             _verbose.report(
                 fits.lower_bounds[0],
@@ -340,74 +335,14 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             )
         return self._estimate_weighted_log_prob(X).argmax(axis=1)
 
-    def _plan_fields(self, X, sample_weight, random_state) -> dict:
-        """The plan's EM settings and starts: the backbone (or None), the numbers of the
-        transformer's and of k-means's starts, the other starts and the given parameters
-        (or None), and the name of each run's start. Draws the random starts from
-        ``random_state`` first, as scikit-learn does."""
-        em = dict(covariance_type=self.covariance_type, reg_covar=self.reg_covar)
-        if self.warm_start and hasattr(self, "converged_"):
-            return dict(em, given=self._previous_fit(X.shape[1]), start_names=("warm_start",))
-        given = _initialization.initial_parameters(self, X.shape[1])
-        if len(given) == 3:  # nothing left to initialise
-            return dict(em, given=GivenStarts(**given), start_names=("user",))
-        n_init = 1 if self.n_init == "auto" else self.n_init
-        names = (self.init_params,) * n_init
-        if self.init_params == "transformer":
-            return dict(
-                em, **self._transformer_starts(), given=GivenStarts(**given) if given else None
-            )
-        if self.init_params == "kmeans":
-            given = GivenStarts(**given) if given else None
-            return dict(em, n_kmeans_inits=n_init, given=given, start_names=names)
-        if self.init_params == "k-means++":
-            return dict(em, given=GivenStarts(n_seedings=n_init, **given), start_names=names)
-        resp = _initialization.random_responsibilities(
-            self.init_params, X, self.n_components, n_init, random_state, sample_weight
-        )
-        return dict(em, given=GivenStarts(resp=resp, **given), start_names=names)
+    def _plan(self, X, sample_weight, random_state: np.random.RandomState) -> FitPlan:
+        """The fit of ``X``, decided once by :func:`~transformer_gmm._fitting.mixture_plan`."""
+        warm = self.warm_start and hasattr(self, "converged_")
+        params = self.get_params(deep=False)
+        return _fitting.mixture_plan(params, X, sample_weight, random_state, self if warm else None)
 
     def _starts_need_rows(self, sample_weight) -> bool:
         """Whether the fit uses GaussianMixture's ways to start, or weights."""
         given = (self.weights_init, self.means_init, self.precisions_init, sample_weight)
         warm = self.warm_start and hasattr(self, "converged_")
         return warm or self.init_params != "transformer" or any(p is not None for p in given)
-
-    def _previous_fit(self, n_features: int) -> GivenStarts:
-        """The fitted parameters, for ``warm_start``."""
-        shape = (self.n_components, n_features)
-        if self.means_.shape != shape:
-            raise ValueError(
-                f"warm_start=True continues the previous fit, whose means have shape "
-                f"{self.means_.shape}, but this fit asks for {shape} (n_components, "
-                "n_features). Set warm_start=False, or fit a new estimator."
-            )
-        return GivenStarts(
-            weights=self.weights_.astype(np.float64),
-            means=self.means_.astype(np.float64),
-            precisions_cholesky=self.precisions_cholesky_.astype(np.float64),
-            lower_bound=self.lower_bound_,
-        )
-
-    def _store_fit(self, fits: fit.MixtureFits, i: int, plan: FitPlan, dtype: np.dtype) -> None:
-        """Set the fitted attributes from dataset ``i`` of the fits of ``plan``, in the
-        training data's ``dtype`` (as GaussianMixture keeps float32); copies, so that no
-        estimator keeps the whole batch's arrays alive."""
-        precisions_cholesky = fits.precisions_cholesky[i]
-        # From the float64 factors: squaring float32 ones would double their rounding.
-        precisions = precisions_from_cholesky(precisions_cholesky, self.covariance_type)
-        self.weights_ = fits.weights[i].astype(dtype)
-        self.means_ = fits.means[i].astype(dtype)
-        self.covariances_ = fits.covariances[i].astype(dtype)
-        self.precisions_cholesky_ = precisions_cholesky.astype(dtype)
-        self.precisions_ = precisions.astype(dtype, copy=False)
-        self.converged_ = bool(fits.converged[i])
-        self.n_iter_ = int(fits.n_iter[i])
-        self.lower_bound_ = float(fits.lower_bound[i])
-        self.__dict__.pop("lower_bounds_", None)  # unknown when EM ran by blocks
-        if fits.lower_bounds is not None:
-            bounds = fits.lower_bounds[i, fits.best_run[i]]
-            self.lower_bounds_ = bounds[~np.isnan(bounds)]
-        self.init_method_ = plan.init_method(fits.best_run[i])
-        self.device_ = plan.device
-        self.n_features_in_ = self.means_.shape[1]  # as validation set it, for fit_many too

@@ -14,6 +14,7 @@ except the backbone, which runs in float32, and the standardization, in float64.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 from torch import Tensor
@@ -216,19 +217,41 @@ def mixture_inits(
     -------
     starts : tuple of MixtureInit
     """
+    return _view_starts(model, x, mask, n_components, generator, n_starts, _point_probs, True)
+
+
+def _point_probs(out: MixtureOutput, read_mask: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """The per-point head's probabilities (B, C, K), zero on padded rows."""
+    point_probs = out.point_logits.softmax(dim=-1).to(dtype)
+    return point_probs if read_mask is None else point_probs.masked_fill(~read_mask[..., None], 0.0)
+
+
+def _point_labels(out: MixtureOutput, read_mask: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """The per-point head's labels (B, C, K), one-hot."""
+    labels = out.point_logits.argmax(dim=-1)  # (B, C)
+    return torch.nn.functional.one_hot(labels, out.weights.shape[-1]).to(dtype)
+
+
+def _view_starts(
+    model, x, mask, n_components, generator, n_starts, point_resp, mixture_first: bool
+) -> tuple[MixtureInit, ...]:
+    """The first ``n_starts`` of, view by view, the start from the transformer's mixture and
+    the one from ``point_resp(out, read_mask, dtype)`` on the rows read (in that order, or
+    the per-point one first); a start past ``n_starts`` is never built (the mixture start
+    scores every row)."""
     standardization, z, x_read, read_mask, outs = _read(
         model, x, mask, n_components, generator, n_starts
     )
-    starts = []
-    for out in outs:
-        starts.append(_mixture_start(x, mask, z, standardization, out))
-        if len(starts) == n_starts:  # an odd count: the last view's second is not needed
-            break
-        point_probs = out.point_logits.softmax(dim=-1).to(x.dtype)  # (B, C, K)
-        if read_mask is not None:
-            point_probs = point_probs.masked_fill(~read_mask[..., None], 0.0)
-        starts.append(_start(x_read, read_mask, point_probs, standardization, out))
-    return tuple(starts)
+
+    def mixture(out):
+        return _mixture_start(x, mask, z, standardization, out)
+
+    def per_point(out):
+        resp = point_resp(out, read_mask, x.dtype)
+        return _start(x_read, read_mask, resp, standardization, out)
+
+    order = (mixture, per_point) if mixture_first else (per_point, mixture)
+    return tuple(islice((make(out) for out in outs for make in order), n_starts))
 
 
 def cluster_centers(
@@ -243,15 +266,5 @@ def cluster_centers(
     the mean of the read points of each head label, then :func:`mixture_inits`' means.
     Arguments as :func:`mixture_inits`.
     """
-    standardization, z, x_read, read_mask, outs = _read(
-        model, x, mask, n_clusters, generator, n_starts
-    )
-    centers = []
-    for out in outs:
-        labels = out.point_logits.argmax(dim=-1)  # (B, C)
-        one_hot = torch.nn.functional.one_hot(labels, n_clusters).to(x.dtype)
-        centers.append(_start(x_read, read_mask, one_hot, standardization, out).means)
-        if len(centers) == n_starts:  # the mixture start scores every row: skip it unasked
-            break
-        centers.append(_mixture_start(x, mask, z, standardization, out).means)
-    return tuple(centers)
+    starts = _view_starts(model, x, mask, n_clusters, generator, n_starts, _point_labels, False)
+    return tuple(start.means for start in starts)

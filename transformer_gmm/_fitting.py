@@ -1,0 +1,268 @@
+"""The steps of a fit that the estimators and :func:`~transformer_gmm.fit_many` share, read
+from an estimator's public parameters (``get_params(deep=False)``): checking them and the
+data, the fit's plan (:class:`~transformer_gmm.engine.plan.FitPlan`), its run, and the
+fitted attributes set from its result. No torch here: the backbone is loaded by
+:mod:`transformer_gmm.engine.backend` and read in :mod:`transformer_gmm.engine.starts`."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import sparse
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils._param_validation import validate_parameter_constraints
+from sklearn.utils.validation import validate_data
+
+from . import _dask, _initialization
+from ._base import FallbackWarning, densified, draw_seed, is_missing_default, warn_user
+from ._cluster_initialization import given_centers, init_kind, n_runs
+from ._mixture_methods import precisions_from_cholesky
+from ._verbose import kmeans_report
+from .engine import backend, fit
+from .engine.plan import FitPlan
+from .engine.starts import GivenStarts
+
+# What runs without the transformer, as the FallbackWarning names it.
+MIXTURE_FALLBACK = "EM with k-means++ initialisation"
+KMEANS_FALLBACK = "k-means (Lloyd) with k-means++ seeding"
+
+
+def validate_params(estimator_class: type, params: dict) -> None:
+    """scikit-learn's check of ``params`` against the class's constraints."""
+    validate_parameter_constraints(
+        estimator_class._parameter_constraints, params, caller_name=estimator_class.__name__
+    )
+
+
+# --- input -----------------------------------------------------------------------------
+
+
+def too_few_samples_message(n_components: int, n_samples: int) -> str:
+    return (
+        f"Expected n_samples >= n_components but got n_components = "
+        f"{n_components}, n_samples = {n_samples}. Pass more samples or lower "
+        "n_components."
+    )
+
+
+def validate_fit_data(
+    estimator, X, n_components: int, accept_sparse=False, message=too_few_samples_message
+) -> np.ndarray:
+    """``X`` checked as ``estimator``'s fit takes it (which sets its ``n_features_in_``), in
+    float64 or float32, dense, with at least two and ``n_components`` rows."""
+    if _dask.is_dask_array(X):
+        X = _dask.validate(estimator, X, reset=True, min_samples=2)
+    else:
+        X = validate_data(
+            estimator,
+            X,
+            accept_sparse=accept_sparse,
+            dtype=[np.float64, np.float32],
+            ensure_min_samples=2,
+        )
+    if X.shape[0] < n_components:
+        raise ValueError(message(n_components, X.shape[0]))
+    return densified(X) if sparse.issparse(X) else X
+
+
+# --- the plan --------------------------------------------------------------------------
+
+
+def n_starts(params: dict, uses_transformer: bool) -> tuple[int, int]:
+    """How many starts to run: (from the transformer, from k-means++). "auto" runs the
+    transformer's ``2 * n_views`` and two k-means++ starts (they fail on different datasets;
+    docs/benchmarks.md), one k-means++ start without a transformer, none with ``max_iter=0``.
+    """
+    n_init = params["n_init"]
+    if not uses_transformer:
+        return 0, 1 if n_init == "auto" else n_init
+    from_transformer = 2 * params["n_views"]
+    if n_init == "auto":
+        return (from_transformer, 0) if params["max_iter"] == 0 else (from_transformer, 2)
+    n_transformer = min(n_init, from_transformer)
+    return n_transformer, n_init - n_transformer
+
+
+def load_backbone(checkpoint, n_components: int, fallback: str) -> backend.Backbone | None:
+    """The backbone that covers this request, or None (with a FallbackWarning when the
+    user would expect the transformer). A checkpoint the user named that cannot be
+    found or loaded raises CheckpointError: that is never silently replaced."""
+    if checkpoint is None or n_components == 1:
+        # No checkpoint asked for, or nothing to learn: one component's maximum
+        # likelihood estimate is the sample mean and covariance.
+        return None
+    if is_missing_default(checkpoint):
+        warn_user(
+            "No default checkpoint is bundled with this version of transformer_gmm, so "
+            f"the estimator falls back to {fallback}. Pass "
+            "checkpoint=<folder or Hub id> to use a trained transformer, or "
+            "checkpoint=None to choose this fallback explicitly and silence this warning.",
+            FallbackWarning,
+        )
+        return None
+    backbone = backend.load_backbone(checkpoint)
+    if n_components not in backbone.supported_n_components:
+        k = backbone.supported_n_components
+        warn_user(
+            f"Checkpoint {str(checkpoint)!r} has readout heads for "
+            f"{k.start} to {k.stop - 1} components, not {n_components}; falling back to "
+            f"{fallback}.",
+            FallbackWarning,
+        )
+        return None
+    return backbone
+
+
+def transformer_starts(params: dict, n_components: int, fallback: str) -> dict:
+    """The plan's starts when the transformer starts the fit: its backbone (None when
+    it falls back), the numbers of the transformer's and of k-means++'s starts, and
+    the name of each run's start."""
+    backbone = load_backbone(params["checkpoint"], n_components, fallback)
+    n_transformer, n_kmeans = n_starts(params, backbone is not None)
+    return dict(
+        backbone=backbone,
+        n_transformer_inits=n_transformer,
+        n_kmeans_inits=n_kmeans,
+        start_names=("transformer",) * n_transformer + ("k-means++",) * n_kmeans,
+    )
+
+
+def _plan(params: dict, n_components: int, device: str, fields: dict, random_state) -> FitPlan:
+    """The shared settings and ``fields``; the seed of the fit's generator is drawn last."""
+    return FitPlan(
+        n_components=n_components,
+        max_iter=params["max_iter"],
+        tol=params["tol"],
+        device=device,
+        seed=draw_seed(random_state),
+        **fields,
+    )
+
+
+def mixture_plan(params: dict, X, sample_weight, random_state, previous=None) -> FitPlan:
+    """The mixture fit of ``X``, decided once: EM settings and starts (the backbone or None,
+    the numbers of the transformer's and of k-means's starts, the other starts and the given
+    parameters or None, the name of each run's start). ``previous`` is the fitted estimator
+    ``warm_start`` goes on from. The random starts are drawn from ``random_state`` first,
+    as scikit-learn does, then the seed of the fit's generator."""
+    device = backend.resolve_device(params["device"])
+    K = params["n_components"]
+    em = dict(covariance_type=params["covariance_type"], reg_covar=params["reg_covar"])
+    if previous is not None:
+        fields = dict(em, given=_previous_fit(previous, X.shape[1]), start_names=("warm_start",))
+        return _plan(params, K, device, fields, random_state)
+    given = _initialization.initial_parameters(params, X.shape[1])
+    init_params = params["init_params"]
+    n_init = 1 if params["n_init"] == "auto" else params["n_init"]
+    names = (init_params,) * n_init
+    if len(given) == 3:  # nothing left to initialise
+        fields = dict(em, given=GivenStarts(**given), start_names=("user",))
+    elif init_params == "transformer":
+        starts = transformer_starts(params, K, MIXTURE_FALLBACK)
+        fields = dict(em, **starts, given=GivenStarts(**given) if given else None)
+    elif init_params == "kmeans":
+        given = GivenStarts(**given) if given else None
+        fields = dict(em, n_kmeans_inits=n_init, given=given, start_names=names)
+    elif init_params == "k-means++":
+        fields = dict(em, given=GivenStarts(n_seedings=n_init, **given), start_names=names)
+    else:
+        resp = _initialization.random_responsibilities(
+            init_params, X, K, n_init, random_state, sample_weight
+        )
+        fields = dict(em, given=GivenStarts(resp=resp, **given), start_names=names)
+    return _plan(params, K, device, fields, random_state)
+
+
+def _previous_fit(previous, n_features: int) -> GivenStarts:
+    """The fitted parameters of ``previous``, for ``warm_start``."""
+    shape = (previous.n_components, n_features)
+    if previous.means_.shape != shape:
+        raise ValueError(
+            f"warm_start=True continues the previous fit, whose means have shape "
+            f"{previous.means_.shape}, but this fit asks for {shape} (n_components, "
+            "n_features). Set warm_start=False, or fit a new estimator."
+        )
+    return GivenStarts(
+        weights=previous.weights_.astype(np.float64),
+        means=previous.means_.astype(np.float64),
+        precisions_cholesky=previous.precisions_cholesky_.astype(np.float64),
+        lower_bound=previous.lower_bound_,
+    )
+
+
+def kmeans_plan(params: dict, X, sample_weight, random_state, name: str) -> FitPlan:
+    """The k-means fit of ``X``, decided once: the starts (the backbone or None, the numbers
+    of the transformer's and of k-means++'s starts, the estimator ``name``'s own starting
+    centres (R, K, d) or None, the name of each run's start) and whether to trace Lloyd
+    (``verbose``). Draws the random starts from ``random_state`` first, as scikit-learn
+    does, then the seed of the fit's generator."""
+    device = backend.resolve_device(params["device"])
+    K, init = params["n_clusters"], params["init"]
+    kind = init_kind(init)
+    trace = bool(params["verbose"]) and not _dask.is_dask_array(X)
+    if kind == "transformer":
+        fields = dict(transformer_starts(params, K, KMEANS_FALLBACK), trace=trace)
+        return _plan(params, K, device, fields, random_state)
+    n_init = n_runs(init, params["n_init"], name)
+    if kind == "k-means++":
+        fields = dict(n_kmeans_inits=n_init, start_names=("k-means++",) * n_init, trace=trace)
+    else:
+        given = given_centers(init, X, K, n_init, random_state, sample_weight)
+        fields = dict(given=given, start_names=(kind,) * len(given), trace=trace)
+    return _plan(params, K, device, fields, random_state)
+
+
+def run(plan: FitPlan, X, sample_weight=None):
+    """``plan`` run on ``X``: in memory, or by blocks for a Dask array."""
+    if _dask.is_dask_array(X):
+        return _dask.fit_plan(plan, X)
+    return fit.fit(plan, [X], None if sample_weight is None else [sample_weight])
+
+
+# --- the fitted attributes -------------------------------------------------------------
+
+
+def store_mixture(estimator, fits: fit.MixtureFits, i: int, plan: FitPlan, dtype) -> None:
+    """Set ``estimator``'s fitted attributes from dataset ``i`` of the fits of ``plan``, in
+    the training data's ``dtype`` (as GaussianMixture keeps float32); copies, so that no
+    estimator keeps the whole batch's arrays alive."""
+    precisions_cholesky = fits.precisions_cholesky[i]
+    # From the float64 factors: squaring float32 ones would double their rounding.
+    precisions = precisions_from_cholesky(precisions_cholesky, plan.covariance_type)
+    estimator.weights_ = fits.weights[i].astype(dtype)
+    estimator.means_ = fits.means[i].astype(dtype)
+    estimator.covariances_ = fits.covariances[i].astype(dtype)
+    estimator.precisions_cholesky_ = precisions_cholesky.astype(dtype)
+    estimator.precisions_ = precisions.astype(dtype, copy=False)
+    estimator.converged_ = bool(fits.converged[i])
+    estimator.n_iter_ = int(fits.n_iter[i])
+    estimator.lower_bound_ = float(fits.lower_bound[i])
+    estimator.__dict__.pop("lower_bounds_", None)  # unknown when EM ran by blocks
+    if fits.lower_bounds is not None:
+        bounds = fits.lower_bounds[i, fits.best_run[i]]
+        estimator.lower_bounds_ = bounds[~np.isnan(bounds)]
+    estimator.init_method_ = plan.init_method(fits.best_run[i])
+    estimator.device_ = plan.device
+    estimator.n_features_in_ = estimator.means_.shape[1]  # as validation sets it
+
+
+def store_kmeans(estimator, fitted: fit.KMeansFit, X, plan: FitPlan) -> None:
+    """Set ``estimator``'s fitted attributes from the fit of ``plan`` on ``X``."""
+    # Computed in float64 on CPU; returned in X's dtype, as KMeans does.
+    estimator.cluster_centers_ = fitted.centers.astype(X.dtype, copy=False)
+    # A fit on a dask array labels its rows lazily, as predict does.
+    estimator.labels_ = estimator.predict(X) if fitted.labels is None else fitted.labels
+    estimator.inertia_ = fitted.inertia
+    estimator.n_iter_ = fitted.n_iter
+    estimator.init_method_ = plan.init_method(fitted.best_run)
+    estimator.device_ = plan.device
+    if fitted.trace is not None:
+        threshold = plan.tol * float(np.var(X, axis=0).mean())
+        kmeans_report(fitted.trace, threshold=threshold)
+    n_distinct, n_clusters = fitted.n_distinct, plan.n_components
+    if n_distinct < n_clusters:
+        # KMeans's warning, word for word, so that filters written for it apply.
+        warn_user(
+            f"Number of distinct clusters ({n_distinct}) found smaller than n_clusters "
+            f"({n_clusters}). Possibly due to duplicate points in X.",
+            ConvergenceWarning,
+        )
