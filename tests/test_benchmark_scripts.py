@@ -217,7 +217,7 @@ def test_stages_account_for_the_whole_fit(tmp_path):
 
 SCRIPTS = sorted(path.stem for path in BENCHMARKS.glob("*.py")
                  if 'if __name__ == "__main__":' in path.read_text())
-HELPERS = {"common", "spectral"}  # imported by the scripts, never run
+HELPERS = {"common", "spectral", "real_datasets"}  # imported by the scripts, never run
 
 
 def test_every_benchmark_file_is_a_script_or_a_helper():

@@ -64,12 +64,7 @@ def estimate_weighted_log_prob(X: Tensor, params: MixtureParams, covariance_type
     --------
     >>> import torch
     >>> from transformer_gmm.engine import e_step, m_step
-    >>> g = torch.Generator().manual_seed(0)
-    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
-    >>> X[0, :20] -= 4.0
-    >>> X[0, 20:] += 4.0
-    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
-    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> X, resp = two_blobs()  # (1, 40, 2) points in two blobs, one-hot (1, 40, 2) labels
     >>> params = m_step.estimate_gaussian_parameters(
     ...     X, resp, covariance_type="diag", reg_covar=1e-6)
     >>> weighted = e_step.estimate_weighted_log_prob(X, params, "diag")
@@ -134,12 +129,7 @@ def e_step(
     --------
     >>> import torch
     >>> from transformer_gmm.engine import e_step, m_step
-    >>> g = torch.Generator().manual_seed(0)
-    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
-    >>> X[0, :20] -= 4.0
-    >>> X[0, 20:] += 4.0
-    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
-    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> X, resp = two_blobs()  # (1, 40, 2) points in two blobs, one-hot (1, 40, 2) labels
     >>> params = m_step.estimate_gaussian_parameters(
     ...     X, resp, covariance_type="diag", reg_covar=1e-6)
     >>> log_prob_norm, log_resp = e_step.e_step(X, params, "diag")

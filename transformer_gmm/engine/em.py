@@ -65,12 +65,7 @@ class EMResult:
     --------
     >>> import torch
     >>> from transformer_gmm.engine import em, m_step
-    >>> g = torch.Generator().manual_seed(0)
-    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
-    >>> X[0, :20] -= 4.0
-    >>> X[0, 20:] += 4.0
-    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
-    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> X, resp = two_blobs()  # (1, 40, 2) points in two blobs, one-hot (1, 40, 2) labels
     >>> params = m_step.estimate_gaussian_parameters(
     ...     X, resp, covariance_type="diag", reg_covar=1e-6)
     >>> result = em.fit_em(X, params, covariance_type="diag", reg_covar=1e-6,
@@ -263,10 +258,7 @@ def fit_em(
     --------
     >>> import torch
     >>> from transformer_gmm.engine import em, m_step
-    >>> g = torch.Generator().manual_seed(0)
-    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
-    >>> X[0, :20] -= 4.0
-    >>> X[0, 20:] += 4.0
+    >>> X, _ = two_blobs()  # one dataset (B=1) of 40 points in two blobs
     >>> init = m_step.initialize_kmeans(X, 2, covariance_type="full", reg_covar=1e-6,
     ...                                  generator=torch.Generator().manual_seed(0))
     >>> result = em.fit_em(X, init, covariance_type="full", reg_covar=1e-6,

@@ -110,10 +110,8 @@ def kmeans_plusplus(
     --------
     >>> import torch
     >>> from transformer_gmm.engine.kmeans import kmeans_plusplus, lloyd
+    >>> X, _ = two_blobs()  # one dataset (B=1) of 40 points in two blobs
     >>> g = torch.Generator().manual_seed(0)
-    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
-    >>> X[0, :20] -= 4.0
-    >>> X[0, 20:] += 4.0
     >>> centers = kmeans_plusplus(X.expand(3, -1, -1), 2, generator=g)  # 3 seedings
     >>> centers.shape
     torch.Size([3, 2, 2])
@@ -368,10 +366,8 @@ def lloyd(
     --------
     >>> import torch
     >>> from transformer_gmm.engine.kmeans import kmeans_plusplus, lloyd
+    >>> X, _ = two_blobs()  # one dataset (B=1) of 40 points in two blobs
     >>> g = torch.Generator().manual_seed(0)
-    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
-    >>> X[0, :20] -= 4.0
-    >>> X[0, 20:] += 4.0
     >>> seeds = kmeans_plusplus(X, 2, generator=g)
     >>> centers, labels, inertia, n_iter = lloyd(X, seeds, max_iter=100)
     >>> sorted(centers[0, :, 0].round().tolist())

@@ -183,12 +183,7 @@ def estimate_gaussian_parameters(
     --------
     >>> import torch
     >>> from transformer_gmm.engine import m_step
-    >>> g = torch.Generator().manual_seed(0)
-    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
-    >>> X[0, :20] -= 4.0
-    >>> X[0, 20:] += 4.0
-    >>> resp = torch.zeros(1, 40, 2, dtype=torch.float64)
-    >>> resp[0, :20, 0] = resp[0, 20:, 1] = 1.0  # the first 20 points in component 0
+    >>> X, resp = two_blobs()  # (1, 40, 2) points in two blobs, one-hot (1, 40, 2) labels
     >>> params = m_step.estimate_gaussian_parameters(
     ...     X, resp, covariance_type="diag", reg_covar=1e-6)
     >>> params.weights.round(decimals=3).tolist()
@@ -265,10 +260,7 @@ def initialize_kmeans(
     --------
     >>> import torch
     >>> from transformer_gmm.engine import m_step
-    >>> g = torch.Generator().manual_seed(0)
-    >>> X = torch.randn(1, 40, 2, generator=g, dtype=torch.float64)  # one dataset (B=1)
-    >>> X[0, :20] -= 4.0
-    >>> X[0, 20:] += 4.0
+    >>> X, _ = two_blobs()  # one dataset (B=1) of 40 points in two blobs
     >>> generator = torch.Generator().manual_seed(0)
     >>> params = m_step.initialize_kmeans(X.expand(3, -1, -1), 2, covariance_type="spherical",
     ...                               reg_covar=1e-6, generator=generator)  # 3 restarts
