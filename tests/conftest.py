@@ -38,6 +38,8 @@ atexit.register(shutil.rmtree, _TINY_ROOT, ignore_errors=True)
 TINY_CHECKPOINT = str(make_tiny_checkpoint(_TINY_ROOT / "tiny"))
 # The same weights, reading one principal direction beyond the K - 1 where the data has it.
 TINY_NOISE_CHECKPOINT = str(make_tiny_checkpoint(_TINY_ROOT / "tiny-noise", noise_directions=1))
+# With a (random) head that reads P(K | X) for K = 1..4.
+TINY_K_CHECKPOINT = str(make_tiny_checkpoint(_TINY_ROOT / "tiny-k", k_posterior_seeds=2))
 
 
 @pytest.fixture

@@ -77,9 +77,7 @@ def test_sample_batch_shapes_ranges_and_seeding():
 def test_inputs_and_targets_are_fits_standardization(d, noise_directions):
     d_max, K = 4, 3
     rng = np.random.default_rng(d)
-    tasks = [
-        sample_task(rng, PRIORS["tiny"], K, d, 50, d_max, noise_directions) for _ in range(3)
-    ]
+    tasks = [sample_task(rng, PRIORS["tiny"], K, d, 50, d_max, noise_directions) for _ in range(3)]
     batch = collate(tasks, d_max)
     for b, task in enumerate(tasks):
         st = OneStandardization(task.X, d_max, K, noise_directions)  # fit's map, one dataset
@@ -532,8 +530,7 @@ def test_focus_prior_draws_that_fraction_of_the_batches():
 
 def test_several_focus_priors_share_the_steps():
     # tgmm-2d fills two columns with K <= 5; "real" draws K up to 10 and d up to 64.
-    cfg = T.TrainConfig(model="small", batch_size=4, focus_prior="tgmm-2d,tiny",
-                        focus_prob=0.3)
+    cfg = T.TrainConfig(model="small", batch_size=4, focus_prior="tgmm-2d,tiny", focus_prob=0.3)
     mc = T.model_config(cfg)
     kinds = []
     for step in range(200):
@@ -551,8 +548,15 @@ def test_several_focus_priors_share_the_steps():
         name = "tgmm-2d" if step_rng.random() < 0.3 else one.prior
         low, high = T.k_range(one, mc, name)
         K = int(step_rng.integers(low, high + 1))
-        expected = sample_batch(np.random.default_rng([one.seed, step, 0]), PRIORS[name], K,
-                                4, mc.d_max, mc.context_size, mc.noise_directions)
+        expected = sample_batch(
+            np.random.default_rng([one.seed, step, 0]),
+            PRIORS[name],
+            K,
+            4,
+            mc.d_max,
+            mc.context_size,
+            mc.noise_directions,
+        )
         assert torch.equal(T.get_batch(one, mc, step, 0).x, expected.x)
 
 

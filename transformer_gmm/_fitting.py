@@ -174,7 +174,7 @@ def mixture_plan(params: dict, X, sample_weight, random_state, previous=None) ->
 
 def _previous_fit(previous, n_features: int) -> GivenStarts:
     """The fitted parameters of ``previous``, for ``warm_start``."""
-    shape = (previous.n_components, n_features)
+    shape = (len(previous.weights_), n_features)
     if previous.means_.shape != shape:
         raise ValueError(
             f"warm_start=True continues the previous fit, whose means have shape "
@@ -242,6 +242,7 @@ def store_mixture(estimator, fits: fit.MixtureFits, i: int, plan: FitPlan, dtype
         estimator.lower_bounds_ = bounds[~np.isnan(bounds)]
     estimator.init_method_ = plan.init_method(fits.best_run[i])
     estimator.device_ = plan.device
+    estimator.n_components_ = plan.n_components
     estimator.n_features_in_ = estimator.means_.shape[1]  # as validation sets it
 
 
@@ -255,6 +256,7 @@ def store_kmeans(estimator, fitted: fit.KMeansFit, X, plan: FitPlan) -> None:
     estimator.n_iter_ = fitted.n_iter
     estimator.init_method_ = plan.init_method(fitted.best_run)
     estimator.device_ = plan.device
+    estimator.n_clusters_ = plan.n_components
     if fitted.trace is not None:
         threshold = plan.tol * float(np.var(X, axis=0).mean())
         kmeans_report(fitted.trace, threshold=threshold)

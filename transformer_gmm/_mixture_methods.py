@@ -57,14 +57,14 @@ def _predict_proba(X: np.ndarray, *parameters) -> np.ndarray:
 
 class FittedMixtureMixin:
     """Methods of a fitted mixture: they read ``weights_``, ``means_``, ``covariances_``,
-    ``precisions_cholesky_``, ``covariance_type``, ``n_components`` and ``random_state``,
+    ``precisions_cholesky_``, ``covariance_type`` and ``random_state``,
     and validate input with the estimator's ``_validate_predict_data``."""
 
     def _parameters(self) -> tuple:
         return (self.weights_, self.means_, self.precisions_cholesky_, self.covariance_type)
 
     def _estimate_weighted_log_prob(self, X):
-        return self._per_row(backend.estimate_weighted_log_prob, X, self.n_components)
+        return self._per_row(backend.estimate_weighted_log_prob, X, len(self.weights_))
 
     def _per_row(self, function, X, n_columns: int | None = None, dtype=np.float64):
         """``function(X, *self._parameters())`` on validated ``X``; on a dask array, the
@@ -188,7 +188,7 @@ class FittedMixtureMixin:
         """
         check_is_fitted(self)
         X = self._validate_predict_data(X)
-        return self._per_row(_predict_proba, X, self.n_components, dtype=X.dtype)
+        return self._per_row(_predict_proba, X, len(self.weights_), dtype=X.dtype)
 
     def sample(self, n_samples=1):
         """Draw samples from the fitted mixture.
@@ -249,8 +249,9 @@ class FittedMixtureMixin:
 
     def _n_parameters(self) -> int:
         n_features = self.means_.shape[1]
-        covariance = _N_COVARIANCE_PARAMETERS[self.covariance_type](self.n_components, n_features)
-        return int(covariance + self.n_components * n_features + self.n_components - 1)
+        n_components = len(self.weights_)  # the fitted K, also when it was chosen
+        covariance = _N_COVARIANCE_PARAMETERS[self.covariance_type](n_components, n_features)
+        return int(covariance + n_components * n_features + n_components - 1)
 
     def bic(self, X):
         """Bayesian information criterion on ``X`` (lower is better).

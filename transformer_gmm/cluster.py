@@ -16,7 +16,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from . import _dask, _fitting, _initialization
+from . import _choose_k, _dask, _fitting, _initialization
 from ._base import TransformerMixtureBase, warn_user
 from ._cluster_initialization import init_kind
 from .engine.plan import FitPlan
@@ -144,7 +144,13 @@ class TransformerClusterer(
 
     _parameter_constraints: dict = {
         **TransformerMixtureBase._parameter_constraints,
-        "n_clusters": [Interval(Integral, 1, None, closed="left")],
+        "n_clusters": [
+            Interval(Integral, 1, None, closed="left"),
+            StrOptions({"auto"}),
+            "array-like",
+        ],
+        "max_clusters": [Interval(Integral, 1, None, closed="left"), None],
+        "criterion": [StrOptions({"auto", "posterior", "bic"})],
         "init": [StrOptions({"transformer", "k-means++", "random"}), callable, "array-like"],
         "verbose": ["verbose"],
         "copy_x": ["boolean"],
@@ -156,6 +162,8 @@ class TransformerClusterer(
         self,
         n_clusters=8,
         *,
+        max_clusters=None,
+        criterion="auto",
         init="transformer",
         n_init="auto",
         max_iter=300,
@@ -169,6 +177,8 @@ class TransformerClusterer(
         device="auto",
     ):
         self.n_clusters = n_clusters
+        self.max_clusters = max_clusters
+        self.criterion = criterion
         self.init = init
         self.n_init = n_init
         self.max_iter = max_iter
@@ -224,33 +234,58 @@ class TransformerClusterer(
         >>> np.sort(km.cluster_centers_[:, 0]).round().tolist()
         [-5.0, 5.0]
         """
+        auto = _choose_k.is_auto(self.n_clusters)
         X = _fitting.validate_fit_data(
-            self, X, self.n_clusters, self._accept_sparse, _too_few_samples_message
+            self, X, 1 if auto else self.n_clusters, self._accept_sparse, _too_few_samples_message
         )
         if _dask.is_dask_array(X) and (
-            sample_weight is not None or init_kind(self.init) not in ("transformer", "k-means++")
+            auto
+            or sample_weight is not None
+            or init_kind(self.init) not in ("transformer", "k-means++")
         ):
             raise ValueError(
-                "sample_weight and init other than 'transformer' or 'k-means++' need X in "
-                "memory; fit on a numpy array (X.compute()) to use them."
+                "sample_weight, init other than 'transformer' or 'k-means++', and n_clusters "
+                "other than an int need X in memory; fit on a numpy array (X.compute()) to "
+                "use them."
             )
         if sample_weight is not None:
-            sample_weight = _initialization.check_sample_weight(sample_weight, X, self.n_clusters)
+            sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
+        n_clusters = self.n_clusters
+        if not auto:
+            _choose_k.store_choice(self, None)
+        else:
+            if init_kind(self.init) == "array":
+                raise ValueError(
+                    "An array init fixes the number of clusters; pass n_clusters as an int "
+                    f"to use it, not {self.n_clusters!r}."
+                )
+            choice = _choose_k.choose(
+                self, X, sample_weight, check_random_state(self.random_state), "n_clusters"
+            )
+            _choose_k.store_choice(self, choice)
+            if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
+                _choose_k.take_fitted_attributes(self, choice.fitted)
+                return self
+            n_clusters = choice.n_components
+        if sample_weight is not None:
+            _initialization.check_sample_weight(sample_weight, X, n_clusters)
         random_state = check_random_state(self.random_state)
-        if self.algorithm == "elkan" and self.n_clusters == 1:
+        if self.algorithm == "elkan" and n_clusters == 1:
             # KMeans's words; both algorithms run Lloyd's iterations here.
             warn_user(
                 "algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
                 RuntimeWarning,
             )
-        plan = self._plan(X, sample_weight, random_state)
+        plan = self._plan(X, sample_weight, random_state, n_clusters)
         self._n_init = plan.n_runs
         _fitting.store_kmeans(self, _fitting.run(plan, X, sample_weight), X, plan)
         return self
 
-    def _plan(self, X, sample_weight, random_state: np.random.RandomState) -> FitPlan:
+    def _plan(
+        self, X, sample_weight, random_state: np.random.RandomState, n_clusters: int
+    ) -> FitPlan:
         """The fit of ``X``, decided once by :func:`~transformer_gmm._fitting.kmeans_plan`."""
-        params = self.get_params(deep=False)
+        params = {**self.get_params(deep=False), "n_clusters": n_clusters}
         return _fitting.kmeans_plan(params, X, sample_weight, random_state, type(self).__name__)
 
     def fit_predict(self, X, y=None, sample_weight=None):
@@ -371,7 +406,7 @@ class TransformerClusterer(
         X = self._validate_predict_data(X)
         if _dask.is_dask_array(X):
             return _dask.map_rows(
-                euclidean_distances, X, self.cluster_centers_, n_columns=self.n_clusters
+                euclidean_distances, X, self.cluster_centers_, n_columns=len(self.cluster_centers_)
             )
         return euclidean_distances(X, self.cluster_centers_)
 

@@ -10,7 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from . import _dask, _fitting, _initialization, _verbose
+from . import _choose_k, _dask, _fitting, _initialization, _verbose
 from ._base import TransformerMixtureBase, warn_user
 from ._mixture_methods import FittedMixtureMixin
 from .engine.plan import FitPlan
@@ -29,8 +29,20 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
 
     Parameters
     ----------
-    n_components : int, default=1
-        The number of mixture components.
+    n_components : int, "auto" or array-like of int, default=1
+        The number of mixture components. ``"auto"`` chooses it among ``1`` to
+        ``max_components``, and a list (or range) among its values, by ``criterion``;
+        ``n_components_`` is then the K chosen, and the fitted estimator is the fit of that
+        K (see "Choosing the number of components" in the documentation).
+    max_components : int, default=None
+        The largest K that ``n_components="auto"`` considers; by default the largest the
+        checkpoint reads P(K | X) for (10 without one), at most ``n_samples``. Ignored
+        otherwise.
+    criterion : {"auto", "posterior", "bic"}, default="auto"
+        How a K is chosen when ``n_components`` is not an int. ``"posterior"``: the most
+        probable K under the checkpoint's learned P(K | X), one forward pass, then one fit;
+        ``"bic"``: every candidate is fitted and the lowest BIC wins. ``"auto"``: the
+        posterior where the checkpoint reads it for every candidate, else BIC.
     covariance_type : {"full", "tied", "diag", "spherical"}, default="full"
         The covariance parameterisation, as in :class:`~sklearn.mixture.GaussianMixture`.
     checkpoint : str, path or None, default="default"
@@ -150,6 +162,17 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         previous one.
     device_ : str
         The device the fit ran on.
+    n_components_ : int
+        The number of components fitted: ``n_components``, or the K chosen.
+    candidates_ : ndarray of shape (n_candidates,)
+        The K that were considered, when ``n_components`` is not an int.
+    criterion_ : ndarray of shape (n_candidates,)
+        The value of ``selection_criterion_`` for each candidate (lower is better): the
+        BIC, or ``-log P(K | X)``.
+    selection_criterion_ : {"posterior", "bic"}
+        How K was chosen.
+    k_posterior_ : ndarray of shape (n_candidates,)
+        P(K | X) of each candidate under the checkpoint, when it reads one.
     n_features_in_ : int
         Number of features seen during fit.
     feature_names_in_ : ndarray of shape (`n_features_in_`,)
@@ -178,7 +201,13 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
 
     _parameter_constraints: dict = {
         **TransformerMixtureBase._parameter_constraints,
-        "n_components": [Interval(Integral, 1, None, closed="left")],
+        "n_components": [
+            Interval(Integral, 1, None, closed="left"),
+            StrOptions({"auto"}),
+            "array-like",
+        ],
+        "max_components": [Interval(Integral, 1, None, closed="left"), None],
+        "criterion": [StrOptions({"auto", "posterior", "bic"})],
         "covariance_type": [StrOptions({"full", "tied", "diag", "spherical"})],
         "reg_covar": [Interval(Real, 0.0, None, closed="left")],
         "init_params": [
@@ -196,6 +225,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         self,
         n_components=1,
         *,
+        max_components=None,
+        criterion="auto",
         covariance_type="full",
         checkpoint="default",
         max_iter=100,
@@ -214,6 +245,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         verbose_interval=10,
     ):
         self.n_components = n_components
+        self.max_components = max_components
+        self.criterion = criterion
         self.covariance_type = covariance_type
         self.checkpoint = checkpoint
         self.max_iter = max_iter
@@ -304,15 +337,25 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         >>> np.bincount(labels)
         array([50, 50])
         """
-        X = _fitting.validate_fit_data(self, X, self.n_components)
-        if _dask.is_dask_array(X) and self._starts_need_rows(sample_weight):
+        auto = _choose_k.is_auto(self.n_components)
+        X = _fitting.validate_fit_data(self, X, 1 if auto else self.n_components)
+        if _dask.is_dask_array(X) and (auto or self._starts_need_rows(sample_weight)):
             raise ValueError(
-                "sample_weight, warm_start, weights_init, means_init, precisions_init and "
-                "init_params other than 'transformer' need X in memory; fit on a numpy array "
-                "(X.compute()) to use them."
+                "sample_weight, warm_start, weights_init, means_init, precisions_init, "
+                "init_params other than 'transformer' and n_components other than an int "
+                "need X in memory; fit on a numpy array (X.compute()) to use them."
             )
-        sample_weight = _initialization.check_sample_weight(sample_weight, X, self.n_components)
-        plan = self._plan(X, sample_weight, check_random_state(self.random_state))
+        sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
+        n_components = self.n_components
+        if not auto:
+            _choose_k.store_choice(self, None)
+        else:
+            n_components = self._choose_n_components(X, sample_weight)
+            if n_components is None:  # BIC fitted every candidate: the chosen one is kept
+                return self._estimate_weighted_log_prob(X).argmax(axis=1)
+        if sample_weight is not None:
+            _initialization.check_sample_weight(sample_weight, X, n_components)
+        plan = self._plan(X, sample_weight, check_random_state(self.random_state), n_components)
         fits = _fitting.run(plan, X, sample_weight)
         _fitting.store_mixture(self, fits, 0, plan, X.dtype)
         if self.verbose and fits.lower_bounds is not None:
@@ -335,10 +378,30 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             )
         return self._estimate_weighted_log_prob(X).argmax(axis=1)
 
-    def _plan(self, X, sample_weight, random_state: np.random.RandomState) -> FitPlan:
+    def _choose_n_components(self, X, sample_weight) -> int | None:
+        """The K to fit (a warm start keeps the previous one); None when the choice by BIC
+        has already fitted it, whose fitted attributes are then this estimator's."""
+        if self.warm_start and hasattr(self, "converged_"):
+            return len(self.weights_)
+        given = (self.weights_init, self.means_init, self.precisions_init)
+        if any(p is not None for p in given):
+            raise ValueError(
+                "weights_init, means_init and precisions_init fix the number of components; "
+                f"pass n_components as an int to use them, not {self.n_components!r}."
+            )
+        random_state = check_random_state(self.random_state)
+        choice = _choose_k.choose(self, X, sample_weight, random_state, "n_components")
+        if choice.fitted is not None:
+            _choose_k.take_fitted_attributes(self, choice.fitted)
+        _choose_k.store_choice(self, choice)
+        return None if choice.fitted is not None else choice.n_components
+
+    def _plan(
+        self, X, sample_weight, random_state: np.random.RandomState, n_components: int
+    ) -> FitPlan:
         """The fit of ``X``, decided once by :func:`~transformer_gmm._fitting.mixture_plan`."""
         warm = self.warm_start and hasattr(self, "converged_")
-        params = self.get_params(deep=False)
+        params = {**self.get_params(deep=False), "n_components": n_components}
         return _fitting.mixture_plan(params, X, sample_weight, random_state, self if warm else None)
 
     def _starts_need_rows(self, sample_weight) -> bool:

@@ -23,6 +23,7 @@ __all__ = [
     "n_kept_directions",
     "subsample_rows",
     "take_rows",
+    "weighted_rows",
 ]
 
 
@@ -137,3 +138,18 @@ def subsample_rows(
 def take_rows(t: Tensor, index: Tensor) -> Tensor:
     """Rows ``index`` (B, C) of each dataset of ``t`` (B, N, F): (B, C, F)."""
     return t.gather(1, index[..., None].expand(-1, -1, t.shape[-1]))
+
+
+def weighted_rows(
+    x: torch.Tensor, sample_weight: torch.Tensor, context_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, None]:
+    """The rows the transformer reads of weighted data: ``min(N, context_size)`` rows of
+    each dataset of ``x`` (B, N, d), drawn with replacement in proportion to their weights
+    (B, N), so a row of weight w is read about w times as often as one of weight 1; and
+    their mask (None: no drawn row is padding, whose weight is zero)."""
+    cumulative = sample_weight.cumsum(dim=-1)  # (B, N)
+    n_read = min(x.shape[1], context_size)
+    u = torch.rand(x.shape[0], n_read, generator=generator, dtype=x.dtype, device=x.device)
+    # The first row whose cumulative weight exceeds u * total: never one of weight zero.
+    index = torch.searchsorted(cumulative, u * cumulative[:, -1:], right=True)
+    return take_rows(x, index.clamp_max_(x.shape[1] - 1)), None

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import backend, gaussian, kmeans, m_step, readout, runs
-from .standardize import take_rows
+from .standardize import take_rows, weighted_rows
 
 if TYPE_CHECKING:
     from .plan import FitPlan
@@ -70,7 +70,7 @@ def mixture_starts(
         model = backend.model_on(backbone.model, device)
         x_read, mask_read = x, mask
         if sample_weight is not None:
-            x_read, mask_read = _weighted_draw(x, sample_weight, backbone.context_size, generator)
+            x_read, mask_read = weighted_rows(x, sample_weight, backbone.context_size, generator)
         starts = readout.mixture_inits(
             model, x_read, mask_read, n_components, generator, n_starts=n_transformer_inits
         )
@@ -112,21 +112,6 @@ def mixture_starts(
         reg_covar=reg_covar,
     )
     return _with_given(runs.flatten(runs.concatenate(run_params)), given, covariance_type)
-
-
-def _weighted_draw(
-    x: torch.Tensor, sample_weight: torch.Tensor, context_size: int, generator: torch.Generator
-) -> tuple[torch.Tensor, None]:
-    """The rows the transformer reads of weighted data: ``min(N, context_size)`` rows of
-    each dataset of ``x`` (B, N, d), drawn with replacement in proportion to their weights
-    (B, N), so a row of weight w is read about w times as often as one of weight 1; and
-    their mask (None: no drawn row is padding, whose weight is zero)."""
-    cumulative = sample_weight.cumsum(dim=-1)  # (B, N)
-    n_read = min(x.shape[1], context_size)
-    u = torch.rand(x.shape[0], n_read, generator=generator, dtype=x.dtype, device=x.device)
-    # The first row whose cumulative weight exceeds u * total: never one of weight zero.
-    index = torch.searchsorted(cumulative, u * cumulative[:, -1:], right=True)
-    return take_rows(x, index.clamp_max_(x.shape[1] - 1)), None
 
 
 def _given_starts(
@@ -215,7 +200,7 @@ def kmeans_starts(
         model = backend.model_on(backbone.model, device)
         x_read = x
         if sample_weight is not None:
-            x_read, _ = _weighted_draw(x, sample_weight, backbone.context_size, generator)
+            x_read, _ = weighted_rows(x, sample_weight, backbone.context_size, generator)
         starts += readout.cluster_centers(
             model, x_read, None, n_clusters, generator, n_starts=n_transformer_inits
         )

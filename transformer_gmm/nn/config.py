@@ -38,6 +38,9 @@ class ModelConfig:
         Principal directions the model reads beyond the K - 1 that can hold the means,
         when the data has them: they hold only noise, so they show how wide the
         components are. It changes what the model reads, not any weight's shape.
+    k_posterior_seeds : int, default=0
+        Pooling seeds of the head that reads P(K | X) for K = 1..k_max under a "K unknown"
+        task embedding; 0: no such head.
 
     Examples
     --------
@@ -62,6 +65,7 @@ class ModelConfig:
     mlp_ratio: int = 4
     scale_type: str = "spherical"  # "spherical": one std per component; "diag": one per coordinate
     noise_directions: int = 0  # principal directions read beyond the K - 1 the means span
+    k_posterior_seeds: int = 0  # pooling seeds of the P(K | X) head; 0: no such head
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -97,8 +101,8 @@ class ModelConfig:
 
         A config written by a newer or foreign model must not be half-understood, and a
         missing field must not silently take a default that disagrees with the weights.
-        The one exception is a field added later whose default is what every checkpoint
-        written before it did (``noise_directions``: 0).
+        The exceptions are fields added later whose default is what every checkpoint
+        written before them did (``noise_directions`` and ``k_posterior_seeds``: 0).
 
         Examples
         --------
@@ -121,9 +125,9 @@ class ModelConfig:
 
 # Fields added after the first checkpoints, with the value that reproduces what those
 # checkpoints' models were trained to read.
-_ADDED_LATER: dict[str, Any] = {"noise_directions": 0}
+_ADDED_LATER: dict[str, Any] = {"noise_directions": 0, "k_posterior_seeds": 0}
 # The int fields that may be 0; every other must be positive.
-_SMALLEST = {"noise_directions": 0}
+_SMALLEST = {"noise_directions": 0, "k_posterior_seeds": 0}
 
 
 def _check_names(d: dict[str, Any], *, require_all: bool) -> None:

@@ -1,6 +1,7 @@
 """The mixture transformer: reads a set of points, writes a Gaussian mixture and labels.
 
-Read top to bottom: attention, MLP, block, the per-K readout head, then the model.
+Read top to bottom: attention, MLP, block, the per-K readout head, the head that reads
+the number of components, then the model.
 
 The points are read as a SET: there are no positional embeddings and no causal mask, so
 pooled outputs (weights, means, scales) are invariant and per-point outputs (point_logits)
@@ -136,6 +137,31 @@ class ReadoutHead(nn.Module):
         return raw, point_logits
 
 
+class KPosteriorHead(nn.Module):
+    """P(K | X) for K = 1..k_max, read from tokens computed under the "K unknown" embedding.
+
+    A few learned seeds pool the point tokens (as in :class:`ReadoutHead`); an MLP reads the
+    pooled slots together and scores each K (Cluster-PFN, Bhaskaran & Viering 2025).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d = config.d_model
+        self.seeds = nn.Parameter(torch.randn(config.k_posterior_seeds, d))
+        self.attn = Attention(config)
+        self.ln = nn.LayerNorm(d)
+        self.fc = nn.Linear(config.k_posterior_seeds * d, d)
+        self.out = nn.Linear(d, config.k_max)  # logits of K = 1..k_max
+
+    def forward(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor:
+        """Log-probabilities (B, k_max) of K = 1..k_max for tokens (B, N, D)."""
+        B = tokens.shape[0]
+        slots = self.seeds.expand(B, -1, -1)  # (B, S, D)
+        slots = self.ln(slots + self.attn(slots, tokens, key_mask))  # (B, S, D)
+        logits = self.out(F.gelu(self.fc(slots.flatten(1))))  # (B, k_max)
+        return logits.log_softmax(dim=-1)
+
+
 def _parse(raw: Tensor, point_logits: Tensor, d_max: int) -> MixtureOutput:
     """Every output constraint, in one place."""
     logits, means, raw_scales = raw.split([1, d_max, raw.shape[-1] - 1 - d_max], dim=-1)
@@ -180,6 +206,10 @@ class MixtureTransformer(nn.Module):
         self.heads = nn.ModuleDict(
             {str(k): ReadoutHead(config, k) for k in self.supported_n_components}
         )
+        if config.k_posterior_seeds:
+            # The task embedding of "K unknown", beside those of each K.
+            self.k_unknown = nn.Parameter(torch.zeros(config.d_model))
+            self.k_posterior_head = KPosteriorHead(config)
         self.apply(self._init_weights)
         # nanoGPT: scale the projections that write into the residual stream by the depth,
         # so the stream's variance does not grow with n_layer.
@@ -195,6 +225,11 @@ class MixtureTransformer(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=0.02)
+
+    @property
+    def has_k_posterior(self) -> bool:
+        """Whether the model reads P(K | X) (:meth:`k_log_posterior`)."""
+        return self.config.k_posterior_seeds > 0
 
     @property
     def supported_n_components(self) -> range:
@@ -251,19 +286,55 @@ class MixtureTransformer(nn.Module):
         True
         """
         self._check_inputs(x, n_components, mask)
+        k_embedding = self.k_embedding.weight[n_components - self.config.k_min]  # (D,)
+        h, mask = self._tokens(x, k_embedding, mask)  # (B, N, D)
+        raw, point_logits = self.heads[str(int(n_components))](h, mask)
+        return _parse(raw, point_logits, self.config.d_max)
+
+    def k_log_posterior(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """log P(K | X) for K = 1..k_max, one pass under the "K unknown" embedding.
+
+        Parameters
+        ----------
+        x : Tensor of shape (B, N, d_max)
+            Standardized points, zero-padded, projected as for ``n_components=k_max``.
+        mask : bool Tensor of shape (B, N), optional
+            True for real points.
+
+        Returns
+        -------
+        Tensor of shape (B, k_max)
+            Column ``k - 1`` holds log P(K = k | X).
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> model = MixtureTransformer(config_from_preset("tiny", k_posterior_seeds=2))
+        >>> log_p = model.k_log_posterior(torch.randn(3, 40, 4))
+        >>> log_p.shape, torch.allclose(log_p.exp().sum(-1), torch.ones(3))
+        (torch.Size([3, 4]), True)
+        """
+        if not self.has_k_posterior:
+            raise ValueError("This model has no K-posterior head (k_posterior_seeds=0).")
+        self._check_inputs(x, self.config.k_max, mask)
+        h, mask = self._tokens(x, self.k_unknown, mask)
+        return self.k_posterior_head(h, mask)
+
+    def _tokens(
+        self, x: Tensor, task_embedding: Tensor, mask: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """The backbone: point tokens (B, N, D) under one task embedding (D,), and the mask."""
         if mask is not None:
             # Padding rows are never keys, but 0 * NaN is NaN inside attention: zero them.
             x = x.masked_fill(~mask[..., None], 0.0)
             # A dataset with no real points would give all -inf attention rows, hence NaN.
             # Let it attend over its padding instead: finite, meaningless outputs.
             mask = mask | ~mask.any(dim=-1, keepdim=True)  # (B, N)
-        k_embedding = self.k_embedding.weight[n_components - self.config.k_min]  # (D,)
-        h = self.readin(x) + k_embedding  # (B, N, D): every token knows K
+        h = self.readin(x) + task_embedding  # (B, N, D): every token knows the task
         for block in self.blocks:
             h = block(h, mask)
-        h = self.ln_f(h)  # (B, N, D)
-        raw, point_logits = self.heads[str(int(n_components))](h, mask)
-        return _parse(raw, point_logits, self.config.d_max)
+        return self.ln_f(h), mask
 
     def _check_inputs(self, x: Tensor, n_components: int, mask: Tensor | None) -> None:
         if not self.has_head(n_components):

@@ -375,7 +375,7 @@ def sample_task(
     return Task(X, labels, means, weights, stds, center, scale, basis, d_max, factors)
 
 
-def _draw_d(rng: np.random.Generator, d_range: tuple[int, int]) -> int:
+def draw_d(rng: np.random.Generator, d_range: tuple[int, int]) -> int:
     low, high = d_range
     return int(np.clip(np.floor(log_uniform(rng, low, high + 1)), low, high))
 
@@ -430,7 +430,7 @@ def sample_batch(
             rng,
             prior,
             n_components,
-            _draw_d(rng, prior.d_range),
+            draw_d(rng, prior.d_range),
             max(int(rng.integers(n_low, n_high + 1)), n_components),
             d_max,
             noise_directions,

@@ -1,0 +1,223 @@
+"""Choosing K: n_components="auto" / n_clusters="auto", candidate lists, the criteria."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_CHECKPOINT, TINY_K_CHECKPOINT, make_blobs
+from sklearn.base import clone
+from sklearn.model_selection import GridSearchCV
+
+from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM
+from transformer_gmm.engine import backend
+from transformer_gmm.engine.k_posterior import k_posteriors
+from transformer_gmm.nn import MixtureTransformer, ModelConfig, config_from_preset
+
+THREE_CENTERS = [(-8.0, 0.0), (8.0, 0.0), (0.0, 12.0)]
+
+
+@pytest.fixture
+def three_blobs_100():
+    return make_blobs(100, THREE_CENTERS, seed=0)
+
+
+def k_of(estimator) -> int:
+    return estimator.n_components_ if hasattr(estimator, "n_components_") else estimator.n_clusters_
+
+
+# --- the model -------------------------------------------------------------------------
+
+
+def test_k_log_posterior_is_a_distribution_over_one_to_k_max():
+    model = MixtureTransformer(config_from_preset("tiny", k_posterior_seeds=3))
+    x = torch.randn(2, 30, 4)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1, 20:] = False
+    log_p = model.k_log_posterior(x, mask)
+    assert log_p.shape == (2, model.config.k_max)
+    assert torch.allclose(log_p.exp().sum(-1), torch.ones(2))
+    # Padded rows change nothing, as in forward.
+    assert torch.allclose(log_p[1], model.k_log_posterior(x[1:, :20])[0], atol=1e-5)
+    # A set: row order does not matter.
+    assert torch.allclose(log_p[0], model.k_log_posterior(x[:1, torch.randperm(30)])[0], atol=1e-5)
+
+
+def test_a_model_without_the_head_says_so():
+    model = MixtureTransformer(config_from_preset("tiny"))
+    assert not model.has_k_posterior
+    with pytest.raises(ValueError, match="no K-posterior head"):
+        model.k_log_posterior(torch.randn(1, 10, 4))
+
+
+def test_configs_written_before_the_head_load_without_it():
+    config = config_from_preset("tiny").to_dict()
+    del config["k_posterior_seeds"]
+    assert ModelConfig.from_dict(config).k_posterior_seeds == 0
+
+
+def test_the_engine_reads_a_posterior_whatever_the_row_order(three_blobs_100):
+    backbone = backend.load_backbone(TINY_K_CHECKPOINT)
+    X = three_blobs_100
+    p = k_posteriors(backbone, [X], seed=0)
+    assert p.shape == (1, 4) and np.isclose(p.sum(), 1.0)
+    permuted = k_posteriors(backbone, [X[np.random.default_rng(1).permutation(len(X))]], seed=0)
+    np.testing.assert_allclose(p, permuted, atol=1e-6)
+    two_views = k_posteriors(backbone, [X], seed=0, n_views=2)
+    assert two_views.shape == (1, 4) and not np.allclose(two_views, p)
+
+
+# --- choosing --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("Estimator", [TransformerGMM, TransformerClusterer])
+def test_bic_finds_three_separated_blobs(Estimator, three_blobs_100):
+    name = "n_components" if Estimator is TransformerGMM else "n_clusters"
+    estimator = Estimator(**{name: "auto"}, checkpoint=None, random_state=0).fit(three_blobs_100)
+    assert k_of(estimator) == 3
+    assert estimator.selection_criterion_ == "bic"
+    np.testing.assert_array_equal(estimator.candidates_, np.arange(1, 11))
+    assert estimator.criterion_.shape == (10,) and np.argmin(estimator.criterion_) == 2
+    assert not hasattr(estimator, "k_posterior_")  # no checkpoint, no posterior
+
+
+def test_bic_of_the_mixture_is_the_fitted_estimators(three_blobs_100):
+    gmm = TransformerGMM(n_components="auto", checkpoint=None, random_state=0).fit(three_blobs_100)
+    assert np.isclose(gmm.criterion_[2], gmm.bic(three_blobs_100))
+
+
+def test_one_gaussian_is_a_candidate():
+    X = np.random.default_rng(0).standard_normal((300, 3))
+    gmm = TransformerGMM(n_components="auto", checkpoint=None, random_state=0).fit(X)
+    assert gmm.n_components_ == 1 and gmm.weights_.shape == (1,)
+
+
+@pytest.mark.parametrize("criterion", ["posterior", "bic"])
+def test_the_chosen_fit_is_the_fit_of_that_k(criterion, three_blobs_100):
+    X = three_blobs_100
+    auto = TransformerGMM(
+        n_components="auto", criterion=criterion, checkpoint=TINY_K_CHECKPOINT, random_state=0
+    ).fit(X)
+    K = auto.n_components_
+    direct = TransformerGMM(n_components=K, checkpoint=TINY_K_CHECKPOINT, random_state=0).fit(X)
+    np.testing.assert_array_equal(auto.means_, direct.means_)
+    np.testing.assert_array_equal(auto.predict(X), direct.predict(X))
+    assert auto.score(X) == direct.score(X) and auto.bic(X) == direct.bic(X)
+    assert auto.predict_proba(X).shape == (len(X), K) and auto.sample(5)[0].shape == (5, 2)
+
+
+def test_the_posterior_over_candidates(three_blobs_100):
+    X = three_blobs_100
+    gmm = TransformerGMM(n_components="auto", checkpoint=TINY_K_CHECKPOINT, random_state=0).fit(X)
+    # The tiny checkpoint reads K = 1..4: those are the default candidates.
+    np.testing.assert_array_equal(gmm.candidates_, [1, 2, 3, 4])
+    assert gmm.selection_criterion_ == "posterior" and np.isclose(gmm.k_posterior_.sum(), 1.0)
+    assert gmm.n_components_ == gmm.candidates_[np.argmax(gmm.k_posterior_)]
+    np.testing.assert_allclose(gmm.criterion_, -np.log(gmm.k_posterior_))
+    some = TransformerGMM(n_components=[2, 4], checkpoint=TINY_K_CHECKPOINT, random_state=0).fit(X)
+    expected = gmm.k_posterior_[[1, 3]] / gmm.k_posterior_[[1, 3]].sum()
+    np.testing.assert_allclose(some.k_posterior_, expected)
+    # BIC over the candidates also reports the posterior, where the model reads one.
+    bic = TransformerGMM(
+        n_components="auto", criterion="bic", checkpoint=TINY_K_CHECKPOINT, random_state=0
+    ).fit(X)
+    np.testing.assert_allclose(bic.k_posterior_, gmm.k_posterior_)
+
+
+def test_auto_falls_back_to_bic_where_the_posterior_cannot_answer(three_blobs_100):
+    X = three_blobs_100
+    no_head = TransformerGMM(n_components="auto", checkpoint=TINY_CHECKPOINT, random_state=0)
+    assert no_head.fit(X).selection_criterion_ == "bic"
+    np.testing.assert_array_equal(no_head.candidates_, [1, 2, 3, 4])  # what it covers
+    beyond = TransformerGMM(n_components=[2, 3, 6], checkpoint=TINY_K_CHECKPOINT, random_state=0)
+    with pytest.warns(FallbackWarning, match="not 6"):
+        assert beyond.fit(X).selection_criterion_ == "bic"
+
+
+@pytest.mark.parametrize("Estimator", [TransformerGMM, TransformerClusterer])
+def test_the_choice_does_not_depend_on_the_row_order(Estimator, three_blobs_100):
+    X = three_blobs_100
+    name = "n_components" if Estimator is TransformerGMM else "n_clusters"
+    params = {name: "auto", "checkpoint": TINY_K_CHECKPOINT, "random_state": 0}
+    a = Estimator(**params).fit(X)
+    b = Estimator(**params).fit(X[np.random.default_rng(3).permutation(len(X))])
+    assert k_of(a) == k_of(b)
+    np.testing.assert_allclose(a.k_posterior_, b.k_posterior_, atol=1e-6)
+
+
+def test_an_int_fit_after_an_auto_fit_forgets_the_choice(three_blobs_100):
+    gmm = TransformerGMM(n_components="auto", checkpoint=None, random_state=0).fit(three_blobs_100)
+    gmm.set_params(n_components=2).fit(three_blobs_100)
+    assert gmm.n_components_ == 2 and not hasattr(gmm, "candidates_")
+
+
+def test_warm_start_keeps_the_chosen_k(three_blobs_100):
+    gmm = TransformerGMM(n_components="auto", checkpoint=None, warm_start=True, random_state=0)
+    gmm.fit(three_blobs_100)
+    gmm.fit(three_blobs_100)
+    assert gmm.n_components_ == 3 and gmm.init_method_ == "warm_start"
+
+
+def test_auto_estimators_clone_pickle_and_search(three_blobs_100):
+    X = three_blobs_100
+    gmm = TransformerGMM(n_components="auto", checkpoint=TINY_K_CHECKPOINT, random_state=0)
+    assert clone(gmm).get_params()["n_components"] == "auto"
+    fitted = gmm.fit(X)
+    again = pickle.loads(pickle.dumps(fitted))
+    np.testing.assert_array_equal(again.predict(X), fitted.predict(X))
+    search = GridSearchCV(
+        TransformerGMM(checkpoint=None, random_state=0),
+        {"n_components": [2, "auto"], "criterion": ["bic"]},
+        cv=3,
+    ).fit(X)
+    assert search.best_params_["n_components"] in (2, "auto")
+
+
+def test_sample_weight_reaches_the_choice(three_blobs_100):
+    X = three_blobs_100
+    weights = np.ones(len(X))
+    weights[X[:, 1] > 6] = 0.0  # drop the top blob: two remain
+    gmm = TransformerGMM(n_components="auto", checkpoint=None, random_state=0)
+    assert gmm.fit(X, sample_weight=weights).n_components_ == 2
+
+
+# --- bad input -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (dict(n_components="auto", max_components=40), "max_components=40 exceeds n_samples=30"),
+        (dict(n_components=[2, 31]), "go up to 31, but there are only n_samples=30"),
+        (dict(n_components=[0, 2]), "must be positive ints"),
+        (dict(n_components=[2.5, 3]), "must be positive ints"),
+        (dict(n_components=[]), "non-empty list"),
+        (dict(n_components=[[2, 3]]), "non-empty list"),
+        (dict(n_components="auto", criterion="posterior"), "criterion='posterior' needs"),
+        (dict(n_components="auto", weights_init=[0.5, 0.5]), "fix the number of components"),
+    ],
+)
+def test_bad_choices_are_clear_errors(params, match):
+    X = np.random.default_rng(0).standard_normal((30, 2))
+    with pytest.raises(ValueError, match=match):
+        TransformerGMM(checkpoint=None, **params).fit(X)
+
+
+def test_the_clusterer_says_the_same():
+    X = np.random.default_rng(0).standard_normal((30, 2))
+    with pytest.raises(ValueError, match="max_clusters=31 exceeds n_samples=30"):
+        TransformerClusterer(n_clusters="auto", max_clusters=31, checkpoint=None).fit(X)
+    with pytest.raises(ValueError, match="An array init fixes the number of clusters"):
+        TransformerClusterer(n_clusters="auto", init=X[:3], checkpoint=None).fit(X)
+    with pytest.raises(ValueError, match="reads P\\(K \\| X\\) up to K=4"):
+        TransformerClusterer(
+            n_clusters=[2, 6], criterion="posterior", checkpoint=TINY_K_CHECKPOINT
+        ).fit(X)
+
+
+def test_the_default_candidates_stop_at_n_samples():
+    X = np.random.default_rng(0).standard_normal((6, 2))
+    gmm = TransformerGMM(n_components="auto", checkpoint=None, random_state=0).fit(X)
+    np.testing.assert_array_equal(gmm.candidates_, np.arange(1, 7))

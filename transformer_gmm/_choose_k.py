@@ -1,0 +1,173 @@
+"""Choosing the number of components: ``n_components="auto"`` (``n_clusters="auto"``) or a
+list of candidates, for both estimators.
+
+Two ways to choose:
+
+- ``"posterior"``: the backbone's K-posterior head reads P(K | X) for every candidate in one
+  pass (:mod:`transformer_gmm.engine.k_posterior`); the most probable K is fitted once.
+- ``"bic"``: every candidate is fitted as the estimator would fit it, and the lowest BIC
+  wins: the mixture's BIC, or for k-means that of its hard-assignment mixture of spherical
+  Gaussians with one shared variance (X-means, Pelleg & Moore 2000).
+
+``"auto"`` takes the posterior where the checkpoint has the head and covers every
+candidate, else BIC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Integral
+
+import numpy as np
+
+from ._base import draw_seed, is_missing_default
+from .engine import backend
+from .engine.k_posterior import k_posteriors
+
+# The candidates' upper end without a checkpoint: the largest K the bundled one covers.
+DEFAULT_MAX_COMPONENTS = 10
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The K chosen, and what it was chosen from."""
+
+    n_components: int
+    candidates: np.ndarray  # (C,) the K considered, increasing
+    criterion: str  # "posterior" or "bic"
+    values: np.ndarray  # (C,) the criterion per candidate, lower is better
+    posterior: np.ndarray | None  # (C,) P(K | X) over the candidates, where the model reads it
+    fitted: object | None  # the chosen candidate's fitted estimator, when BIC fitted them all
+
+
+def is_auto(value) -> bool:
+    """Whether ``n_components`` asks for a choice rather than one K."""
+    return not (isinstance(value, Integral) and not isinstance(value, bool))
+
+
+def candidates(value, max_components, n_samples: int, backbone, k_name: str) -> np.ndarray:
+    """The K to choose from, increasing; a ValueError that says what to do for bad ones."""
+    max_name = "max_components" if k_name == "n_components" else "max_clusters"
+    if isinstance(value, str):  # "auto": 1 .. max_components
+        if max_components is None:
+            top = DEFAULT_MAX_COMPONENTS
+            if backbone is not None:
+                top = backbone.supported_n_components[-1]
+            return np.arange(1, min(top, n_samples) + 1)
+        if max_components > n_samples:
+            raise ValueError(
+                f"{max_name}={max_components} exceeds n_samples={n_samples}: a fit cannot "
+                f"have more components than samples. Lower {max_name} or pass more samples."
+            )
+        return np.arange(1, max_components + 1)
+    ks = np.asarray(value)
+    if ks.ndim != 1 or ks.size == 0 or not np.all(np.isfinite(ks.astype(float, copy=False))):
+        raise ValueError(
+            f"{k_name} must be an int, 'auto', or a non-empty list of candidate ints, "
+            f"got {value!r}."
+        )
+    if not np.all(ks == np.round(ks)) or ks.min() < 1:
+        raise ValueError(f"The candidates of {k_name} must be positive ints, got {value!r}.")
+    ks = np.unique(ks.astype(int))
+    if ks.max() > n_samples:
+        raise ValueError(
+            f"The candidates of {k_name} go up to {ks.max()}, but there are only "
+            f"n_samples={n_samples}: pass more samples or fewer candidates."
+        )
+    return ks
+
+
+def load_backbone(checkpoint) -> backend.Backbone | None:
+    """The backbone the estimator names, or None (checkpoint=None, or no default bundled)."""
+    if checkpoint is None or is_missing_default(checkpoint):
+        return None
+    return backend.load_backbone(checkpoint)
+
+
+def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
+    """Choose K for ``estimator`` (whose ``k_name`` is "auto" or candidates) on ``X``."""
+    params = estimator.get_params(deep=False)
+    backbone = load_backbone(params["checkpoint"])
+    ks = candidates(params[k_name], params[_max_name(k_name)], len(X), backbone, k_name)
+    criterion = params["criterion"]
+    readable = backbone is not None and backbone.model.has_k_posterior
+    covered = readable and ks.max() <= backbone.supported_n_components.stop - 1
+    if criterion == "posterior" and not covered:
+        why = (
+            "reads no P(K | X)"
+            if not readable
+            else f"reads P(K | X) up to K={backbone.supported_n_components.stop - 1}"
+        )
+        raise ValueError(
+            f"criterion='posterior' needs a checkpoint that reads P(K | X) for every "
+            f"candidate, but checkpoint={params['checkpoint']!r} {why}. Use criterion='bic', "
+            "or fewer candidates."
+        )
+    posterior = None
+    if covered:
+        seed = draw_seed(random_state)
+        weights = None if sample_weight is None else [sample_weight]
+        device = backend.resolve_device(params["device"])
+        n_views = params["n_views"]
+        p = k_posteriors(backbone, [X], weights, seed=seed, device=device, n_views=n_views)
+        posterior = p[0, ks - 1] / p[0, ks - 1].sum()
+    if criterion == "bic" or not covered:
+        fits = [_fit_candidate(estimator, params, k_name, K, X, sample_weight) for K in ks]
+        values = np.array([_bic(fitted, X, sample_weight) for fitted in fits])
+        best = int(np.argmin(values))
+        return Choice(int(ks[best]), ks, "bic", values, posterior, fits[best])
+    with np.errstate(divide="ignore"):
+        values = -np.log(posterior)
+    return Choice(int(ks[np.argmax(posterior)]), ks, "posterior", values, posterior, None)
+
+
+def _max_name(k_name: str) -> str:
+    return "max_components" if k_name == "n_components" else "max_clusters"
+
+
+def _fit_candidate(estimator, params: dict, k_name: str, K: int, X, sample_weight):
+    """The estimator's fit with ``k_name=K``: the same parameters, a fresh estimator."""
+    candidate = type(estimator)(**{**params, k_name: int(K)})
+    return candidate.fit(X, sample_weight=sample_weight)
+
+
+def _bic(fitted, X, sample_weight) -> float:
+    """BIC of a fitted candidate on ``X``, weighing rows as frequencies."""
+    w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
+    n = w.sum()
+    if hasattr(fitted, "weights_"):  # a mixture
+        log_likelihood = float(w @ fitted.score_samples(X))
+        return -2.0 * log_likelihood + fitted._n_parameters() * np.log(n)
+    # k-means: the hard-assignment mixture of spherical Gaussians with one shared variance.
+    K, d = fitted.cluster_centers_.shape
+    counts = np.bincount(fitted.labels_, weights=w, minlength=K)
+    variance = max(fitted.inertia_ / (n * d), np.finfo(float).tiny)
+    occupied = counts[counts > 0]
+    log_likelihood = (
+        float(occupied @ np.log(occupied / n))
+        - 0.5 * n * d * np.log(2 * np.pi * variance)
+        - 0.5 * n * d
+    )
+    n_parameters = (K - 1) + K * d + 1
+    return -2.0 * log_likelihood + n_parameters * np.log(n)
+
+
+def take_fitted_attributes(estimator, fitted) -> None:
+    """Make ``estimator`` the fitted candidate: its fitted attributes, by reference."""
+    for name, value in vars(fitted).items():
+        if (name.endswith("_") and not name.startswith("__")) or name == "_n_init":
+            setattr(estimator, name, value)
+
+
+def store_choice(estimator, choice: Choice | None) -> None:
+    """The per-candidate attributes of a fitted estimator whose K was chosen; None: forget
+    those of an earlier fit."""
+    for name in ("candidates_", "criterion_", "selection_criterion_", "k_posterior_"):
+        estimator.__dict__.pop(name, None)
+    if choice is None:
+        return
+    estimator.candidates_ = choice.candidates
+    estimator.criterion_ = choice.values
+    estimator.selection_criterion_ = choice.criterion
+    if choice.posterior is not None:
+        estimator.k_posterior_ = choice.posterior

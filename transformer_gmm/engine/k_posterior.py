@@ -1,0 +1,64 @@
+"""P(K | X): how many components each dataset has, read by the backbone in one pass.
+
+The backbone reads each dataset under its "K unknown" task embedding, projected as for its
+largest K (every direction up to ``d_max``), and its K-posterior head scores K = 1..k_max.
+Rows are read as a fit reads them: in canonical order, a uniform draw of ``context_size``
+of them (or one in proportion to ``sample_weight``), and each view of
+:func:`~transformer_gmm.engine.readout.reflections`; the views' probabilities are averaged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from . import backend, row_order
+from .readout import reflections
+from .standardize import fit_standardization, subsample_rows, take_rows, weighted_rows
+
+__all__ = ["k_posteriors"]
+
+
+@backend.explain_out_of_memory
+def k_posteriors(
+    backbone: backend.Backbone,
+    Xs: list[np.ndarray],
+    sample_weight: list[np.ndarray] | None = None,
+    *,
+    seed: int,
+    device: str = "cpu",
+    n_views: int = 1,
+) -> np.ndarray:
+    """P(K = k | X) for k = 1..k_max of each dataset of ``Xs``: (B, k_max), rows summing to 1.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm.engine import backend
+    >>> from transformer_gmm.engine.k_posterior import k_posteriors
+    >>> backbone = backend.load_backbone("default")
+    >>> p = k_posteriors(backbone, [two_blobs()], seed=0)
+    >>> p.shape, int(p.argmax()) + 1
+    ((1, 10), 2)
+    """
+    model = backend.model_on(backbone.model, device)
+    config = model.config
+    orders = row_order.canonical_orders(Xs, sample_weight)
+    Xs = [np.take(X, order, axis=0) for X, order in zip(Xs, orders, strict=True)]
+    x, mask = backend.pad(Xs, device, backend.dtype_for(device))  # (B, N, d), (B, N) or None
+    backend.check_magnitude(x, mask)
+    generator = backend.generator(seed, device)
+    if sample_weight is not None:
+        weights = [np.asarray(w)[order] for w, order in zip(sample_weight, orders, strict=True)]
+        w = backend.pad(weights, device, x.dtype)[0]  # (B, N), zero on padding
+        x, mask = weighted_rows(x, w, config.context_size, generator)
+    st = fit_standardization(x, mask, config.d_max, config.k_max, config.noise_directions)
+    index, read_mask = subsample_rows(tuple(x.shape[:2]), mask, config.context_size, generator)
+    z = st.transform(x if index is None else take_rows(x, index))  # (B, C, d_max) float32
+    signs = reflections(n_views, config.d_max).to(z)  # (V, d_max)
+    views = (signs[:, None, None, :] * z).flatten(0, 1)  # (V * B, C, d_max), view-major
+    views_mask = None if read_mask is None else read_mask.repeat(n_views, 1)
+    with torch.inference_mode():
+        log_p = model.k_log_posterior(views, views_mask)  # (V * B, k_max)
+    probs = log_p.exp().view(n_views, len(Xs), -1).mean(dim=0)  # (B, k_max)
+    return backend.to_numpy(probs / probs.sum(dim=-1, keepdim=True))

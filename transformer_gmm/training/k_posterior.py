@@ -1,0 +1,168 @@
+"""Train the head that reads P(K | X) onto a trained checkpoint, its backbone frozen.
+
+The backbone and every per-K head stay as they are, so every fit with a given K is
+unchanged; only the "K unknown" task embedding and the K-posterior head learn. Tasks draw
+K uniformly from 1..k_max and are projected exactly as a fit with ``n_components="auto"``
+projects them (the directions the K = k_max head reads). The loss is the cross-entropy of
+the true K: its minimiser is the posterior of K under the training prior.
+
+Run it in the background; it saves its state every ``--save-every`` steps and resumes::
+
+    python -m transformer_gmm.training.k_posterior --out runs/k_posterior --minutes 90
+    python -m transformer_gmm.training.k_posterior --out runs/k_posterior --minutes 90 --resume
+
+It writes the checkpoint (the source's weights plus the new head) to ``OUT/checkpoint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..engine.standardize import fit_standardization
+from ..nn.model import MixtureTransformer
+from ..storage import load_checkpoint, save_checkpoint
+from .tasks import PRIORS, Prior, draw_d, sample_task
+
+# What the head is trained on: the package's own priors with K from 1 (one Gaussian) to
+# k_max, and unit-noise tasks with means in boxes from crowded to far apart.
+K_PRIORS: dict[str, tuple[float, Prior]] = {
+    "unit": (0.4, Prior(d_range=(1, 32), n_range=(64, 512), half_width=(1.5, 10.0))),
+    "broad": (0.35, dataclasses.replace(PRIORS["broad"], n_range=(64, 512))),
+    "real": (0.25, dataclasses.replace(PRIORS["real"], n_range=(64, 512))),
+}
+
+
+def k_unknown_inputs(x: torch.Tensor, model: MixtureTransformer) -> torch.Tensor:
+    """Points (1, n, d) float64 in the space the "K unknown" pass reads: (1, n, d_max)."""
+    config = model.config
+    st = fit_standardization(x, None, config.d_max, config.k_max, config.noise_directions)
+    return st.transform(x)
+
+
+def sample_k_batch(
+    rng: np.random.Generator, model: MixtureTransformer, batch_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, mask, k)``: B tasks of K uniform in 1..k_max, each subsampled to the context."""
+    config = model.config
+    names = list(K_PRIORS)
+    probs = np.array([K_PRIORS[name][0] for name in names])
+    xs, ks = [], []
+    for _ in range(batch_size):
+        prior = K_PRIORS[names[rng.choice(len(names), p=probs / probs.sum())]][1]
+        K = int(rng.integers(1, config.k_max + 1))
+        n = max(int(rng.integers(prior.n_range[0], prior.n_range[1] + 1)), K)
+        d = draw_d(rng, prior.d_range)
+        task = sample_task(rng, prior, K, d, n, config.d_max)
+        X = task.X
+        if len(X) > config.context_size:  # a fit reads a uniform draw of the rows
+            X = X[np.sort(rng.choice(len(X), config.context_size, replace=False))]
+        xs.append(k_unknown_inputs(torch.from_numpy(np.ascontiguousarray(X))[None], model)[0])
+        ks.append(K)
+    N = max(len(x) for x in xs)
+    x = torch.zeros(batch_size, N, config.d_max)
+    mask = torch.zeros(batch_size, N, dtype=torch.bool)
+    for i, xi in enumerate(xs):
+        x[i, : len(xi)] = xi
+        mask[i, : len(xi)] = True
+    return x, mask, torch.tensor(ks) - 1
+
+
+def with_k_posterior_head(source: MixtureTransformer, seeds: int) -> MixtureTransformer:
+    """A copy of ``source`` with a new K-posterior head; "K unknown" starts as the mean K."""
+    config = dataclasses.replace(source.config, k_posterior_seeds=seeds)
+    model = MixtureTransformer(config)
+    missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
+    assert not unexpected and all(n.startswith(("k_unknown", "k_posterior_head")) for n in missing)
+    with torch.no_grad():
+        model.k_unknown.copy_(source.k_embedding.weight.mean(dim=0))
+    return model
+
+
+def trainable(model: MixtureTransformer) -> list[torch.nn.Parameter]:
+    """Freeze everything but the "K unknown" embedding and the K-posterior head."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(name.startswith(("k_unknown", "k_posterior_head")))
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", default="default", help="checkpoint to add the head to")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, default=4, help="pooling seeds of the head")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20000, help="schedule length")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--minutes", type=float, default=60.0, help="stop after this long")
+    parser.add_argument("--save-every", type=int, default=25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    state_path = args.out / "state.pt"
+    model = with_k_posterior_head(load_checkpoint(args.source), args.seeds)
+    params = trainable(model)
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
+    step, rng = 0, np.random.default_rng(args.seed)
+    if args.resume and state_path.exists():
+        state = torch.load(state_path, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, rng = state["step"], state["rng"]
+    model.train()
+    start, losses, hits = time.time(), [], []
+    log = (args.out / "log.txt").open("a")
+
+    def save() -> None:
+        tmp = state_path.with_suffix(".tmp")
+        torch.save(
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "step": step,
+                "rng": rng,
+                "args": vars(args),
+            },
+            tmp,
+        )
+        tmp.replace(state_path)
+        save_checkpoint(model.eval(), args.out / "checkpoint")
+        model.train()
+
+    while step < args.steps and time.time() - start < 60 * args.minutes:
+        lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))  # cosine to 0
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, mask, k = sample_k_batch(rng, model, args.batch_size)
+        log_p = model.k_log_posterior(x, mask)  # (B, k_max)
+        loss = torch.nn.functional.nll_loss(log_p, k)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        step += 1
+        losses.append(loss.item())
+        hits.append((log_p.argmax(-1) == k).float().mean().item())
+        if step % args.save_every == 0:
+            save()
+            line = (
+                f"step {step} loss {np.mean(losses):.4f} exact {np.mean(hits):.3f} "
+                f"lr {lr:.2e} {time.time() - start:.0f}s"
+            )
+            print(line, flush=True)
+            log.write(line + "\n")
+            log.flush()
+            losses, hits = [], []
+    save()
+
+
+if __name__ == "__main__":
+    main()
