@@ -221,3 +221,19 @@ def test_the_default_candidates_stop_at_n_samples():
     X = np.random.default_rng(0).standard_normal((6, 2))
     gmm = TransformerGMM(n_components="auto", checkpoint=None, random_state=0).fit(X)
     np.testing.assert_array_equal(gmm.candidates_, np.arange(1, 7))
+
+
+def test_fit_many_takes_one_int():
+    from transformer_gmm import fit_many
+
+    with pytest.raises(ValueError, match="fit_many fits one n_components, an int"):
+        fit_many([np.zeros((10, 2))], "auto", checkpoint=None)
+
+
+def test_a_dask_array_needs_an_int(dask_client):
+    da = pytest.importorskip("dask.array")
+    X = da.from_array(make_blobs(50, THREE_CENTERS), chunks=(50, 2))
+    with pytest.raises(ValueError, match="n_components other than an int"):
+        TransformerGMM(n_components="auto", checkpoint=None).fit(X)
+    with pytest.raises(ValueError, match="n_clusters other than an int"):
+        TransformerClusterer(n_clusters="auto", checkpoint=None).fit(X)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from types import NoneType
 
 import numpy as np
@@ -145,6 +146,11 @@ random_state
     )
     params = template.get_params(deep=False)
     _fitting.validate_params(TransformerGMM, params)
+    if not isinstance(n_components, Integral) or isinstance(n_components, bool):
+        raise ValueError(
+            "fit_many fits one n_components, an int, for every dataset; got "
+            f"{n_components!r}. Choose K per dataset with TransformerGMM(n_components='auto')."
+        )
     if output not in ("estimators", "arrays"):
         raise ValueError(f"output must be 'estimators' or 'arrays'; got {output!r}.")
     if len(datasets) == 0:

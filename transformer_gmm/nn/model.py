@@ -140,13 +140,16 @@ class ReadoutHead(nn.Module):
 class KPosteriorHead(nn.Module):
     """P(K | X) for K = 1..k_max, read from tokens computed under the "K unknown" embedding.
 
-    A few learned seeds pool the point tokens (as in :class:`ReadoutHead`); an MLP reads the
-    pooled slots together and scores each K (Cluster-PFN, Bhaskaran & Viering 2025).
+    A block of its own lets the head rework the shared backbone's tokens; then a few learned
+    seeds pool them (as in :class:`ReadoutHead`), and an MLP reads the pooled slots together
+    and scores each K (Cluster-PFN, Bhaskaran & Viering 2025).
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d = config.d_model
+        self.block = Block(config)
+        self.ln_f = nn.LayerNorm(d)
         self.seeds = nn.Parameter(torch.randn(config.k_posterior_seeds, d))
         self.attn = Attention(config)
         self.ln = nn.LayerNorm(d)
@@ -156,6 +159,7 @@ class KPosteriorHead(nn.Module):
     def forward(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor:
         """Log-probabilities (B, k_max) of K = 1..k_max for tokens (B, N, D)."""
         B = tokens.shape[0]
+        tokens = self.ln_f(self.block(tokens, key_mask))  # (B, N, D)
         slots = self.seeds.expand(B, -1, -1)  # (B, S, D)
         slots = self.ln(slots + self.attn(slots, tokens, key_mask))  # (B, S, D)
         logits = self.out(F.gelu(self.fc(slots.flatten(1))))  # (B, k_max)

@@ -6,7 +6,9 @@ K uniformly from 1..k_max and are projected exactly as a fit with ``n_components
 projects them (the directions the K = k_max head reads). The loss is the cross-entropy of
 the true K: its minimiser is the posterior of K under the training prior.
 
-Run it in the background; it saves its state every ``--save-every`` steps and resumes::
+The learning rate follows a cosine over ``--minutes`` of training time (counted across
+resumes), so a run of any length ends annealed. Run it in the background; it saves its
+state every ``--save-every`` steps and resumes::
 
     python -m transformer_gmm.training.k_posterior --out runs/k_posterior --minutes 90
     python -m transformer_gmm.training.k_posterior --out runs/k_posterior --minutes 90 --resume
@@ -33,9 +35,9 @@ from .tasks import PRIORS, Prior, draw_d, sample_task
 # What the head is trained on: the package's own priors with K from 1 (one Gaussian) to
 # k_max, and unit-noise tasks with means in boxes from crowded to far apart.
 K_PRIORS: dict[str, tuple[float, Prior]] = {
-    "unit": (0.4, Prior(d_range=(1, 32), n_range=(64, 512), half_width=(1.5, 10.0))),
-    "broad": (0.35, dataclasses.replace(PRIORS["broad"], n_range=(64, 512))),
-    "real": (0.25, dataclasses.replace(PRIORS["real"], n_range=(64, 512))),
+    "unit": (0.5, Prior(d_range=(1, 16), n_range=(64, 512), half_width=(1.5, 10.0))),
+    "broad": (0.3, dataclasses.replace(PRIORS["broad"], n_range=(64, 512))),
+    "real": (0.2, dataclasses.replace(PRIORS["real"], n_range=(64, 512))),
 }
 
 
@@ -98,9 +100,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, default=4, help="pooling seeds of the head")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=20000, help="schedule length")
+    parser.add_argument("--steps", type=int, default=10**9, help="stop after this many")
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--minutes", type=float, default=60.0, help="stop after this long")
+    parser.add_argument("--minutes", type=float, default=60.0, help="training time, all runs")
+    parser.add_argument("--warmup", type=int, default=100, help="steps of linear warm-up")
     parser.add_argument("--save-every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--resume", action="store_true")
@@ -111,14 +114,14 @@ def main(argv: list[str] | None = None) -> None:
     model = with_k_posterior_head(load_checkpoint(args.source), args.seeds)
     params = trainable(model)
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
-    step, rng = 0, np.random.default_rng(args.seed)
+    step, rng, elapsed = 0, np.random.default_rng(args.seed), 0.0
     if args.resume and state_path.exists():
         state = torch.load(state_path, weights_only=False)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step, rng = state["step"], state["rng"]
+        step, rng, elapsed = state["step"], state["rng"], state["elapsed"]
     model.train()
-    start, losses, hits = time.time(), [], []
+    start, losses, hits = time.time() - elapsed, [], []
     log = (args.out / "log.txt").open("a")
 
     def save() -> None:
@@ -138,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         model.train()
 
     while step < args.steps and time.time() - start < 60 * args.minutes:
-        lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))  # cosine to 0
+        progress = (time.time() - start) / (60 * args.minutes)
+        lr = args.lr * min(1.0, (step + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * progress))
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, mask, k = sample_k_batch(rng, model, args.batch_size)
