@@ -21,7 +21,8 @@ X = np.vstack([rng.normal(c, 1.0, (80, 2)) for c in centers])
 
 gmm = TransformerGMM(n_components="auto", random_state=0).fit(X)
 print(f"posterior: K = {gmm.n_components_} (chosen by {gmm.selection_criterion_!r})")
-print("P(K | X):", dict(zip(gmm.candidates_.tolist(), gmm.k_posterior_.round(3).tolist(), strict=True)))
+for k, p in zip(gmm.candidates_, gmm.k_posterior_, strict=True):
+    print(f"  P(K = {k:2d} | X) = {p:.3f}")
 
 by_bic = TransformerGMM(n_components="auto", criterion="bic", random_state=0).fit(X)
 print(f"BIC over the fits of K = 1..10: K = {by_bic.n_components_}")
