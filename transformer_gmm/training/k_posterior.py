@@ -49,12 +49,17 @@ def k_unknown_inputs(x: torch.Tensor, model: MixtureTransformer) -> torch.Tensor
 
 
 def sample_k_batch(
-    rng: np.random.Generator, model: MixtureTransformer, batch_size: int
+    rng: np.random.Generator,
+    model: MixtureTransformer,
+    batch_size: int,
+    prior_weights: dict[str, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(x, mask, k)``: B tasks of K uniform in 1..k_max, each subsampled to the context."""
+    """``(x, mask, k)``: B tasks of K uniform in 1..k_max, each subsampled to the context;
+    each task's prior drawn by ``prior_weights`` (by default those of ``K_PRIORS``)."""
     config = model.config
-    names = list(K_PRIORS)
-    probs = np.array([K_PRIORS[name][0] for name in names])
+    weights = prior_weights or {name: weight for name, (weight, _) in K_PRIORS.items()}
+    names = list(weights)
+    probs = np.array([weights[name] for name in names])
     xs, ks = [], []
     for _ in range(batch_size):
         prior = K_PRIORS[names[rng.choice(len(names), p=probs / probs.sum())]][1]
@@ -106,10 +111,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=100, help="steps of linear warm-up")
     parser.add_argument("--save-every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--prior-weights",
+        default=None,
+        help="the share of each prior of K_PRIORS, e.g. unit=0.4,broad=0.2,real=0.4",
+    )
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
 
     args.out.mkdir(parents=True, exist_ok=True)
+    prior_weights = None
+    if args.prior_weights:
+        pairs = (item.split("=") for item in args.prior_weights.split(","))
+        prior_weights = {name: float(weight) for name, weight in pairs}
+        unknown = set(prior_weights) - set(K_PRIORS)
+        if unknown:
+            parser.error(f"unknown priors {sorted(unknown)}; the priors are {list(K_PRIORS)}")
     state_path = args.out / "state.pt"
     model = with_k_posterior_head(load_checkpoint(args.source), args.seeds)
     params = trainable(model)
@@ -145,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * progress))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        x, mask, k = sample_k_batch(rng, model, args.batch_size)
+        x, mask, k = sample_k_batch(rng, model, args.batch_size, prior_weights)
         log_p = model.k_log_posterior(x, mask)  # (B, k_max)
         loss = torch.nn.functional.nll_loss(log_p, k)
         optimizer.zero_grad(set_to_none=True)
