@@ -237,3 +237,25 @@ def test_a_dask_array_needs_an_int(dask_client):
         TransformerGMM(n_components="auto", checkpoint=None).fit(X)
     with pytest.raises(ValueError, match="n_clusters other than an int"):
         TransformerClusterer(n_clusters="auto", checkpoint=None).fit(X)
+
+
+# --- training the head -----------------------------------------------------------------
+
+
+def test_training_the_head_changes_nothing_else_and_resumes(tmp_path):
+    from transformer_gmm.storage import load_checkpoint
+    from transformer_gmm.training import k_posterior
+
+    out = tmp_path / "run"
+    args = ["--source", TINY_CHECKPOINT, "--out", str(out), "--batch-size", "4"]
+    k_posterior.main([*args, "--steps", "2", "--save-every", "1"])
+    k_posterior.main([*args, "--steps", "3", "--save-every", "1", "--resume"])
+    assert torch.load(out / "state.pt", weights_only=False)["step"] == 3
+    source, trained = load_checkpoint(TINY_CHECKPOINT), load_checkpoint(out / "checkpoint")
+    assert trained.has_k_posterior and trained.config.k_posterior_seeds == 4
+    state = trained.state_dict()
+    for name, weight in source.state_dict().items():  # every fit of a given K is unchanged
+        assert torch.equal(state[name], weight), name
+    x, mask, k = k_posterior.sample_k_batch(np.random.default_rng(0), trained, 6)
+    assert x.shape[0] == 6 and x.shape[1] <= trained.config.context_size
+    assert k.min() >= 0 and k.max() < trained.config.k_max  # K - 1, K in 1..k_max

@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
                 "optimizer": optimizer.state_dict(),
                 "step": step,
                 "rng": rng,
+                "elapsed": time.time() - start,
                 "args": vars(args),
             },
             tmp,
