@@ -20,17 +20,25 @@ Methods (the seed of the task or of the real-data run is each one's ``random_sta
   prior on the weights, K = the components of weight above 1 / 20;
 - ``silhouette`` "KMeans silhouette": ``KMeans(k)`` for k = 2..10, the best silhouette
   (it never answers K = 1);
-- ``tgmm`` "TGMM auto": ``TransformerGMM(n_components="auto")``, whose ``criterion="auto"``
-  reads P(K | X) where the checkpoint has a K-posterior head and else takes the lowest BIC;
-- ``tgmm-bic`` "TGMM auto bic": ``TransformerGMM(n_components="auto", criterion="bic")``;
+- ``tgmm`` "TGMM posterior": ``TransformerGMM(n_components="auto", criterion="posterior")``,
+  the most probable K under the checkpoint's P(K | X), then one fit;
+- ``tgmm-bic`` "TGMM auto bic": ``TransformerGMM(n_components="auto")``, whose default
+  ``criterion="bic"`` fits every candidate and keeps the lowest BIC;
 - ``tgmm-posterior-bic`` "TGMM posterior x BIC": the posterior as a prior over BIC, the
   lowest BIC / 2 - log P(K | X) from one ``criterion="bic"`` fit (needs a K-posterior head);
-- ``clusterer`` "Clusterer auto": ``TransformerClusterer(n_clusters="auto")``.
+- ``clusterer`` "Clusterer posterior": ``TransformerClusterer(n_clusters="auto",
+  criterion="posterior")``;
+- ``clusterer-bic`` "Clusterer auto bic": ``TransformerClusterer(n_clusters="auto")``, the
+  lowest BIC of its hard-assignment mixture of spherical Gaussians (X-means).
+
+Besides the four settings (pooled as "synthetic"), two settings of well-separated
+clusters, in 2 and 5 dimensions (``separated``: equal sizes, means at least 6 noise
+standard deviations apart), show where the posterior fails.
 
 Metrics per setting and method: the share of tasks where the chosen K is the true K
 (exact) or within one of it, the mean of chosen minus true K (bias), the mean time per
 task, the median over tasks of the time as a ratio to "BIC loop GMM(n_init=1)" on the
-same task, and the exact accuracy minus that of "TGMM auto" on the same tasks with its
+same task, and the exact accuracy minus that of "TGMM posterior" on the same tasks with its
 paired standard error. A failed choice counts as a miss. The methods run interleaved,
 task by task, with one BLAS, OpenMP and torch thread, timed by ``time.perf_counter``.
 Warnings are kept from the output during the run (``ConvergenceWarning`` and
@@ -81,12 +89,13 @@ SYNTHETIC = "synthetic"  # the four synthetic settings pooled
 SILENCED = (ConvergenceWarning, FallbackWarning)
 
 BIC1, BIC10, DPGMM = "BIC loop GMM(n_init=1)", "BIC loop GMM(n_init=10)", "BayesianGMM DP"
-SILHOUETTE, TGMM, TGMM_BIC, TGMM_POSTERIOR_BIC, CLUSTERER = (
+SILHOUETTE, TGMM, TGMM_BIC, TGMM_POSTERIOR_BIC, CLUSTERER, CLUSTERER_BIC = (
     "KMeans silhouette",
-    "TGMM auto",
+    "TGMM posterior",
     "TGMM auto bic",
     "TGMM posterior x BIC",
-    "Clusterer auto",
+    "Clusterer posterior",
+    "Clusterer auto bic",
 )
 TIME_REFERENCE, ACCURACY_REFERENCE = BIC1, TGMM
 
@@ -133,6 +142,38 @@ def synthetic_problems(seed: int, n_tasks: int) -> list[Problem]:
                     )
                 )
     return problems
+
+
+# Well-separated clusters, reported apart from the four settings above: equal sizes, unit
+# noise, means uniform in a box of half-width SEPARATED_HALF_WIDTHS[d] and at least
+# MIN_SEPARATION noise standard deviations apart (drawn again until they are).
+SEPARATED = "separated"
+MIN_SEPARATION = 6.0
+SEPARATED_HALF_WIDTHS = {2: 12.0, 5: 8.0}
+
+
+def separated_problems(seed: int, n_tasks: int) -> list[Problem]:
+    """``n_tasks`` well-separated tasks per dimension, fixed by ``seed``."""
+    problems = []
+    for d, h in SEPARATED_HALF_WIDTHS.items():
+        rng = task_rng(seed, "choose_k", d, SEPARATED)
+        for index in range(n_tasks):
+            k = int(rng.integers(1, MAX_K + 1))
+            while True:
+                means = rng.uniform(-h, h, (k, d))
+                gaps = np.linalg.norm(means[:, None] - means[None], axis=-1)
+                if k == 1 or gaps[~np.eye(k, dtype=bool)].min() >= MIN_SEPARATION:
+                    break
+            labels = np.arange(N_SAMPLES) % k
+            X = means[labels] + rng.standard_normal((N_SAMPLES, d))
+            name = setting_name(d, SEPARATED)
+            problems.append(Problem(name, index, f"task {index}", X, k, 1000 * seed + index))
+    return problems
+
+
+def is_pooled(setting: str) -> bool:
+    """The four settings of the issue's kind, pooled as "synthetic"."""
+    return setting not in (REAL, SYNTHETIC) and not setting.endswith(SEPARATED)
 
 
 def real_problems(seed: int, n_seeds: int) -> list[Problem]:
@@ -223,11 +264,18 @@ def posterior_and_bic(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, s
     return int(model.candidates_[np.argmin(score)]), "posterior+bic"
 
 
-def transformer_clusterer(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str]:
-    model = TransformerClusterer(
-        n_clusters="auto", max_clusters=MAX_K, checkpoint=checkpoint, random_state=seed
-    ).fit(X)
-    return int(model.n_clusters_), model.selection_criterion_
+def transformer_clusterer(**params) -> Chooser:
+    def choose(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str]:
+        model = TransformerClusterer(
+            n_clusters="auto",
+            max_clusters=MAX_K,
+            checkpoint=checkpoint,
+            random_state=seed,
+            **params,
+        ).fit(X)
+        return int(model.n_clusters_), model.selection_criterion_
+
+    return choose
 
 
 METHODS = (
@@ -235,10 +283,11 @@ METHODS = (
     Method(BIC10, "bic10", bic_loop(10)),
     Method(DPGMM, "dpgmm", dirichlet_process),
     Method(SILHOUETTE, "silhouette", kmeans_silhouette),
-    Method(TGMM, "tgmm", transformer_gmm()),
-    Method(TGMM_BIC, "tgmm-bic", transformer_gmm(criterion="bic")),
+    Method(TGMM, "tgmm", transformer_gmm(criterion="posterior")),
+    Method(TGMM_BIC, "tgmm-bic", transformer_gmm()),
     Method(TGMM_POSTERIOR_BIC, "tgmm-posterior-bic", posterior_and_bic),
-    Method(CLUSTERER, "clusterer", transformer_clusterer),
+    Method(CLUSTERER, "clusterer", transformer_clusterer(criterion="posterior")),
+    Method(CLUSTERER_BIC, "clusterer-bic", transformer_clusterer()),
 )
 
 
@@ -382,7 +431,7 @@ def summary(rows: list[dict]) -> list[dict]:
     for setting in synthetic:
         out += summary_rows([r for r in rows if r["setting"] == setting], setting)
     if len(synthetic) > 1:
-        out += summary_rows([r for r in rows if r["setting"] != REAL], SYNTHETIC)
+        out += summary_rows([r for r in rows if is_pooled(r["setting"])], SYNTHETIC)
     if REAL in settings:
         out += summary_rows([r for r in rows if r["setting"] == REAL], REAL)
     return out
@@ -390,7 +439,7 @@ def summary(rows: list[dict]) -> list[dict]:
 
 def per_true_k(rows: list[dict]) -> list[dict]:
     """Exact accuracy per true K and method, synthetic settings pooled."""
-    synthetic = [r for r in rows if r["setting"] != REAL]
+    synthetic = [r for r in rows if is_pooled(r["setting"])]
     out = []
     for k in range(1, MAX_K + 1):
         at_k = [r for r in synthetic if r["true_k"] == k]
@@ -628,7 +677,7 @@ def main(argv=None):
         methods = select_methods(args.methods)
     except ValueError as exc:
         parser.error(str(exc))
-    problems = synthetic_problems(args.seed, n_tasks)
+    problems = synthetic_problems(args.seed, n_tasks) + separated_problems(args.seed, n_tasks)
     if not args.no_real:
         problems += real_problems(args.seed, n_seeds)
     print(

@@ -110,37 +110,40 @@ def test_the_chosen_fit_is_the_fit_of_that_k(criterion, three_blobs_100):
 
 def test_the_posterior_over_candidates(three_blobs_100):
     X = three_blobs_100
-    gmm = TransformerGMM(n_components="auto", checkpoint=TINY_K_CHECKPOINT, random_state=0).fit(X)
+    posterior = dict(criterion="posterior", checkpoint=TINY_K_CHECKPOINT, random_state=0)
+    gmm = TransformerGMM(n_components="auto", **posterior).fit(X)
     # The tiny checkpoint reads K = 1..4: those are the default candidates.
     np.testing.assert_array_equal(gmm.candidates_, [1, 2, 3, 4])
     assert gmm.selection_criterion_ == "posterior" and np.isclose(gmm.k_posterior_.sum(), 1.0)
     assert gmm.n_components_ == gmm.candidates_[np.argmax(gmm.k_posterior_)]
     np.testing.assert_allclose(gmm.criterion_, -np.log(gmm.k_posterior_))
-    some = TransformerGMM(n_components=[2, 4], checkpoint=TINY_K_CHECKPOINT, random_state=0).fit(X)
+    some = TransformerGMM(n_components=[2, 4], **posterior).fit(X)
     expected = gmm.k_posterior_[[1, 3]] / gmm.k_posterior_[[1, 3]].sum()
     np.testing.assert_allclose(some.k_posterior_, expected)
-    # BIC over the candidates also reports the posterior, where the model reads one.
-    bic = TransformerGMM(
-        n_components="auto", criterion="bic", checkpoint=TINY_K_CHECKPOINT, random_state=0
-    ).fit(X)
+    # BIC (the default) also reports the posterior, where the model reads one.
+    bic = TransformerGMM(n_components="auto", checkpoint=TINY_K_CHECKPOINT, random_state=0)
+    assert bic.fit(X).selection_criterion_ == "bic"
     np.testing.assert_allclose(bic.k_posterior_, gmm.k_posterior_)
 
 
-def test_auto_falls_back_to_bic_where_the_posterior_cannot_answer(three_blobs_100):
+def test_bic_serves_checkpoints_without_the_head(three_blobs_100):
     X = three_blobs_100
     no_head = TransformerGMM(n_components="auto", checkpoint=TINY_CHECKPOINT, random_state=0)
     assert no_head.fit(X).selection_criterion_ == "bic"
     np.testing.assert_array_equal(no_head.candidates_, [1, 2, 3, 4])  # what it covers
+    assert not hasattr(no_head, "k_posterior_")
     beyond = TransformerGMM(n_components=[2, 3, 6], checkpoint=TINY_K_CHECKPOINT, random_state=0)
     with pytest.warns(FallbackWarning, match="not 6"):
         assert beyond.fit(X).selection_criterion_ == "bic"
+    assert not hasattr(beyond, "k_posterior_")  # the head reads K up to 4 only
 
 
 @pytest.mark.parametrize("Estimator", [TransformerGMM, TransformerClusterer])
 def test_the_choice_does_not_depend_on_the_row_order(Estimator, three_blobs_100):
     X = three_blobs_100
     name = "n_components" if Estimator is TransformerGMM else "n_clusters"
-    params = {name: "auto", "checkpoint": TINY_K_CHECKPOINT, "random_state": 0}
+    params = {name: "auto", "criterion": "posterior", "checkpoint": TINY_K_CHECKPOINT}
+    params["random_state"] = 0
     a = Estimator(**params).fit(X)
     b = Estimator(**params).fit(X[np.random.default_rng(3).permutation(len(X))])
     assert k_of(a) == k_of(b)

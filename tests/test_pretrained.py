@@ -125,3 +125,56 @@ def test_it_beats_the_papers_em_and_matches_a_single_em_run():
         single.append(mean_error(means, task.means))
     assert np.mean(alone) < np.mean(paper)
     assert np.mean(default) <= 1.01 * np.mean(single)
+
+
+# --- choosing K with the bundled checkpoint -------------------------------------------------
+
+
+def three_separated_blobs() -> np.ndarray:
+    rng = np.random.default_rng(2025)
+    return np.vstack([rng.normal(c, 1.0, (100, 2)) for c in ([-6, 0], [6, 0], [0, 8])])
+
+
+def test_the_bundled_checkpoint_reads_p_of_k():
+    backbone = backend.load_backbone("default")
+    assert backbone.model.has_k_posterior and backbone.model.config.k_posterior_seeds == 4
+
+
+@pytest.mark.parametrize(
+    "make_X, k_bic, k_posterior, k_clusterer, posterior",
+    [
+        (
+            three_separated_blobs,
+            3,
+            3,
+            3,
+            [6.6664e-06, 1.7656e-03, 6.6856e-01, 2.2947e-01, 6.3680e-02,
+             2.4848e-02, 7.8654e-03, 2.5832e-03, 7.4240e-04, 4.7597e-04],
+        ),
+        (
+            # Full covariances from 30 points a cluster in 20 dimensions: near-singular
+            # components lift the likelihood more than BIC's penalty costs, so BIC takes
+            # every candidate up to the largest; the posterior and X-means find the four.
+            four_blobs_in_20d,
+            10,
+            4,
+            4,
+            [1.6185e-12, 7.9735e-11, 2.3363e-05, 9.9833e-01, 1.6463e-03,
+             7.5123e-07, 1.2554e-07, 7.6548e-09, 1.5592e-09, 6.3273e-10],
+        ),
+    ],
+)
+def test_chosen_k_is_pinned(make_X, k_bic, k_posterior, k_clusterer, posterior):
+    X = make_X()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback: the checkpoint covers 1..10
+        by_bic = TransformerGMM(n_components="auto", random_state=0).fit(X)
+        by_posterior = TransformerGMM(
+            n_components="auto", criterion="posterior", random_state=0
+        ).fit(X)
+        clusterer = TransformerClusterer(n_clusters="auto", random_state=0).fit(X)
+    assert (by_bic.n_components_, by_posterior.n_components_) == (k_bic, k_posterior)
+    assert clusterer.n_clusters_ == k_clusterer
+    np.testing.assert_array_equal(by_bic.candidates_, np.arange(1, 11))
+    np.testing.assert_allclose(by_posterior.k_posterior_, posterior, rtol=2e-3, atol=1e-6)
+    np.testing.assert_allclose(by_bic.k_posterior_, by_posterior.k_posterior_)

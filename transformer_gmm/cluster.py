@@ -48,8 +48,19 @@ class TransformerClusterer(
 
     Parameters
     ----------
-    n_clusters : int, default=8
-        The number of clusters.
+    n_clusters : int, "auto" or array-like of int, default=8
+        The number of clusters. ``"auto"`` chooses it among ``1`` to ``max_clusters``, and
+        a list (or range) among its values, by ``criterion``; ``n_clusters_`` is then the
+        K chosen, and the fitted estimator is the fit of that K (see "Choosing the number
+        of components" in the documentation).
+    max_clusters : int, default=None
+        The largest K that ``n_clusters="auto"`` considers; by default the largest the
+        checkpoint covers (10 without one), at most ``n_samples``. Ignored otherwise.
+    criterion : {"bic", "posterior"}, default="bic"
+        How a K is chosen when ``n_clusters`` is not an int. ``"bic"``: every candidate is
+        clustered and the lowest BIC of its hard-assignment mixture of spherical Gaussians
+        with one shared variance wins (X-means). ``"posterior"``: the most probable K under
+        the checkpoint's learned P(K | X), one forward pass, then one fit.
     init : {"transformer", "k-means++", "random"}, callable or array-like, default="transformer"
         Where Lloyd starts. ``"transformer"``: the transformer's clusterings, then
         k-means++ (see ``n_init``). The others skip the transformer and are
@@ -102,6 +113,17 @@ class TransformerClusterer(
 
     Attributes
     ----------
+    n_clusters_ : int
+        The number of clusters fitted: ``n_clusters``, or the K chosen.
+    candidates_ : ndarray of shape (n_candidates,)
+        The K that were considered, when ``n_clusters`` is not an int.
+    criterion_ : ndarray of shape (n_candidates,)
+        The value of ``selection_criterion_`` for each candidate (lower is better): the
+        BIC, or ``-log P(K | X)``.
+    selection_criterion_ : {"posterior", "bic"}
+        How K was chosen.
+    k_posterior_ : ndarray of shape (n_candidates,)
+        P(K | X) of each candidate under the checkpoint, when it reads one.
     cluster_centers_ : ndarray of shape (n_clusters, n_features)
         Cluster centres, of the dtype of the training data (float32 or float64).
     labels_ : ndarray of shape (n_samples,)
@@ -150,7 +172,7 @@ class TransformerClusterer(
             "array-like",
         ],
         "max_clusters": [Interval(Integral, 1, None, closed="left"), None],
-        "criterion": [StrOptions({"auto", "posterior", "bic"})],
+        "criterion": [StrOptions({"bic", "posterior"})],
         "init": [StrOptions({"transformer", "k-means++", "random"}), callable, "array-like"],
         "verbose": ["verbose"],
         "copy_x": ["boolean"],
@@ -163,7 +185,7 @@ class TransformerClusterer(
         n_clusters=8,
         *,
         max_clusters=None,
-        criterion="auto",
+        criterion="bic",
         init="transformer",
         n_init="auto",
         max_iter=300,
