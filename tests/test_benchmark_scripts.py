@@ -260,14 +260,14 @@ def test_choose_k_quick_runs(tmp_path):
                    "silhouette", "--results", str(tmp_path)])
     assert (tmp_path / "choose_k.png").stat().st_size > 0
     rows = _csv(tmp_path / "choose_k.csv")
-    assert len(rows) == 4 * 2 * 3  # settings x tasks x methods
+    assert len(rows) == 6 * 2 * 3  # settings (four, and two well separated) x tasks x methods
     assert not any(r["error"] for r in rows)
     for row in rows:
         assert 1 <= int(row["chosen_k"]) <= 10 and 1 <= int(row["true_k"]) <= 10
     # The same task for every method: the same true K.
     truths = {(r["setting"], r["task"], r["true_k"]) for r in rows}
-    assert len(truths) == 4 * 2
+    assert len(truths) == 6 * 2
     summary = _csv(tmp_path / "choose_k_summary.csv")
     assert {r["method"] for r in summary} == {
-        "BIC loop GMM(n_init=1)", "TGMM auto", "KMeans silhouette"
+        "BIC loop GMM(n_init=1)", "TGMM posterior", "KMeans silhouette"
     }
