@@ -233,16 +233,22 @@ def kmeans_silhouette(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, s
     return int(np.argmax(scores)) + 2, ""
 
 
-def transformer_gmm(**params) -> Chooser:
+def transformer(estimator: type, **params) -> Chooser:
+    """The choice of ``estimator`` (TransformerGMM or TransformerClusterer) among 1..MAX_K."""
+    k_name, max_name = (
+        ("n_components", "max_components")
+        if estimator is TransformerGMM
+        else ("n_clusters", "max_clusters")
+    )
+
     def choose(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str]:
-        model = TransformerGMM(
-            n_components="auto",
-            max_components=MAX_K,
+        model = estimator(
+            **{k_name: "auto", max_name: MAX_K},
             checkpoint=checkpoint,
             random_state=seed,
             **params,
         ).fit(X)
-        return int(model.n_components_), model.selection_criterion_
+        return int(getattr(model, k_name + "_")), model.selection_criterion_
 
     return choose
 
@@ -264,30 +270,16 @@ def posterior_and_bic(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, s
     return int(model.candidates_[np.argmin(score)]), "posterior+bic"
 
 
-def transformer_clusterer(**params) -> Chooser:
-    def choose(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str]:
-        model = TransformerClusterer(
-            n_clusters="auto",
-            max_clusters=MAX_K,
-            checkpoint=checkpoint,
-            random_state=seed,
-            **params,
-        ).fit(X)
-        return int(model.n_clusters_), model.selection_criterion_
-
-    return choose
-
-
 METHODS = (
     Method(BIC1, "bic1", bic_loop(1)),
     Method(BIC10, "bic10", bic_loop(10)),
     Method(DPGMM, "dpgmm", dirichlet_process),
     Method(SILHOUETTE, "silhouette", kmeans_silhouette),
-    Method(TGMM, "tgmm", transformer_gmm(criterion="posterior")),
-    Method(TGMM_BIC, "tgmm-bic", transformer_gmm()),
+    Method(TGMM, "tgmm", transformer(TransformerGMM, criterion="posterior")),
+    Method(TGMM_BIC, "tgmm-bic", transformer(TransformerGMM)),
     Method(TGMM_POSTERIOR_BIC, "tgmm-posterior-bic", posterior_and_bic),
-    Method(CLUSTERER, "clusterer", transformer_clusterer(criterion="posterior")),
-    Method(CLUSTERER_BIC, "clusterer-bic", transformer_clusterer()),
+    Method(CLUSTERER, "clusterer", transformer(TransformerClusterer, criterion="posterior")),
+    Method(CLUSTERER_BIC, "clusterer-bic", transformer(TransformerClusterer)),
 )
 
 
