@@ -172,7 +172,7 @@ def separated_problems(seed: int, n_tasks: int) -> list[Problem]:
 
 
 def is_pooled(setting: str) -> bool:
-    """The four settings of the issue's kind, pooled as "synthetic"."""
+    """The four settings of means in a box, pooled as "synthetic"."""
     return setting not in (REAL, SYNTHETIC) and not setting.endswith(SEPARATED)
 
 
