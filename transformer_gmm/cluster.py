@@ -304,10 +304,13 @@ class TransformerClusterer(
         return self
 
     def _plan(
-        self, X, sample_weight, random_state: np.random.RandomState, n_clusters: int
+        self, X, sample_weight, random_state: np.random.RandomState, n_clusters=None
     ) -> FitPlan:
-        """The fit of ``X``, decided once by :func:`~transformer_gmm._fitting.kmeans_plan`."""
-        params = {**self.get_params(deep=False), "n_clusters": n_clusters}
+        """The fit of ``X`` with ``n_clusters`` (by default the parameter's), decided once
+        by :func:`~transformer_gmm._fitting.kmeans_plan`."""
+        params = self.get_params(deep=False)
+        if n_clusters is not None:
+            params["n_clusters"] = n_clusters
         return _fitting.kmeans_plan(params, X, sample_weight, random_state, type(self).__name__)
 
     def fit_predict(self, X, y=None, sample_weight=None):

@@ -397,11 +397,14 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         return None if choice.fitted is not None else choice.n_components
 
     def _plan(
-        self, X, sample_weight, random_state: np.random.RandomState, n_components: int
+        self, X, sample_weight, random_state: np.random.RandomState, n_components=None
     ) -> FitPlan:
-        """The fit of ``X``, decided once by :func:`~transformer_gmm._fitting.mixture_plan`."""
+        """The fit of ``X`` with ``n_components`` (by default the parameter's), decided once
+        by :func:`~transformer_gmm._fitting.mixture_plan`."""
         warm = self.warm_start and hasattr(self, "converged_")
-        params = {**self.get_params(deep=False), "n_components": n_components}
+        params = self.get_params(deep=False)
+        if n_components is not None:
+            params["n_components"] = n_components
         return _fitting.mixture_plan(params, X, sample_weight, random_state, self if warm else None)
 
     def _starts_need_rows(self, sample_weight) -> bool:

@@ -37,7 +37,8 @@ def k_posteriors(
     >>> from transformer_gmm.engine import backend
     >>> from transformer_gmm.engine.k_posterior import k_posteriors
     >>> backbone = backend.load_backbone("default")
-    >>> p = k_posteriors(backbone, [two_blobs()], seed=0)
+    >>> X, _ = two_blobs()  # one dataset (B=1) of 40 points in two blobs
+    >>> p = k_posteriors(backbone, [X[0].numpy()], seed=0)
     >>> p.shape, int(p.argmax()) + 1
     ((1, 10), 2)
     """
