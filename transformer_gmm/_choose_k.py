@@ -48,7 +48,7 @@ def is_auto(value) -> bool:
 
 def candidates(value, max_components, n_samples: int, backbone, k_name: str) -> np.ndarray:
     """The K to choose from, increasing; a ValueError that says what to do for bad ones."""
-    max_name = "max_components" if k_name == "n_components" else "max_clusters"
+    max_name = _max_name(k_name)
     if isinstance(value, str):  # "auto": 1 .. max_components
         if max_components is None:
             top = DEFAULT_MAX_COMPONENTS

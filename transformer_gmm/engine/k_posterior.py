@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from . import backend, row_order
-from .readout import reflections
-from .standardize import fit_standardization, subsample_rows, take_rows, weighted_rows
+from .readout import read_views
+from .standardize import weighted_rows
 
 __all__ = ["k_posteriors"]
 
@@ -53,13 +53,9 @@ def k_posteriors(
         weights = [np.asarray(w)[order] for w, order in zip(sample_weight, orders, strict=True)]
         w = backend.pad(weights, device, x.dtype)[0]  # (B, N), zero on padding
         x, mask = weighted_rows(x, w, config.context_size, generator)
-    st = fit_standardization(x, mask, config.d_max, config.k_max, config.noise_directions)
-    index, read_mask = subsample_rows(tuple(x.shape[:2]), mask, config.context_size, generator)
-    z = st.transform(x if index is None else take_rows(x, index))  # (B, C, d_max) float32
-    signs = reflections(n_views, config.d_max).to(z)  # (V, d_max)
-    views = (signs[:, None, None, :] * z).flatten(0, 1)  # (V * B, C, d_max), view-major
-    views_mask = None if read_mask is None else read_mask.repeat(n_views, 1)
+    # Projected as for the largest K: every direction up to d_max.
+    read = read_views(config, x, mask, config.k_max, generator, n_views)
     with torch.inference_mode():
-        log_p = model.k_log_posterior(views, views_mask)  # (V * B, k_max)
+        log_p = model.k_log_posterior(read.views, read.views_mask)  # (V * B, k_max)
     probs = log_p.exp().view(n_views, len(Xs), -1).mean(dim=0)  # (B, k_max)
     return backend.to_numpy(probs / probs.sum(dim=-1, keepdim=True))

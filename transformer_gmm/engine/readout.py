@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import islice
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -125,6 +126,35 @@ def reflections(n_views: int, width: int) -> Tensor:
     )
 
 
+class ReadViews(NamedTuple):
+    """What the backbone reads of B datasets, and how it got there."""
+
+    standardization: Standardization
+    z: Tensor  # (B, N, d_max) float32, every row in model space
+    index: Tensor | None  # (B, C) the rows read, or None: all
+    read_mask: Tensor | None  # (B, C) which rows read are real; None when all are
+    signs: Tensor  # (V, d_max) each view's reflection
+    views: Tensor  # (V * B, C, d_max), view-major
+    views_mask: Tensor | None  # (V * B, C)
+
+
+def read_views(
+    config, x: Tensor, mask: Tensor | None, n_components: int, generator, n_views: int
+) -> ReadViews:
+    """Standardize ``x`` (B, N, d) as for ``n_components``, draw the rows the backbone reads
+    (at most ``config.context_size``), and stack ``n_views`` reflections of them."""
+    standardization = fit_standardization(
+        x, mask, config.d_max, n_components, config.noise_directions
+    )
+    index, read_mask = subsample_rows(tuple(x.shape[:2]), mask, config.context_size, generator)
+    z = standardization.transform(x)  # (B, N, d_max) float32
+    z_read = z if index is None else take_rows(z, index)  # (B, C, d_max)
+    signs = reflections(n_views, z.shape[-1]).to(z)  # (V, d_max)
+    views = (signs[:, None, None, :] * z_read).flatten(0, 1)  # (V * B, C, d_max), view-major
+    views_mask = None if read_mask is None else read_mask.repeat(n_views, 1)
+    return ReadViews(standardization, z, index, read_mask, signs, views, views_mask)
+
+
 def _read(
     model: torch.nn.Module,
     x: Tensor,
@@ -138,23 +168,14 @@ def _read(
     view's output mapped back to the unreflected space.
     """
     n_views = -(-n_starts // 2)
-    config = model.config
-    standardization = fit_standardization(
-        x, mask, config.d_max, n_components, config.noise_directions
-    )
-    index, read_mask = subsample_rows(tuple(x.shape[:2]), mask, config.context_size, generator)
-    z = standardization.transform(x)  # (B, N, d_max) float32
-    z_read = z if index is None else take_rows(z, index)  # (B, C, d_max)
-    signs = reflections(n_views, z.shape[-1]).to(z)  # (V, d_max)
-    views = (signs[:, None, None, :] * z_read).flatten(0, 1)  # (V * B, C, d_max), view-major
-    views_mask = None if read_mask is None else read_mask.repeat(n_views, 1)
-    out = forward(model, views, n_components, views_mask)
-    n_datasets, outs = z.shape[0], []
-    for v, sign in enumerate(signs):
+    read = read_views(model.config, x, mask, n_components, generator, n_views)
+    out = forward(model, read.views, n_components, read.views_mask)
+    n_datasets, outs = x.shape[0], []
+    for v, sign in enumerate(read.signs):
         view = MixtureOutput(*(field[v * n_datasets : (v + 1) * n_datasets] for field in out))
         outs.append(view._replace(means=view.means * sign))
-    x_read = x if index is None else take_rows(x, index)  # (B, C, d)
-    return standardization, z, x_read, read_mask, outs
+    x_read = x if read.index is None else take_rows(x, read.index)  # (B, C, d)
+    return read.standardization, read.z, x_read, read.read_mask, outs
 
 
 def _mixture_start(
