@@ -262,3 +262,18 @@ def test_training_the_head_changes_nothing_else_and_resumes(tmp_path):
     x, mask, k = k_posterior.sample_k_batch(np.random.default_rng(0), trained, 6)
     assert x.shape[0] == 6 and x.shape[1] <= trained.config.context_size
     assert k.min() >= 0 and k.max() < trained.config.k_max  # K - 1, K in 1..k_max
+
+
+def test_head_batches_drawn_by_workers_are_the_steps_own():
+    from transformer_gmm.storage import load_checkpoint
+    from transformer_gmm.training import k_posterior
+
+    model = load_checkpoint(TINY_CHECKPOINT)
+    in_process = k_posterior.k_batches(model, 5, 3, seed=7, prior_weights=None)
+    by_workers = k_posterior.k_batches(model, 5, 3, seed=7, prior_weights=None, workers=2)
+    for _ in range(3):  # steps 5, 6, 7, whichever worker drew them
+        for a, b in zip(next(in_process), next(by_workers), strict=True):
+            assert torch.equal(a, b)
+    step_6 = k_posterior.sample_k_batch(np.random.default_rng([7, 6]), model, 3)
+    again = k_posterior.k_batches(model, 6, 3, seed=7, prior_weights=None)
+    assert all(torch.equal(a, b) for a, b in zip(step_6, next(again), strict=True))

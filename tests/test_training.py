@@ -450,6 +450,24 @@ def test_init_from_a_shallower_model_starts_deeper_with_the_same_outputs(tmp_pat
         T.train(wider)
 
 
+def test_init_from_drops_the_sources_k_posterior_head(tmp_path):
+    from conftest import TINY_K_CHECKPOINT
+
+    source = load_checkpoint(TINY_K_CHECKPOINT)
+    assert source.has_k_posterior
+    cfg = _tiny(tmp_path, "no_head", max_steps=1, eval_every=100, lr=0.0, min_lr=0.0,
+                init_from=TINY_K_CHECKPOINT)  # fmt: skip
+    tuned = load_checkpoint(T.train(cfg) / "checkpoint")
+    # The head read the backbone this run changes: it is left out, the rest carried over.
+    assert not tuned.has_k_posterior and tuned.config.k_posterior_seeds == 0
+    kept = tuned.state_dict()
+    for name, weight in source.state_dict().items():
+        if name.startswith(("k_unknown", "k_posterior_head")):
+            assert name not in kept
+        else:
+            assert torch.equal(kept[name], weight), name
+
+
 def test_init_from_a_model_that_read_fewer_directions(tmp_path):
     first = T.train(_tiny(tmp_path, "first", max_steps=3, eval_every=100))
     reads_more_cfg = _tiny(

@@ -7,11 +7,15 @@ projects them (the directions the K = k_max head reads). The loss is the cross-e
 the true K: its minimiser is the posterior of K under the training prior.
 
 The learning rate follows a cosine over ``--minutes`` of training time (counted across
-resumes), so a run of any length ends annealed. Run it in the background; it saves its
-state every ``--save-every`` steps and resumes::
+resumes), so a run of any length ends annealed. Step ``s`` draws its batch from the seed
+``(--seed, s)`` alone, so ``--workers`` processes can draw ahead and a resumed run draws
+what it would have drawn. Run it in the background; it saves its state every
+``--save-every`` steps and resumes::
 
     python -m transformer_gmm.training.k_posterior --out runs/k_posterior --minutes 90
     python -m transformer_gmm.training.k_posterior --out runs/k_posterior --minutes 90 --resume
+    python -m transformer_gmm.training.k_posterior --out runs/k_gpu --minutes 5 \
+        --device cuda --workers 8 --batch-size 256
 
 It writes the checkpoint (the source's weights plus the new head) to ``OUT/checkpoint``.
 """
@@ -19,7 +23,9 @@ It writes the checkpoint (the source's weights plus the new head) to ``OUT/check
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
+import json
 import math
 import time
 from pathlib import Path
@@ -81,6 +87,36 @@ def sample_k_batch(
     return x, mask, torch.tensor(ks) - 1
 
 
+class _StepBatches(torch.utils.data.IterableDataset):
+    """The batches of steps ``start, start + 1, ...``, each from the seed ``(seed, step)``."""
+
+    def __init__(self, model, start, batch_size, seed, prior_weights):
+        super().__init__()
+        self.model, self.start, self.batch_size = model, start, batch_size
+        self.seed, self.prior_weights = seed, prior_weights
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        step = self.start + worker  # worker w draws steps w, w + workers, ...: in order
+        while True:
+            rng = np.random.default_rng([self.seed, step])
+            yield sample_k_batch(rng, self.model, self.batch_size, self.prior_weights)
+            step += workers
+
+
+def k_batches(model, start, batch_size, seed, prior_weights, workers=0):
+    """``(x, mask, k)`` for steps ``start, start + 1, ...`` without end; with ``workers``,
+    drawn ahead by that many processes (a DataLoader keeps their order)."""
+    dataset = _StepBatches(model, start, batch_size, seed, prior_weights)
+    if workers == 0:
+        return iter(dataset)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=workers, prefetch_factor=4
+    )
+    return iter(loader)
+
+
 def with_k_posterior_head(source: MixtureTransformer, seeds: int) -> MixtureTransformer:
     """A copy of ``source`` with a new K-posterior head; "K unknown" starts as the mean K."""
     config = dataclasses.replace(source.config, k_posterior_seeds=seeds)
@@ -116,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="the share of each prior of K_PRIORS, e.g. unit=0.4,broad=0.2,real=0.4",
     )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--workers", type=int, default=0, help="processes drawing batches")
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
 
@@ -129,14 +167,17 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"unknown priors {sorted(unknown)}; the priors are {list(K_PRIORS)}")
     state_path = args.out / "state.pt"
     model = with_k_posterior_head(load_checkpoint(args.source), args.seeds)
+    sampler = copy.deepcopy(model)  # on the CPU, for the workers (they read its config only)
+    model.to(args.device)
     params = trainable(model)
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
-    step, rng, elapsed = 0, np.random.default_rng(args.seed), 0.0
+    step, elapsed = 0, 0.0
     if args.resume and state_path.exists():
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, map_location=args.device, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step, rng, elapsed = state["step"], state["rng"], state["elapsed"]
+        step, elapsed = state["step"], state["elapsed"]
+    draws = k_batches(sampler, step, args.batch_size, args.seed, prior_weights, args.workers)
     model.train()
     start, losses, hits = time.time() - elapsed, [], []
     log = (args.out / "log.txt").open("a")
@@ -148,9 +189,8 @@ def main(argv: list[str] | None = None) -> None:
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "step": step,
-                "rng": rng,
                 "elapsed": time.time() - start,
-                "args": vars(args),
+                "args": json.dumps(vars(args), default=str),
             },
             tmp,
         )
@@ -163,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         lr = args.lr * min(1.0, (step + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * progress))
         for group in optimizer.param_groups:
             group["lr"] = lr
-        x, mask, k = sample_k_batch(rng, model, args.batch_size, prior_weights)
+        x, mask, k = (t.to(args.device) for t in next(draws))
         log_p = model.k_log_posterior(x, mask)  # (B, k_max)
         loss = torch.nn.functional.nll_loss(log_p, k)
         optimizer.zero_grad(set_to_none=True)

@@ -14,16 +14,20 @@ from .config import TrainConfig
 def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) -> None:
     """Copy ``source``'s weights into ``model``, which may have more blocks: each extra block is
     a copy of the last with its output projections zeroed, so the deeper model starts out
-    computing exactly what the source did.
+    computing exactly what the source did. A source's K-posterior head is dropped: it
+    reads the backbone this run changes (``training.k_posterior`` trains one again).
     """
     have, want = source.config.n_layer, model.config.n_layer
     changeable = dict(n_layer=want, noise_directions=model.config.noise_directions)
+    if model.config.k_posterior_seeds == 0:
+        changeable["k_posterior_seeds"] = 0
     if dataclasses.replace(source.config, **changeable) != model.config or want < have:
         raise ValueError(
             f"init_from's model ({source.config}) does not fit this run's ({model.config}): "
             "only n_layer (upward) and noise_directions may differ."
         )
-    state = source.state_dict()
+    head = ("k_unknown", "k_posterior_head")
+    state = {k: v for k, v in source.state_dict().items() if not k.startswith(head)}
     last = {k.split(".", 2)[2]: v for k, v in state.items() if k.startswith(f"blocks.{have - 1}.")}
     for index in range(have, want):
         for name, tensor in last.items():
