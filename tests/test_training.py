@@ -611,6 +611,11 @@ def test_command_line_overrides_the_preset():
     assert cfg.batch_size == T.PRESETS["tiny"]["batch_size"] and cfg.preset == "tiny"
 
 
+def test_compile_on_the_cpu_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="compile=True needs a CUDA device"):
+        T.train(_tiny(tmp_path, "compiled", max_steps=1, compile=True))
+
+
 @pytest.mark.slow  # torchrun starts two processes that import torch: about 10 s
 def test_data_parallel_on_cpu_with_two_processes(tmp_path):
     """torchrun, gloo backend: both ranks step together and rank 0 writes the checkpoint."""

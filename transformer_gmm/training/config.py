@@ -95,7 +95,8 @@ class TrainConfig:
     device : str, default="cpu"
         ``"cpu"``, ``"cuda"`` (bfloat16 autocast) or ``"cuda:N"``.
     compile : bool, default=False
-        ``torch.compile`` the model.
+        ``torch.compile`` the model (CUDA only: the CPU backend stops on its dynamic
+        shapes).
     threads : int, default=0
         torch CPU threads; 0 for torch's default.
     preset : str, default=""

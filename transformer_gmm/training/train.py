@@ -205,6 +205,9 @@ def train(cfg: TrainConfig) -> Path:
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset or 'custom'}")
     out_dir.mkdir(parents=True, exist_ok=True)
 
+    if cfg.compile and not device.startswith("cuda"):
+        # torch.compile's CPU backend stops on the model's dynamic shapes (per K, per batch).
+        raise ValueError("compile=True needs a CUDA device: train on the CPU without --compile.")
     mc = model_config(cfg)
     for prior in [cfg.prior, *cfg.focus_priors] if cfg.focus_prob > 0 else [cfg.prior]:
         k_range(cfg, mc, prior)  # before any work: a K the model or a prior lacks is an error
