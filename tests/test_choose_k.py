@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import pickle
 
 import numpy as np
@@ -259,7 +260,7 @@ def test_training_the_head_changes_nothing_else_and_resumes(tmp_path):
     state = trained.state_dict()
     for name, weight in source.state_dict().items():  # every fit of a given K is unchanged
         assert torch.equal(state[name], weight), name
-    x, mask, k = k_posterior.sample_k_batch(np.random.default_rng(0), trained, 6)
+    x, mask, k = k_posterior.sample_k_batch(np.random.default_rng(0), trained.config, 6)
     assert x.shape[0] == 6 and x.shape[1] <= trained.config.context_size
     assert k.min() >= 0 and k.max() < trained.config.k_max  # K - 1, K in 1..k_max
 
@@ -267,13 +268,15 @@ def test_training_the_head_changes_nothing_else_and_resumes(tmp_path):
 def test_head_batches_drawn_by_workers_are_the_steps_own():
     from transformer_gmm.storage import load_checkpoint
     from transformer_gmm.training import k_posterior
+    from transformer_gmm.training.prefetch import step_batches
 
-    model = load_checkpoint(TINY_CHECKPOINT)
-    in_process = k_posterior.k_batches(model, 5, 3, seed=7, prior_weights=None)
-    by_workers = k_posterior.k_batches(model, 5, 3, seed=7, prior_weights=None, workers=2)
+    config = load_checkpoint(TINY_CHECKPOINT).config
+    draw = functools.partial(k_posterior.k_batch_of_step, config=config, batch_size=3, seed=7)
+    in_process = step_batches(draw, 5, 8)
+    by_workers = step_batches(draw, 5, 8, workers=2)
     for _ in range(3):  # steps 5, 6, 7, whichever worker drew them
         for a, b in zip(next(in_process), next(by_workers), strict=True):
             assert torch.equal(a, b)
-    step_6 = k_posterior.sample_k_batch(np.random.default_rng([7, 6]), model, 3)
-    again = k_posterior.k_batches(model, 6, 3, seed=7, prior_weights=None)
+    step_6 = k_posterior.sample_k_batch(np.random.default_rng([7, 6]), config, 3)
+    again = step_batches(draw, 6, 7)
     assert all(torch.equal(a, b) for a, b in zip(step_6, next(again), strict=True))

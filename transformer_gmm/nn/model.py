@@ -31,6 +31,12 @@ from .config import ModelConfig
 MIN_SCALE = 1e-3
 
 
+# The names of the weights that read P(K | X) (prefixes of state-dict keys): the K-posterior
+# head and the "K unknown" task embedding. Training adds them onto a trained backbone, and
+# fine-tuning the backbone leaves them behind.
+K_POSTERIOR_WEIGHTS = ("k_unknown", "k_posterior_head")
+
+
 class MixtureOutput(NamedTuple):
     """What one forward pass returns; component k and cluster label k are the same slot.
 

@@ -23,8 +23,8 @@ It writes the checkpoint (the source's weights plus the new head) to ``OUT/check
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -34,8 +34,10 @@ import numpy as np
 import torch
 
 from ..engine.standardize import fit_standardization
-from ..nn.model import MixtureTransformer
+from ..nn import ModelConfig
+from ..nn.model import K_POSTERIOR_WEIGHTS, MixtureTransformer
 from ..storage import load_checkpoint, save_checkpoint
+from .prefetch import step_batches
 from .tasks import PRIORS, Prior, draw_d, sample_task
 
 # What the head is trained on: the package's own priors with K from 1 (one Gaussian) to
@@ -47,22 +49,21 @@ K_PRIORS: dict[str, tuple[float, Prior]] = {
 }
 
 
-def k_unknown_inputs(x: torch.Tensor, model: MixtureTransformer) -> torch.Tensor:
+def k_unknown_inputs(x: torch.Tensor, config: ModelConfig) -> torch.Tensor:
     """Points (1, n, d) float64 in the space the "K unknown" pass reads: (1, n, d_max)."""
-    config = model.config
     st = fit_standardization(x, None, config.d_max, config.k_max, config.noise_directions)
     return st.transform(x)
 
 
 def sample_k_batch(
     rng: np.random.Generator,
-    model: MixtureTransformer,
+    config: ModelConfig,
     batch_size: int,
     prior_weights: dict[str, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(x, mask, k)``: B tasks of K uniform in 1..k_max, each subsampled to the context;
-    each task's prior drawn by ``prior_weights`` (by default those of ``K_PRIORS``)."""
-    config = model.config
+    """``(x, mask, k)``: B tasks of K uniform in 1..k_max, each subsampled to the context
+    the model ``config`` reads; each task's prior drawn by ``prior_weights`` (by default
+    those of ``K_PRIORS``)."""
     weights = prior_weights or {name: weight for name, (weight, _) in K_PRIORS.items()}
     names = list(weights)
     probs = np.array([weights[name] for name in names])
@@ -76,7 +77,7 @@ def sample_k_batch(
         X = task.X
         if len(X) > config.context_size:  # a fit reads a uniform draw of the rows
             X = X[np.sort(rng.choice(len(X), config.context_size, replace=False))]
-        xs.append(k_unknown_inputs(torch.from_numpy(np.ascontiguousarray(X))[None], model)[0])
+        xs.append(k_unknown_inputs(torch.from_numpy(np.ascontiguousarray(X))[None], config)[0])
         ks.append(K)
     N = max(len(x) for x in xs)
     x = torch.zeros(batch_size, N, config.d_max)
@@ -87,34 +88,15 @@ def sample_k_batch(
     return x, mask, torch.tensor(ks) - 1
 
 
-class _StepBatches(torch.utils.data.IterableDataset):
-    """The batches of steps ``start, start + 1, ...``, each from the seed ``(seed, step)``."""
-
-    def __init__(self, model, start, batch_size, seed, prior_weights):
-        super().__init__()
-        self.model, self.start, self.batch_size = model, start, batch_size
-        self.seed, self.prior_weights = seed, prior_weights
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        step = self.start + worker  # worker w draws steps w, w + workers, ...: in order
-        while True:
-            rng = np.random.default_rng([self.seed, step])
-            yield sample_k_batch(rng, self.model, self.batch_size, self.prior_weights)
-            step += workers
-
-
-def k_batches(model, start, batch_size, seed, prior_weights, workers=0):
-    """``(x, mask, k)`` for steps ``start, start + 1, ...`` without end; with ``workers``,
-    drawn ahead by that many processes (a DataLoader keeps their order)."""
-    dataset = _StepBatches(model, start, batch_size, seed, prior_weights)
-    if workers == 0:
-        return iter(dataset)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=None, num_workers=workers, prefetch_factor=4
-    )
-    return iter(loader)
+def k_batch_of_step(
+    step: int,
+    config: ModelConfig,
+    batch_size: int,
+    seed: int,
+    prior_weights: dict[str, float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step ``step``'s batch: :func:`sample_k_batch` from the seed ``(seed, step)`` alone."""
+    return sample_k_batch(np.random.default_rng([seed, step]), config, batch_size, prior_weights)
 
 
 def with_k_posterior_head(source: MixtureTransformer, seeds: int) -> MixtureTransformer:
@@ -122,7 +104,7 @@ def with_k_posterior_head(source: MixtureTransformer, seeds: int) -> MixtureTran
     config = dataclasses.replace(source.config, k_posterior_seeds=seeds)
     model = MixtureTransformer(config)
     missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
-    assert not unexpected and all(n.startswith(("k_unknown", "k_posterior_head")) for n in missing)
+    assert not unexpected and all(n.startswith(K_POSTERIOR_WEIGHTS) for n in missing)
     with torch.no_grad():
         model.k_unknown.copy_(source.k_embedding.weight.mean(dim=0))
     return model
@@ -131,7 +113,7 @@ def with_k_posterior_head(source: MixtureTransformer, seeds: int) -> MixtureTran
 def trainable(model: MixtureTransformer) -> list[torch.nn.Parameter]:
     """Freeze everything but the "K unknown" embedding and the K-posterior head."""
     for name, p in model.named_parameters():
-        p.requires_grad_(name.startswith(("k_unknown", "k_posterior_head")))
+        p.requires_grad_(name.startswith(K_POSTERIOR_WEIGHTS))
     return [p for p in model.parameters() if p.requires_grad]
 
 
@@ -167,7 +149,6 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"unknown priors {sorted(unknown)}; the priors are {list(K_PRIORS)}")
     state_path = args.out / "state.pt"
     model = with_k_posterior_head(load_checkpoint(args.source), args.seeds)
-    sampler = copy.deepcopy(model)  # on the CPU, for the workers (they read its config only)
     model.to(args.device)
     params = trainable(model)
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
@@ -177,7 +158,14 @@ def main(argv: list[str] | None = None) -> None:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step, elapsed = state["step"], state["elapsed"]
-    draws = k_batches(sampler, step, args.batch_size, args.seed, prior_weights, args.workers)
+    draw = functools.partial(
+        k_batch_of_step,
+        config=model.config,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        prior_weights=prior_weights,
+    )
+    draws = step_batches(draw, step, args.steps, args.workers)
     model.train()
     start, losses, hits = time.time() - elapsed, [], []
     log = (args.out / "log.txt").open("a")

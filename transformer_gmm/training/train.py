@@ -20,6 +20,7 @@ A run writes ``<out_dir>/state.pt`` (resume with ``--resume`` and the same optio
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -42,6 +43,7 @@ from .config import (  # noqa: F401  (re-exported: the loop's public names live 
 )
 from .evaluation import autocast, eval_set, evaluate, format_table, hardware, model_card
 from .losses import training_loss
+from .prefetch import step_batches
 from .task_batch import TaskBatch
 from .tasks import PRIORS, sample_batch
 from .weights import load_initial_weights, param_groups
@@ -84,19 +86,6 @@ def get_batch(cfg: TrainConfig, mc: ModelConfig, step: int, rank: int) -> TaskBa
     )
 
 
-class _StepBatches(torch.utils.data.Dataset):
-    """The batches of steps ``start .. stop - 1``, for a DataLoader's worker processes."""
-
-    def __init__(self, cfg: TrainConfig, mc: ModelConfig, start: int, stop: int, rank: int):
-        self.cfg, self.mc, self.start, self.stop, self.rank = cfg, mc, start, stop, rank
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __getitem__(self, index: int) -> TaskBatch:
-        return get_batch(self.cfg, self.mc, self.start + index, self.rank)
-
-
 def batches(cfg: TrainConfig, mc: ModelConfig, start: int, stop: int, rank: int):
     """The batches of steps ``start .. stop - 1`` in order, drawn ahead by ``cfg.workers``
     processes (a DataLoader) or, with none, one at a time in this process.
@@ -112,18 +101,8 @@ def batches(cfg: TrainConfig, mc: ModelConfig, start: int, stop: int, rank: int)
     >>> [torch.equal(b.x, get_batch(cfg, mc, step, 0).x) for b, step in zip(drawn, (3, 4))]
     [True, True]
     """
-    if cfg.workers == 0:
-        for step in range(start, stop):
-            yield get_batch(cfg, mc, step, rank)
-        return
-    # batch_size=None: each item is already a batch; the sequential sampler keeps step order.
-    yield from torch.utils.data.DataLoader(
-        _StepBatches(cfg, mc, start, stop, rank),
-        batch_size=None,
-        num_workers=cfg.workers,
-        prefetch_factor=4,
-        pin_memory=cfg.device.startswith("cuda"),
-    )
+    draw = functools.partial(get_batch, cfg, mc, rank=rank)
+    return step_batches(draw, start, stop, cfg.workers, cfg.device.startswith("cuda"))
 
 
 def get_lr(step: int, cfg: TrainConfig) -> float:
@@ -191,6 +170,9 @@ def train(cfg: TrainConfig) -> Path:
     """
     from tqdm import tqdm  # the `train` extra; not needed to use the package
 
+    if cfg.compile and not cfg.device.startswith("cuda"):
+        # torch.compile's CPU backend stops on the model's dynamic shapes (per K, per batch).
+        raise ValueError("compile=True needs a CUDA device: train on the CPU without --compile.")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, device = 0, cfg.device
     if world_size > 1:  # launched by torchrun
@@ -205,9 +187,6 @@ def train(cfg: TrainConfig) -> Path:
     out_dir = Path(cfg.out_dir or f"runs/{cfg.preset or 'custom'}")
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    if cfg.compile and not device.startswith("cuda"):
-        # torch.compile's CPU backend stops on the model's dynamic shapes (per K, per batch).
-        raise ValueError("compile=True needs a CUDA device: train on the CPU without --compile.")
     mc = model_config(cfg)
     for prior in [cfg.prior, *cfg.focus_priors] if cfg.focus_prob > 0 else [cfg.prior]:
         k_range(cfg, mc, prior)  # before any work: a K the model or a prior lacks is an error

@@ -8,6 +8,7 @@ import dataclasses
 import torch
 
 from ..nn import MixtureTransformer
+from ..nn.model import K_POSTERIOR_WEIGHTS
 from .config import TrainConfig
 
 
@@ -26,8 +27,9 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
             f"init_from's model ({source.config}) does not fit this run's ({model.config}): "
             "only n_layer (upward) and noise_directions may differ."
         )
-    head = ("k_unknown", "k_posterior_head")
-    state = {k: v for k, v in source.state_dict().items() if not k.startswith(head)}
+    state = {
+        k: v for k, v in source.state_dict().items() if not k.startswith(K_POSTERIOR_WEIGHTS)
+    }
     last = {k.split(".", 2)[2]: v for k, v in state.items() if k.startswith(f"blocks.{have - 1}.")}
     for index in range(have, want):
         for name, tensor in last.items():
