@@ -25,7 +25,7 @@ def make_model(scale_type: str = "spherical", seed: int = 0) -> MixtureTransform
     return MixtureTransformer(config).eval()
 
 
-@pytest.fixture(params=["spherical", "diag"])
+@pytest.fixture(params=["spherical", "diag", "full"])
 def model(request) -> MixtureTransformer:
     return make_model(request.param)
 
@@ -42,18 +42,24 @@ def assert_close(a: MixtureOutput, b: MixtureOutput, fields=MixtureOutput._field
 @pytest.mark.parametrize("k", [2, 3, 4])
 def test_output_shapes_and_constraints(model, k):
     out = model(points(3, 20), k)
-    scale_dim = 1 if model.config.scale_type == "spherical" else 4
+    scale_shape = {"spherical": (1,), "diag": (4,), "full": (4, 4)}[model.config.scale_type]
     assert isinstance(out, MixtureOutput)
     assert out.log_weights.shape == out.weights.shape == (3, k)
     assert out.means.shape == (3, k, 4)
-    assert out.scales.shape == (3, k, scale_dim)
+    assert out.scales.shape == (3, k, *scale_shape)
     assert out.point_logits.shape == (3, 20, k)
     for tensor in out:
         assert tensor.dtype == torch.float32
         assert torch.isfinite(tensor).all()
     torch.testing.assert_close(out.weights.sum(-1), torch.ones(3))
     torch.testing.assert_close(out.log_weights.exp(), out.weights)
-    assert (out.weights > 0).all() and (out.scales > 0).all()
+    assert (out.weights > 0).all()
+    if model.config.scale_type == "full":  # a Cholesky factor: lower, positive diagonal
+        assert torch.equal(out.scales, out.scales.tril())
+        assert (out.scales.diagonal(dim1=-2, dim2=-1) > 0).all()
+        assert (out.scales.tril(-1) != 0).any()
+    else:
+        assert (out.scales > 0).all()
 
 
 def test_untrained_outputs_are_varied():
@@ -163,7 +169,7 @@ def test_config_from_preset_overrides_and_errors():
         (dict(d_model=30, n_head=4), "d_model"),
         (dict(k_min=5, k_max=3), "k_min"),
         (dict(k_min=0), "k_min"),
-        (dict(scale_type="full"), "scale_type"),
+        (dict(scale_type="tied"), "scale_type"),
         (dict(n_layer=0), "n_layer"),
         (dict(d_max=4.0), "d_max"),
         (dict(context_size=True), "context_size"),

@@ -333,6 +333,38 @@ def test_model_space_responsibilities_score_only_real_coordinates():
     np.testing.assert_allclose(resp[0].numpy(), expected, rtol=1e-10)
 
 
+def test_full_covariance_responsibilities_follow_the_cholesky_factors():
+    """A diagonal Cholesky factor scores as the diagonal scales do; an elongated one as
+    scikit-learn's full-covariance mixture; padded coordinates change nothing."""
+    rng = np.random.default_rng(1)
+    weights = torch.tensor([[0.4, 0.6]])
+    means = torch.tensor([[[0.0, 0.0, 5.0], [1.5, -0.5, -5.0]]])
+    stds = torch.tensor([[[0.5, 1.5, 3.0], [2.0, 0.7, 0.1]]])
+    z = torch.zeros(1, 30, 3, dtype=torch.float64)
+    z[0, :, :2] = torch.tensor(rng.normal(size=(30, 2)))
+    diag = MixtureOutput(weights.log(), weights, means, stds, torch.empty(1, 30, 2))
+    full = diag._replace(scales=torch.diag_embed(stds))
+    torch.testing.assert_close(
+        readout.model_space_responsibilities(z, 2, full, None),
+        readout.model_space_responsibilities(z, 2, diag, None),
+    )
+    lower = torch.tensor([[[[0.5, 0.0, 0.0], [1.2, 0.3, 0.0], [7.0, 7.0, 2.0]],
+                           [[1.0, 0.0, 0.0], [-0.8, 0.6, 0.0], [7.0, 7.0, 2.0]]]])  # fmt: skip
+    elongated = diag._replace(scales=lower)
+    resp = readout.model_space_responsibilities(z, 2, elongated, None)
+    from sklearn.mixture import GaussianMixture
+
+    reference = GaussianMixture(2, covariance_type="full")
+    reference.weights_ = weights[0].double().numpy()
+    reference.means_ = means[0, :, :2].double().numpy()
+    factors = lower[0, :, :2, :2].double()  # the data's coordinates
+    covariances = (factors @ factors.mT).numpy()
+    reference.covariances_ = covariances
+    reference.precisions_cholesky_ = np.linalg.cholesky(np.linalg.inv(covariances))
+    expected = reference.predict_proba(z[0, :, :2].numpy())
+    np.testing.assert_allclose(resp[0].numpy(), expected, rtol=1e-8)
+
+
 def test_each_view_reads_a_reflection_of_the_data():
     """View v runs the backbone on the model-space rows times reflections(v); its
     estimate, reflected back, gives that view's starts, and view 0 is the data itself."""

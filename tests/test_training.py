@@ -15,7 +15,7 @@ import torch
 from conftest import OneStandardization
 
 from transformer_gmm import TransformerGMM
-from transformer_gmm.engine.readout import mixture_inits
+from transformer_gmm.engine.readout import mixture_inits, model_space_responsibilities
 from transformer_gmm.nn import MixtureOutput, MixtureTransformer, config_from_preset
 from transformer_gmm.storage import load_checkpoint
 from transformer_gmm.training import (
@@ -33,7 +33,7 @@ from transformer_gmm.training import (
     training_loss,
 )
 from transformer_gmm.training import train as T
-from transformer_gmm.training.losses import m_step_means
+from transformer_gmm.training.losses import m_step_means, m_step_nll
 
 pytest.importorskip("tqdm")
 
@@ -446,8 +446,51 @@ def test_init_from_a_shallower_model_starts_deeper_with_the_same_outputs(tmp_pat
         a, b = source(x, k), deeper(x, k)
         assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a, b, strict=True))
     wider = _tiny(tmp_path, "wider", max_steps=1, init_from=str(first / "checkpoint"), d_model=32)
-    with pytest.raises(ValueError, match=r"only n_layer \(upward\) and noise_directions"):
+    with pytest.raises(ValueError, match=r"only n_layer \(upward\), noise_directions"):
         T.train(wider)
+
+
+@pytest.mark.parametrize("scale_type", ["diag", "full"])
+def test_init_from_a_spherical_model_to_wider_scales_keeps_its_outputs(tmp_path, scale_type):
+    first = T.train(_tiny(tmp_path, "first", max_steps=3, eval_every=100))
+    source = load_checkpoint(first / "checkpoint")
+    wider_cfg = _tiny(tmp_path, scale_type, max_steps=1, eval_every=100, lr=0.0, min_lr=0.0,
+                      init_from=str(first / "checkpoint"), scale_type=scale_type)  # fmt: skip
+    wider = load_checkpoint(T.train(wider_cfg) / "checkpoint")
+    assert wider.config.scale_type == scale_type
+    x = torch.randn(3, 40, source.config.d_max, generator=torch.Generator().manual_seed(0))
+    z = x.double()
+    for k in source.supported_n_components:
+        a, b = source(x, k), wider(x, k)
+        torch.testing.assert_close(a.means, b.means)
+        # Every coordinate's scale is the spherical one; a full factor is diagonal.
+        stds = b.scales.diagonal(dim1=-2, dim2=-1) if scale_type == "full" else b.scales
+        torch.testing.assert_close(stds, a.scales.expand_as(stds))
+        torch.testing.assert_close(
+            model_space_responsibilities(z, 3, a, None), model_space_responsibilities(z, 3, b, None)
+        )
+    # And back is not a fine-tune: a wider model's scales have no spherical form.
+    wider_path = str(wider_cfg.out_dir) + "/checkpoint"
+    narrower = _tiny(tmp_path, "back", max_steps=1, init_from=wider_path)
+    with pytest.raises(ValueError, match="scale_type"):
+        T.train(narrower)
+
+
+def test_full_covariance_losses_reduce_to_the_diagonal_ones():
+    """With diagonal Cholesky factors, every loss is what the same diagonal scales give."""
+    batch = sample_batch(np.random.default_rng(3), PRIORS["tiny-real"], 3, 5, 4, 48)
+    out = MixtureTransformer(config_from_preset("tiny", scale_type="diag"))(batch.x, 3, batch.mask)
+    full = out._replace(scales=torch.diag_embed(out.scales))
+    for loss in (hungarian_loss, mixture_nll, m_step_nll):
+        torch.testing.assert_close(loss(full, batch), loss(out, batch), rtol=1e-5, atol=1e-6)
+    # A correlated factor changes the likelihood, and its gradient reaches the off-diagonal.
+    tilted = full.scales.detach().clone()
+    tilted[..., 1, 0] = 0.7
+    tilted.requires_grad_(True)
+    nll = m_step_nll(full._replace(scales=tilted), batch)
+    assert not torch.isclose(nll, m_step_nll(full, batch))
+    nll.backward()
+    assert tilted.grad[..., 1, 0].abs().sum() > 0
 
 
 def test_init_from_drops_the_sources_k_posterior_head(tmp_path):

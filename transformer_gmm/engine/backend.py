@@ -182,7 +182,7 @@ class TransformerEstimate:
 
     weights: np.ndarray  # (K,)
     means: np.ndarray  # (K, d_max)
-    scales: np.ndarray  # (K, 1) or (K, d_max), standard deviations
+    scales: np.ndarray  # (K, 1) or (K, d_max) standard deviations, or (K, d_max, d_max) Cholesky
     point_probs: np.ndarray  # (n, K), the per-point head's cluster probabilities
 
 

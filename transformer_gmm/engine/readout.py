@@ -79,21 +79,34 @@ def model_space_responsibilities(
     """Posterior (B, N, K) of each point under the transformer's own mixture, in model space.
 
     Padded coordinates (``kept``: an int, or a bool (B, d_max)) are scored at mean 0, unit
-    variance, the same constant for every component, so none is favoured.
+    variance (uncorrelated with the others under a full covariance), the same constant for
+    every component, so none is favoured.
     """
     dtype, d_max = z.dtype, z.shape[-1]
     if isinstance(kept, int):
         kept = torch.arange(d_max, device=z.device)[None] < kept  # (1, d_max)
     kept = kept[:, None, :]  # (B | 1, 1, d_max)
-    variances = out.scales.expand(-1, -1, d_max).to(dtype) ** 2
-    variances = torch.where(kept, variances, 1.0)  # (B, K, d_max)
+    means = out.means.to(dtype).masked_fill(~kept, 0.0)  # (B, K, d_max)
+    if out.scales.dim() == 4:  # full: lower Cholesky factors (B, K, d_max, d_max)
+        eye = torch.eye(d_max, dtype=dtype, device=z.device)
+        both_kept = kept[..., :, None] & kept[..., None, :]  # (B | 1, 1, d_max, d_max)
+        lower = torch.where(both_kept, out.scales.to(dtype), eye)
+        # scikit-learn's precisions_cholesky of L L^T is L^-T (its precision is L^-T L^-1).
+        inverse = torch.linalg.solve_triangular(lower, eye.expand_as(lower), upper=False)
+        covariance_type, covariances, precisions_cholesky = (
+            "full", lower @ lower.mT, inverse.mT
+        )
+    else:
+        variances = out.scales.expand(-1, -1, d_max).to(dtype) ** 2
+        variances = torch.where(kept, variances, 1.0)  # (B, K, d_max)
+        covariance_type, covariances, precisions_cholesky = "diag", variances, variances.rsqrt()
     params = m_step.MixtureParams(
         weights=out.weights.to(dtype),  # (B, K)
-        means=out.means.to(dtype).masked_fill(~kept, 0.0),  # (B, K, d_max)
-        covariances=variances,
-        precisions_cholesky=variances.rsqrt(),
+        means=means,
+        covariances=covariances,
+        precisions_cholesky=precisions_cholesky,
     )
-    _, log_resp = e_step.e_step(z, params, "diag", mask)  # -inf on padded rows
+    _, log_resp = e_step.e_step(z, params, covariance_type, mask)  # -inf on padded rows
     return log_resp.exp()
 
 

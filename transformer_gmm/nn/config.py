@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-SCALE_TYPES = ("spherical", "diag")
+SCALE_TYPES = ("spherical", "diag", "full")
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,10 @@ class ModelConfig:
         Token width.
     mlp_ratio : int, default=4
         Hidden width of each block's MLP, as a multiple of ``d_model``.
-    scale_type : {"spherical", "diag"}, default="spherical"
-        One standard deviation per component, or one per coordinate.
+    scale_type : {"spherical", "diag", "full"}, default="spherical"
+        One standard deviation per component, one per coordinate, or a full covariance
+        (its lower Cholesky factor) in model space, so that the model's own
+        responsibilities can follow elongated, correlated components.
     noise_directions : int, default=0
         Principal directions the model reads beyond the K - 1 that can hold the means,
         when the data has them: they hold only noise, so they show how wide the
@@ -63,7 +65,8 @@ class ModelConfig:
     n_head: int = 4
     d_model: int = 128
     mlp_ratio: int = 4
-    scale_type: str = "spherical"  # "spherical": one std per component; "diag": one per coordinate
+    scale_type: str = "spherical"  # one std per component ("spherical"), per coordinate
+    # ("diag"), or a lower Cholesky factor of each component's covariance ("full")
     noise_directions: int = 0  # principal directions read beyond the K - 1 the means span
     k_posterior_seeds: int = 0  # pooling seeds of the P(K | X) head; 0: no such head
 

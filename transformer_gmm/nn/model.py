@@ -46,7 +46,9 @@ class MixtureOutput(NamedTuple):
     log_weights: Tensor  # (B, K) log mixing weights, for training losses
     weights: Tensor  # (B, K) mixing weights, summing to 1
     means: Tensor  # (B, K, d_max)
-    scales: Tensor  # (B, K, 1) spherical or (B, K, d_max) diag: positive standard deviations
+    # (B, K, 1) spherical or (B, K, d_max) diag: positive standard deviations; or
+    # (B, K, d_max, d_max) full: lower Cholesky factors L of the covariances L @ L.mT
+    scales: Tensor
     point_logits: Tensor  # (B, N, K) cluster logits; rows where mask is False are meaningless
 
 
@@ -107,6 +109,13 @@ class Block(nn.Module):
         return x
 
 
+def scale_width(config: ModelConfig) -> int:
+    """Raw scale outputs per slot: 1 (spherical), d_max (diag), or d_max (d_max + 1) / 2
+    (full: the diagonal of a Cholesky factor, then its strictly lower entries)."""
+    d = config.d_max
+    return {"spherical": 1, "diag": d, "full": d * (d + 1) // 2}[config.scale_type]
+
+
 class ReadoutHead(nn.Module):
     """Readout for one K: Set Transformer's PMA with K learned seeds, then per-slot params.
 
@@ -118,7 +127,7 @@ class ReadoutHead(nn.Module):
     def __init__(self, config: ModelConfig, n_components: int) -> None:
         super().__init__()
         d = config.d_model
-        scale_dim = 1 if config.scale_type == "spherical" else config.d_max
+        scale_dim = scale_width(config)
         # Distinct random seeds break the symmetry between slots; unit scale matches the
         # LayerNorm'd tokens they attend over.
         self.seeds = nn.Parameter(torch.randn(n_components, d))
@@ -172,15 +181,22 @@ class KPosteriorHead(nn.Module):
         return logits.log_softmax(dim=-1)
 
 
-def _parse(raw: Tensor, point_logits: Tensor, d_max: int) -> MixtureOutput:
+def _parse(raw: Tensor, point_logits: Tensor, d_max: int, scale_type: str) -> MixtureOutput:
     """Every output constraint, in one place."""
     logits, means, raw_scales = raw.split([1, d_max, raw.shape[-1] - 1 - d_max], dim=-1)
     log_weights = logits.squeeze(-1).log_softmax(dim=-1)  # (B, K)
+    raw_diag = raw_scales[..., :d_max] if scale_type == "full" else raw_scales
     # softplus + floor, not exp: the 1 / scale**2 in a Gaussian NLL is then bounded by
     # 1 / MIN_SCALE**2 without a clamp (which would zero the gradient outside its range),
     # and the scale grows only linearly with the raw output, so one wild output cannot
     # overflow float32. softplus(0) ~ 0.69: an untrained model starts at a moderate width.
-    scales = F.softplus(raw_scales) + MIN_SCALE  # (B, K, 1 | d_max)
+    scales = F.softplus(raw_diag) + MIN_SCALE  # (B, K, 1 | d_max)
+    if scale_type == "full":
+        # L = diag(scales) + strictly lower entries: a valid Cholesky factor for any output.
+        rows, cols = torch.tril_indices(d_max, d_max, offset=-1, device=raw.device)
+        lower = raw.new_zeros(*raw.shape[:-1], d_max, d_max)  # (B, K, d_max, d_max)
+        lower[..., rows, cols] = raw_scales[..., d_max:]
+        scales = lower + torch.diag_embed(scales)  # (B, K, d_max, d_max)
     return MixtureOutput(log_weights, log_weights.exp(), means, scales, point_logits)
 
 
@@ -299,7 +315,7 @@ class MixtureTransformer(nn.Module):
         k_embedding = self.k_embedding.weight[n_components - self.config.k_min]  # (D,)
         h, mask = self._tokens(x, k_embedding, mask)  # (B, N, D)
         raw, point_logits = self.heads[str(int(n_components))](h, mask)
-        return _parse(raw, point_logits, self.config.d_max)
+        return _parse(raw, point_logits, self.config.d_max, self.config.scale_type)
 
     def k_log_posterior(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
         """log P(K | X) for K = 1..k_max, one pass under the "K unknown" embedding.

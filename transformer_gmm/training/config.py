@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..nn import PRESETS as MODEL_PRESETS
 from ..nn import ModelConfig, config_from_preset
+from ..nn.config import SCALE_TYPES
 from .losses import PARAMETER_LOSSES
 from .tasks import PRIORS
 
@@ -36,6 +37,9 @@ class TrainConfig:
         Model fields to replace.
     noise_directions : int or None, default=None
         Model field to replace: principal directions read beyond the K - 1 the means span.
+    scale_type : {"spherical", "diag", "full"} or None, default=None
+        Model field to replace: the covariance the heads output. From a spherical
+        ``init_from``, a wider one starts out as that model's spherical scales.
     prior : str, default="broad"
         A task prior of :data:`transformer_gmm.training.PRIORS`.
     focus_prior : str, default=""
@@ -84,7 +88,8 @@ class TrainConfig:
         command both starts a run and resumes it after an interruption).
     init_from : str, default=""
         A checkpoint (folder, bundled name or Hub id) whose weights start a new run, for
-        fine-tuning; its model must have the same shapes. Ignored when resuming.
+        fine-tuning; its model must have the same shapes, but for more blocks and a wider
+        ``scale_type``. Ignored when resuming.
     time_limit : float, default=0.0
         Stop (and save) after this many minutes of this process's training; 0 for none.
     workers : int, default=0
@@ -118,6 +123,7 @@ class TrainConfig:
     n_head: int | None = None
     context_size: int | None = None
     noise_directions: int | None = None
+    scale_type: str | None = None
     prior: str = "broad"  # a task prior of transformer_gmm.training.tasks.PRIORS
     focus_prior: str = ""  # comma-separated; each drawn instead of prior for focus_prob of steps
     focus_prob: float = 0.0
@@ -203,7 +209,8 @@ EVAL_SEED = 20_251_122  # the held-out tasks do not depend on --seed
 
 def model_config(cfg: TrainConfig) -> ModelConfig:
     """The model's config: the preset ``cfg.model`` with the fields ``cfg`` sets replaced."""
-    names = ("d_max", "k_max", "n_layer", "d_model", "n_head", "context_size", "noise_directions")
+    names = ("d_max", "k_max", "n_layer", "d_model", "n_head", "context_size", "noise_directions",
+             "scale_type")
     overrides = {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
     return config_from_preset(cfg.model, **overrides)
 
@@ -259,6 +266,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     choices = dict(
         model=sorted(MODEL_PRESETS),
         prior=sorted(PRIORS),
+        scale_type=list(SCALE_TYPES),
         parameter_loss=sorted(PARAMETER_LOSSES),
     )
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS))

@@ -110,19 +110,40 @@ def hungarian_loss(out: MixtureOutput, batch: TaskBatch) -> Tensor:
     # KL(true || predicted): zero at the truth, unlike the cross-entropy alone.
     weight_loss = (weights * (weights.log() - out.log_weights)).sum(-1).mean()
     # A spherical scale (B, K, 1) broadcasts against every data coordinate.
-    log_ratio = (out.scales.log() - scales.log()) * batch.dim_mask[:, None, :]  # (B, K, d_max)
+    log_ratio = (coordinate_stds(out).log() - scales.log()) * batch.dim_mask[:, None, :]
     scale_loss = (log_ratio**2).sum(-1).div(batch.dim_mask.sum(-1, keepdim=True)).mean()
     return mean_loss + weight_loss + scale_loss
 
 
+def coordinate_stds(out: MixtureOutput) -> Tensor:
+    """The standard deviation of each component along each model-space coordinate:
+    (B, K, 1) spherical, (B, K, d_max) otherwise (a full covariance's diagonal, rooted)."""
+    if out.scales.dim() == 4:  # full: the norm of each row of L is the root of diag(L L^T)
+        return out.scales.pow(2).sum(-1).sqrt()
+    return out.scales
+
+
 def _component_log_prob(out: MixtureOutput, batch: TaskBatch) -> Tensor:
-    """log w_k + log N(x_n | mu_k, diag scale_k^2) over the data coordinates: (B, N, K)."""
+    """log w_k + log N(x_n | mu_k, cov_k) over the data coordinates: (B, N, K)."""
+    dims = batch.dim_mask[:, None, None, :]  # (B, 1, 1, d_max)
+    if out.scales.dim() == 4:  # full
+        # Padded coordinates: L's rows and columns there replaced by the identity's and
+        # the means zeroed, so they add nothing; the constant per data coordinate is kept.
+        eye = torch.eye(out.means.shape[-1], dtype=out.means.dtype, device=out.means.device)
+        both = batch.dim_mask[:, None, :, None] & batch.dim_mask[:, None, None, :]
+        lower = torch.where(both, out.scales, eye)  # (B, K, d_max, d_max)
+        means = out.means * batch.dim_mask[:, None, :]  # (B, K, d_max)
+        diff = batch.x[:, :, None, :] - means[:, None]  # (B, N, K, d_max)
+        white = torch.linalg.solve_triangular(lower[:, None], diff[..., None], upper=False)
+        half_log_det = lower.diagonal(dim1=-2, dim2=-1).log().sum(-1)  # (B, K)
+        n_dims = batch.dim_mask.sum(-1)[:, None, None]  # (B, 1, 1)
+        log_gauss = -0.5 * white.squeeze(-1).pow(2).sum(-1) - half_log_det[:, None]
+        return log_gauss - 0.5 * n_dims * math.log(2 * math.pi) + out.log_weights[:, None, :]
     var = out.scales[:, None, :, :] ** 2  # (B, 1, K, 1 | d_max)
     diff2 = (batch.x[:, :, None, :] - out.means[:, None, :, :]) ** 2  # (B, N, K, d_max)
     per_coordinate = diff2 / var + var.log() + math.log(2 * math.pi)  # (B, N, K, d_max)
     # Padded coordinates hold no data: a component narrow there would gain unbounded
     # likelihood for nothing, so they are left out.
-    dims = batch.dim_mask[:, None, None, :]  # (B, 1, 1, d_max)
     return -0.5 * (per_coordinate * dims).sum(-1) + out.log_weights[:, None, :]
 
 
@@ -168,7 +189,7 @@ def m_step_nll(out: MixtureOutput, batch: TaskBatch, reg_covar: float = 1e-3) ->
 
     What ``TransformerGMM(max_iter=0, covariance_type="full")`` returns is that mixture
     (in the user's space), so this scores the estimate users get, elongated components
-    included, though the model's own scales are spherical. It needs no labels and no
+    included, whatever the model's own scales. It needs no labels and no
     matching, so it holds for any prior, outliers and non-Gaussian shapes included.
     ``reg_covar`` (model-space units, where the data have unit average variance) keeps a
     component that takes a few points from gaining unbounded likelihood.
