@@ -102,7 +102,9 @@ def k_batch_of_step(
 
 
 def with_k_posterior_head(source: MixtureTransformer, seeds: int) -> MixtureTransformer:
-    """A copy of ``source`` with a new K-posterior head; "K unknown" starts as the mean K."""
+    """A copy of ``source`` with a K-posterior head of ``seeds`` pooling seeds: the source's
+    own where it has one (training goes on from it), else a new one. Either way "K unknown"
+    starts as the mean of the K embeddings."""
     config = dataclasses.replace(source.config, k_posterior_seeds=seeds)
     model = MixtureTransformer(config)
     missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
