@@ -280,3 +280,27 @@ def test_head_batches_drawn_by_workers_are_the_steps_own():
     step_6 = k_posterior.sample_k_batch(np.random.default_rng([7, 6]), config, 3)
     again = step_batches(draw, 6, 7)
     assert all(torch.equal(a, b) for a, b in zip(step_6, next(again), strict=True))
+
+
+def test_a_head_goes_on_from_the_sources_unless_asked_or_shaped_otherwise():
+    from conftest import TINY_K_CHECKPOINT
+
+    from transformer_gmm.storage import load_checkpoint
+    from transformer_gmm.training.k_posterior import with_k_posterior_head
+
+    source = load_checkpoint(TINY_K_CHECKPOINT)
+    seeds = source.config.k_posterior_seeds
+    head = "k_posterior_head.out.weight"
+
+    def same_head(model):
+        return torch.equal(model.state_dict()[head], source.state_dict()[head])
+
+    assert same_head(with_k_posterior_head(source, seeds))
+    torch.manual_seed(0)
+    assert not same_head(with_k_posterior_head(source, seeds, new_head=True))
+    wider = with_k_posterior_head(source, seeds + 2)  # another shape: a new head
+    assert wider.config.k_posterior_seeds == seeds + 2
+    for model in (with_k_posterior_head(source, seeds), wider):
+        # "K unknown" starts as the mean of the K embeddings, and the rest is the source's.
+        torch.testing.assert_close(model.k_unknown, source.k_embedding.weight.mean(dim=0))
+        torch.testing.assert_close(model.blocks[0].mlp.fc.weight, source.blocks[0].mlp.fc.weight)

@@ -101,13 +101,19 @@ def k_batch_of_step(
     return sample_k_batch(np.random.default_rng([seed, step]), config, batch_size, prior_weights)
 
 
-def with_k_posterior_head(source: MixtureTransformer, seeds: int) -> MixtureTransformer:
+def with_k_posterior_head(
+    source: MixtureTransformer, seeds: int, new_head: bool = False
+) -> MixtureTransformer:
     """A copy of ``source`` with a K-posterior head of ``seeds`` pooling seeds: the source's
-    own where it has one (training goes on from it), else a new one. Either way "K unknown"
-    starts as the mean of the K embeddings."""
+    own where it has one of that many seeds and ``new_head`` is False (training goes on
+    from it), else a new one. Either way "K unknown" starts as the mean of the K
+    embeddings."""
     config = dataclasses.replace(source.config, k_posterior_seeds=seeds)
     model = MixtureTransformer(config)
-    missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
+    state = source.state_dict()
+    if new_head or source.config.k_posterior_seeds != seeds:
+        state = {k: v for k, v in state.items() if not k.startswith(K_POSTERIOR_WEIGHTS)}
+    missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(n.startswith(K_POSTERIOR_WEIGHTS) for n in missing)
     with torch.no_grad():
         model.k_unknown.copy_(source.k_embedding.weight.mean(dim=0))
@@ -126,6 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source", default="default", help="checkpoint to add the head to")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, default=4, help="pooling seeds of the head")
+    parser.add_argument(
+        "--new-head",
+        action="store_true",
+        help="start the head from new weights, not from the source's (where it has one)",
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10**9, help="stop after this many")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -152,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         if unknown:
             parser.error(f"unknown priors {sorted(unknown)}; the priors are {list(K_PRIORS)}")
     state_path = args.out / "state.pt"
-    model = with_k_posterior_head(load_checkpoint(args.source), args.seeds)
+    model = with_k_posterior_head(load_checkpoint(args.source), args.seeds, args.new_head)
     model.to(args.device)
     params = trainable(model)
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
