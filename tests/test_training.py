@@ -469,8 +469,15 @@ def test_init_from_a_spherical_model_to_wider_scales_keeps_its_outputs(tmp_path,
         torch.testing.assert_close(
             model_space_responsibilities(z, 3, a, None), model_space_responsibilities(z, 3, b, None)
         )
-    # And back is not a fine-tune: a wider model's scales have no spherical form.
+    # The estimators read the wider checkpoint, and its estimate is the source's.
     wider_path = str(wider_cfg.out_dir) + "/checkpoint"
+    X = np.random.default_rng(5).normal(size=(80, 3)) + np.repeat([[0, 0, 0], [4, 0, 0]], 40, 0)
+    fits = [
+        TransformerGMM(2, checkpoint=path, max_iter=0, random_state=0).fit(X)
+        for path in (str(first / "checkpoint"), wider_path)
+    ]
+    np.testing.assert_allclose(fits[0].means_, fits[1].means_, rtol=1e-5, atol=1e-6)
+    # And back is not a fine-tune: a wider model's scales have no spherical form.
     narrower = _tiny(tmp_path, "back", max_steps=1, init_from=wider_path)
     with pytest.raises(ValueError, match="scale_type"):
         T.train(narrower)
