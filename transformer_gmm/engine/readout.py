@@ -26,6 +26,7 @@ from .standardize import Standardization, fit_standardization, subsample_rows, t
 
 __all__ = [
     "MixtureInit",
+    "cholesky_on_kept",
     "cluster_centers",
     "forward",
     "mixture_inits",
@@ -88,9 +89,8 @@ def model_space_responsibilities(
     kept = kept[:, None, :]  # (B | 1, 1, d_max)
     means = out.means.to(dtype).masked_fill(~kept, 0.0)  # (B, K, d_max)
     if out.scales.dim() == 4:  # full: lower Cholesky factors (B, K, d_max, d_max)
+        lower = cholesky_on_kept(out.scales.to(dtype), kept)
         eye = torch.eye(d_max, dtype=dtype, device=z.device)
-        both_kept = kept[..., :, None] & kept[..., None, :]  # (B | 1, 1, d_max, d_max)
-        lower = torch.where(both_kept, out.scales.to(dtype), eye)
         # scikit-learn's precisions_cholesky of L L^T is L^-T (its precision is L^-T L^-1).
         inverse = torch.linalg.solve_triangular(lower, eye.expand_as(lower), upper=False)
         covariance_type, covariances, precisions_cholesky = (
@@ -108,6 +108,15 @@ def model_space_responsibilities(
     )
     _, log_resp = e_step.e_step(z, params, covariance_type, mask)  # -inf on padded rows
     return log_resp.exp()
+
+
+def cholesky_on_kept(lower: Tensor, kept: Tensor) -> Tensor:
+    """Cholesky factors (B, K, d_max, d_max) whose rows and columns at padded coordinates
+    (``kept`` False; bool, broadcastable to (B, 1, d_max)) are the identity's: there a
+    component has unit variance, uncorrelated with the data's coordinates."""
+    both_kept = kept[..., :, None] & kept[..., None, :]  # (B | 1, 1, d_max, d_max)
+    eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device)
+    return torch.where(both_kept, lower, eye)
 
 
 def weights_and_means_from_responsibilities(

@@ -39,6 +39,7 @@ from ..nn.model import K_POSTERIOR_WEIGHTS, MixtureTransformer
 from ..storage import load_checkpoint, save_checkpoint
 from .prefetch import step_batches
 from .tasks import PRIORS, Prior, draw_d, sample_task
+from .weights import without_k_posterior
 
 # What the head is trained on: the package's own priors with K from 1 (one Gaussian) to
 # k_max, unit-noise tasks with means in boxes from crowded to far apart, and ("wide")
@@ -112,7 +113,7 @@ def with_k_posterior_head(
     model = MixtureTransformer(config)
     state = source.state_dict()
     if new_head or source.config.k_posterior_seeds != seeds:
-        state = {k: v for k, v in state.items() if not k.startswith(K_POSTERIOR_WEIGHTS)}
+        state = without_k_posterior(state)
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and all(n.startswith(K_POSTERIOR_WEIGHTS) for n in missing)
     with torch.no_grad():

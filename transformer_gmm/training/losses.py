@@ -28,7 +28,11 @@ import torch.nn.functional as F
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from ..engine.readout import model_space_responsibilities, weights_and_means_from_responsibilities
+from ..engine.readout import (
+    cholesky_on_kept,
+    model_space_responsibilities,
+    weights_and_means_from_responsibilities,
+)
 from ..nn.model import MixtureOutput
 from .task_batch import TaskBatch
 
@@ -127,11 +131,9 @@ def _component_log_prob(out: MixtureOutput, batch: TaskBatch) -> Tensor:
     """log w_k + log N(x_n | mu_k, cov_k) over the data coordinates: (B, N, K)."""
     dims = batch.dim_mask[:, None, None, :]  # (B, 1, 1, d_max)
     if out.scales.dim() == 4:  # full
-        # Padded coordinates: L's rows and columns there replaced by the identity's and
-        # the means zeroed, so they add nothing; the constant per data coordinate is kept.
-        eye = torch.eye(out.means.shape[-1], dtype=out.means.dtype, device=out.means.device)
-        both = batch.dim_mask[:, None, :, None] & batch.dim_mask[:, None, None, :]
-        lower = torch.where(both, out.scales, eye)  # (B, K, d_max, d_max)
+        # Padded coordinates: L's rows and columns there are the identity's and the means
+        # zeroed, so they add nothing; the constant per data coordinate is kept.
+        lower = cholesky_on_kept(out.scales, batch.dim_mask[:, None, :])  # (B, K, D, D)
         means = out.means * batch.dim_mask[:, None, :]  # (B, K, d_max)
         diff = batch.x[:, :, None, :] - means[:, None]  # (B, N, K, d_max)
         white = torch.linalg.solve_triangular(lower[:, None], diff[..., None], upper=False)

@@ -7,8 +7,8 @@ import dataclasses
 
 import torch
 
-from ..nn import MixtureTransformer
-from ..nn.model import K_POSTERIOR_WEIGHTS
+from ..nn import MixtureTransformer, ModelConfig
+from ..nn.model import K_POSTERIOR_WEIGHTS, scale_width
 from .config import TrainConfig
 
 
@@ -32,9 +32,7 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
             "only n_layer (upward), noise_directions and a spherical scale_type (to a "
             "wider one) may differ."
         )
-    state = {
-        k: v for k, v in source.state_dict().items() if not k.startswith(K_POSTERIOR_WEIGHTS)
-    }
+    state = without_k_posterior(source.state_dict())
     if source.config.scale_type != model.config.scale_type:
         _widen_scales(state, model.config)
     last = {k.split(".", 2)[2]: v for k, v in state.items() if k.startswith(f"blocks.{have - 1}.")}
@@ -43,6 +41,11 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
             zeroed = name.startswith(("attn.proj.", "mlp.proj."))
             state[f"blocks.{index}.{name}"] = torch.zeros_like(tensor) if zeroed else tensor
     model.load_state_dict(state)
+
+
+def without_k_posterior(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` less the weights that read P(K | X) (the head and "K unknown")."""
+    return {k: v for k, v in state.items() if not k.startswith(K_POSTERIOR_WEIGHTS)}
 
 
 def param_groups(model: MixtureTransformer, cfg: TrainConfig) -> list[dict]:
@@ -58,15 +61,13 @@ def param_groups(model: MixtureTransformer, cfg: TrainConfig) -> list[dict]:
     return [{"params": head}, {"params": [model.k_embedding.weight], "weight_decay": 0.0}]
 
 
-def _widen_scales(state: dict, config) -> None:
+def _widen_scales(state: dict[str, torch.Tensor], config: ModelConfig) -> None:
     """Each head's output rows for a spherical scale, in ``state``, become those of
-    ``config.scale_type``: the one raw scale repeated on every coordinate (the diagonal),
-    and zeros for a full covariance's off-diagonal entries."""
+    ``config.scale_type``: the one raw scale repeated on every coordinate (the diagonal,
+    which comes first), and zeros for a full covariance's off-diagonal entries."""
     d_max = config.d_max
     for name in [k for k in state if k.startswith("heads.") and ".out." in k]:
         tensor = state[name]  # (1 + d_max + 1, ...): weight logit, means, raw scale
         head, raw_scale = tensor[: 1 + d_max], tensor[1 + d_max :]
-        rows = [head, raw_scale.expand(d_max, *tensor.shape[1:])]
-        if config.scale_type == "full":
-            rows.append(tensor.new_zeros(d_max * (d_max - 1) // 2, *tensor.shape[1:]))
-        state[name] = torch.cat(rows)
+        off_diagonal = tensor.new_zeros(scale_width(config) - d_max, *tensor.shape[1:])
+        state[name] = torch.cat([head, raw_scale.expand(d_max, *tensor.shape[1:]), off_diagonal])
