@@ -10,11 +10,14 @@ index of the labels against the true components (higher is better).
     python benchmarks/accuracy.py --quick    # 10 tasks per cell, d in {2, 8}: under a minute
     python benchmarks/accuracy.py --seed 1 --results /tmp/fresh   # the same cells, fresh tasks
     python benchmarks/accuracy.py --checkpoint new/ --baseline-checkpoint default
+    python benchmarks/accuracy.py --bfloat16   # the backbone's products in bfloat16
 
 ``--baseline-checkpoint`` adds the transformer alone, TransformerGMM, TransformerGMM
 n_init=1 and TransformerClusterer with a second checkpoint (marked "[baseline]") on the
 same tasks and seeds, and prints, cell by cell, where the first is behind the second by
-more than two paired standard errors.
+more than two paired standard errors. ``--bfloat16`` adds the same four fitted under
+``torch.set_float32_matmul_precision("medium")`` (marked "[bf16]"), compared in the same
+way with float32.
 
 Prints a table and writes benchmarks/results/accuracy.csv and accuracy.png.
 """
@@ -33,6 +36,7 @@ from sklearn.mixture import GaussianMixture
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
     bayes_labels,
+    bfloat16_products,
     mean_error,
     oracle_means,
     paper_em,
@@ -47,11 +51,12 @@ from common import (  # noqa: E402
 from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM  # noqa: E402
 
 BASELINE = " [baseline]"
+BF16 = " [bf16]"
 COMPARED = ("transformer alone", "TransformerGMM", "TransformerGMM n_init=1",
             "TransformerClusterer")  # the columns --baseline-checkpoint repeats
 
 
-def methods(checkpoint, baseline=None):
+def methods(checkpoint, baseline=None, bfloat16=False):
     """Each method maps (task, K, seed) to (means or None, labels)."""
 
     def transformer_gmm(**params):
@@ -102,14 +107,23 @@ def methods(checkpoint, baseline=None):
     if baseline is not None:
         again = methods(baseline)
         fits.update({name + BASELINE: again[name] for name in COMPARED})
+    if bfloat16:
+        fits.update({name + BF16: in_bfloat16(fits[name]) for name in COMPARED})
     return fits
 
 
-def run(dims, components, n_tasks, checkpoint, seed=0, baseline=None):
+def in_bfloat16(fit):
+    def fit_in_bfloat16(task, k, seed):
+        with bfloat16_products():
+            return fit(task, k, seed)
+    return fit_in_bfloat16
+
+
+def run(dims, components, n_tasks, checkpoint, seed=0, baseline=None, bfloat16=False):
     """One row per cell and method, the per-task errors {(d, K, method): (n_tasks,)} and
     the per-task ARIs (the same keys, every method)."""
     rows, task_errors, task_aris = [], {}, {}
-    fits = methods(checkpoint, baseline)
+    fits = methods(checkpoint, baseline, bfloat16)
     for d in dims:
         for k in components:
             rng = np.random.default_rng([seed, d, k])
@@ -242,14 +256,17 @@ def _print_mixture_targets(task_errors, cells, value, alone, polished, extra=Non
         print("  " + line)
 
 
-def print_against_baseline(task_errors, task_aris, cells):
+def print_against_baseline(task_errors, task_aris, cells, pairs=None):
     """Cell by cell, each compared column against its baseline on the same tasks: the
-    cells where it is ahead or behind by more than two paired standard errors."""
-    print("\nAgainst the baseline checkpoint (paired over the same tasks; |z| > 2 listed)")
-    for name in COMPARED:
+    cells where it is ahead or behind by more than two paired standard errors. ``pairs``
+    (column, baseline column) defaults to the checkpoint against the baseline checkpoint."""
+    if pairs is None:
+        print("\nAgainst the baseline checkpoint (paired over the same tasks; |z| > 2 listed)")
+        pairs = [(name, name + BASELINE) for name in COMPARED]
+    for name, other in pairs:
         by_error = (*cells[0], name) in task_errors
         table = task_errors if by_error else task_aris
-        results = {cell: compare(table[(*cell, name)], table[(*cell, name + BASELINE)])
+        results = {cell: compare(table[(*cell, name)], table[(*cell, other)])
                    for cell in cells}
         # Lower error is better; higher ARI is better.
         better = "lower" if by_error else "higher"
@@ -306,6 +323,9 @@ def main(argv=None):
     parser = standard_parser(__doc__, "accuracy", "10 tasks per cell, d in {2, 8}")
     parser.add_argument("--baseline-checkpoint", default=None,
                         help="a second checkpoint, compared with --checkpoint on the same tasks")
+    parser.add_argument("--bfloat16", action="store_true",
+                        help="add the transformer's columns fitted under "
+                             "torch.set_float32_matmul_precision('medium')")
     args = parser.parse_args(argv)
     dims = [2, 8] if args.quick else [2, 8, 32, 128]
     n_tasks = args.tasks or (10 if args.quick else 200)
@@ -313,11 +333,16 @@ def main(argv=None):
         # The fallback's warning is reported once below instead of on every fit.
         warnings.simplefilter("ignore", FallbackWarning)
         rows, task_errors, task_aris = run(dims, [2, 3, 4, 5], n_tasks, args.checkpoint,
-                                           args.seed, args.baseline_checkpoint)
+                                           args.seed, args.baseline_checkpoint, args.bfloat16)
     print_table(rows, task_errors)
     if args.baseline_checkpoint is not None:
         cells = list(dict.fromkeys((r["d"], r["K"]) for r in rows))
         print_against_baseline(task_errors, task_aris, cells)
+    if args.bfloat16:
+        cells = list(dict.fromkeys((r["d"], r["K"]) for r in rows))
+        print("\nbfloat16 products against float32 (paired over the same tasks; |z| > 2 listed)")
+        print_against_baseline(task_errors, task_aris, cells,
+                               [(name + BF16, name) for name in COMPARED])
     csv_path = write_csv(rows, args.results / f"{args.out}.csv")
     png_path = args.results / f"{args.out}.png"
     plot(rows, png_path)

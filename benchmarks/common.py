@@ -8,6 +8,7 @@ import csv
 import time
 import zlib
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,6 +208,32 @@ def backbone_flops(config, n_samples: int, n_components: int) -> float:
 
 
 # --- running and reporting ---------------------------------------------------------------
+
+
+@contextmanager
+def bfloat16_products():
+    """torch's float32 matmul precision at "medium", which lets the backbone multiply in
+    bfloat16 (transformer_gmm.engine.precision), restored after."""
+    import torch
+
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+class Bfloat16:
+    """An estimator whose ``fit`` runs under :func:`bfloat16_products` and returns the
+    fitted estimator."""
+
+    def __init__(self, estimator):
+        self.estimator = estimator
+
+    def fit(self, X):
+        with bfloat16_products():
+            return self.estimator.fit(X)
 
 
 def timed(fit: Callable[[], object]) -> tuple[object, float]:

@@ -26,9 +26,13 @@ with any seed.
     python benchmarks/realdata.py --seed 1 --results /tmp/fresh   # fresh seeds
     python benchmarks/realdata.py --checkpoint new/ --baseline-checkpoint default
     python benchmarks/realdata.py --em-steps 1 2 5   # how much EM the transformer's start needs
+    python benchmarks/realdata.py --bfloat16         # the backbone's products in bfloat16
 
 ``--baseline-checkpoint`` adds TGMM, TGMM n_init=1 and the transformer alone with a second
 checkpoint (marked "[baseline]"), on the same seeds, and prints the paired differences.
+``--bfloat16`` adds the same three and the clusterer fitted under
+``torch.set_float32_matmul_precision("medium")`` (marked "[bf16]"; on a CPU without native
+bfloat16 they are float32 fits), and prints their paired differences from float32.
 
 Prints the tables and writes realdata_fits.csv (one row per fit), realdata.csv (the summary
 per covariance type and method), realdata_datasets.csv (per dataset and method),
@@ -52,6 +56,7 @@ from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
+    Bfloat16,
     print_table,
     single_threaded,
     standard_parser,
@@ -71,13 +76,22 @@ TGMM, TGMM1, ALONE, NO_CKPT = ("TGMM", "TGMM n_init=1", "transformer alone",
 KMEANS, CLUSTERER = "KMeans n_init=10", "TransformerClusterer"
 CLUSTERERS = (KMEANS, CLUSTERER)
 BASELINE = " [baseline]"
+BF16 = " [bf16]"
 QUICK_DATASETS = ("iris", "faithful", "crabs")
 
 
 # --- methods -------------------------------------------------------------------------------
 
 
-def mixture_methods(checkpoint, baseline=None, em_steps=()) -> dict:
+def in_bfloat16(methods: dict) -> dict:
+    """``methods`` (name: (make, silenced)) fitted under :class:`Bfloat16`, marked BF16."""
+    def wrapped(make):
+        return lambda *args: Bfloat16(make(*args))
+
+    return {name + BF16: (wrapped(make), silenced) for name, (make, silenced) in methods.items()}
+
+
+def mixture_methods(checkpoint, baseline=None, em_steps=(), bfloat16=False) -> dict:
     """name: (make(K, covariance, seed) -> unfitted estimator, warnings to silence).
     ``em_steps`` adds the transformer's start followed by that many EM steps, each."""
 
@@ -105,17 +119,20 @@ def mixture_methods(checkpoint, baseline=None, em_steps=()) -> dict:
         **transformer_methods(checkpoint),
         NO_CKPT: (transformer_gmm(None), (FallbackWarning,)),
         **(transformer_methods(baseline, BASELINE) if baseline is not None else {}),
+        **(in_bfloat16(transformer_methods(checkpoint)) if bfloat16 else {}),
         **{f"{TGMM1} max_iter={steps}": (transformer_gmm(checkpoint, n_init=1, max_iter=steps),
                                          (ConvergenceWarning,))
            for steps in em_steps},
     }
 
 
-def clustering_methods(checkpoint) -> dict:
+def clustering_methods(checkpoint, bfloat16=False) -> dict:
+    clusterer = {CLUSTERER: (lambda k, seed: TransformerClusterer(k, checkpoint=checkpoint,
+                                                                  random_state=seed), ())}
     return {
         KMEANS: (lambda k, seed: KMeans(k, n_init=10, random_state=seed), ()),
-        CLUSTERER: (lambda k, seed: TransformerClusterer(k, checkpoint=checkpoint,
-                                                         random_state=seed), ()),
+        **clusterer,
+        **(in_bfloat16(clusterer) if bfloat16 else {}),
     }
 
 
@@ -152,23 +169,23 @@ def _row(dataset: Dataset, covariance: str, seed: int, method: str, model, ms: f
     )
 
 
-def warm_up(checkpoint, baseline, em_steps=()) -> None:
+def warm_up(checkpoint, baseline, em_steps=(), bfloat16=False) -> None:
     """Load the checkpoints and let torch set itself up before anything is timed. Not
     guarded: a checkpoint that cannot be loaded stops the run here."""
     X = np.random.default_rng(0).standard_normal((64, 2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for make, _ in mixture_methods(checkpoint, baseline, em_steps).values():
+        for make, _ in mixture_methods(checkpoint, baseline, em_steps, bfloat16).values():
             make(2, "full", 0).fit(X)
-        for make, _ in clustering_methods(checkpoint).values():
+        for make, _ in clustering_methods(checkpoint, bfloat16).values():
             make(2, 0).fit(X)
 
 
 def run(datasets: list[Dataset], covariances, seeds, checkpoint, baseline=None,
-        em_steps=()) -> list[dict]:
+        em_steps=(), bfloat16=False) -> list[dict]:
     """One row per fit, with the derived columns (time ratio, gap to the best, at best)."""
-    mixtures = mixture_methods(checkpoint, baseline, em_steps)
-    clusterers = clustering_methods(checkpoint)
+    mixtures = mixture_methods(checkpoint, baseline, em_steps, bfloat16)
+    clusterers = clustering_methods(checkpoint, bfloat16)
     rows = []
     for dataset in datasets:
         k = dataset.n_components
@@ -374,7 +391,7 @@ def print_summary(table: list[dict]) -> None:
     print("  (covariance '-': the clusterers, against KMeans n_init=10)")
 
 
-def print_targets(rows: list[dict], table: list[dict], baseline: bool) -> None:
+def print_targets(rows: list[dict], table: list[dict], baseline: bool, bfloat16: bool) -> None:
     def get(covariance, method, key):
         return next((r[key] for r in table
                      if (r["covariance"], r["method"]) == (covariance, method)), np.nan)
@@ -404,17 +421,29 @@ def print_targets(rows: list[dict], table: list[dict], baseline: bool) -> None:
               f"{get('-', CLUSTERER, 'time_ratio'):.2f}")
     if baseline:
         print("  Checkpoint against the baseline (paired on the same fits):")
-        for cov in [c for c in dict.fromkeys(r["covariance"] for r in rows) if c != "-"]:
-            part = [r for r in rows if r["covariance"] == cov]
-            for method in (TGMM, TGMM1, ALONE):
-                ll_diffs = paired(part, method, method + BASELINE, "ll")
-                ll, ll_se = _mean_se(ll_diffs)
-                ari, ari_se = _mean_se(paired(part, method, method + BASELINE, "ari"))
-                # The median too: a few fits on digits move the mean LL by nats.
-                print(f"    [{cov}] {method}: LL {ll:+.4f}+-{ll_se:.4f} (median "
-                      f"{_median(ll_diffs):+.4f}), ARI "
-                      f"{ari:+.3f}+-{ari_se:.3f}; at best {get(cov, method, 'at_best'):.0%} "
-                      f"vs {get(cov, method + BASELINE, 'at_best'):.0%}")
+        print_paired(rows, get, [(m, m + BASELINE) for m in (TGMM, TGMM1, ALONE)])
+    if bfloat16:
+        print("  bfloat16 products against float32 (paired on the same fits):")
+        print_paired(rows, get, [(m + BF16, m) for m in (TGMM, TGMM1, ALONE, CLUSTERER)])
+
+
+def print_paired(rows: list[dict], get, pairs: list[tuple[str, str]]) -> None:
+    """For each (method, other) and covariance type: LL, ARI and time, paired."""
+    for cov in dict.fromkeys(r["covariance"] for r in rows):
+        part = [r for r in rows if r["covariance"] == cov]
+        for method, other in pairs:
+            if not any(r["method"] == method for r in part):
+                continue
+            ll_diffs = paired(part, method, other, "ll")
+            ll, ll_se = _mean_se(ll_diffs)
+            ari, ari_se = _mean_se(paired(part, method, other, "ari"))
+            ms = _median(paired(part, method, other, "ms", ratio=True))
+            # The median too: a few fits on digits move the mean LL by nats.
+            likelihood = (f"LL {ll:+.4f}+-{ll_se:.4f} (median {_median(ll_diffs):+.4f}), "
+                          f"at best {get(cov, method, 'at_best'):.0%} vs "
+                          f"{get(cov, other, 'at_best'):.0%}; " if len(ll_diffs) else "")
+            print(f"    [{cov}] {method}: {likelihood}ARI {ari:+.3f}+-{ari_se:.3f}; median "
+                  f"time ratio {ms:.2f}")
 
 
 def print_problems(rows: list[dict]) -> None:
@@ -488,6 +517,9 @@ def main(argv=None):
                              "with --checkpoint on the same seeds")
     parser.add_argument("--em-steps", nargs="+", type=int, default=(),
                         help="add TGMM n_init=1 stopped after this many EM steps (each)")
+    parser.add_argument("--bfloat16", action="store_true",
+                        help="add the transformer's methods fitted under "
+                             "torch.set_float32_matmul_precision('medium')")
     args = parser.parse_args(argv)
     if args.tasks is not None:
         parser.error("--tasks does not apply to real data: use --seeds")
@@ -509,9 +541,9 @@ def main(argv=None):
     torch.set_num_threads(1)
     try:
         with single_threaded():
-            warm_up(args.checkpoint, args.baseline_checkpoint, args.em_steps)
+            warm_up(args.checkpoint, args.baseline_checkpoint, args.em_steps, args.bfloat16)
             rows = run(datasets, covariances, seeds, args.checkpoint,
-                       args.baseline_checkpoint, args.em_steps)
+                       args.baseline_checkpoint, args.em_steps, args.bfloat16)
     finally:
         torch.set_num_threads(threads)
 
@@ -527,7 +559,7 @@ def main(argv=None):
         print_table(part, ["dataset"], "ari", f"Mean ARI, {what}", short=_short)
     oracle = oracle_rows(datasets, covariances, rows)
     print_oracle(oracle)
-    print_targets(rows, table, args.baseline_checkpoint is not None)
+    print_targets(rows, table, args.baseline_checkpoint is not None, args.bfloat16)
     print_problems(rows)
 
     fits_path = write_csv(rows, args.results / f"{args.out}_fits.csv")

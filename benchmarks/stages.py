@@ -10,7 +10,10 @@ counts towards the outer one, except the forward pass, which is taken out of the
 It then measures the backbone's forward pass alone (one dataset of 128 points, and a
 batch of 64) in FLOP/s, beside a plain float32 matmul of the same width (128 x 512 times
 512 x 512) timed in the same run: the fraction of the core's matmul rate that the model
-reaches.
+reaches. The "bfloat16" configuration and rows run under
+``torch.set_float32_matmul_precision("medium")``, where the backbone multiplies in bfloat16
+on a CPU that does so natively (``transformer_gmm.engine.precision``; elsewhere the fits are
+float32 ones and the rows emulated bfloat16).
 
     python benchmarks/stages.py                # 200 fits per configuration
     python benchmarks/stages.py --quick        # 20 fits: a quick look
@@ -33,6 +36,7 @@ from sklearn.mixture import GaussianMixture
 sys.path.insert(0, str(Path(__file__).parent))
 import torch  # noqa: E402
 from common import (  # noqa: E402
+    Bfloat16,
     backbone_flops,
     sample_tgmm_task,
     single_threaded,
@@ -41,7 +45,7 @@ from common import (  # noqa: E402
 )
 
 from transformer_gmm import TransformerGMM, _base, _fitting  # noqa: E402
-from transformer_gmm.engine import em, m_step, readout  # noqa: E402
+from transformer_gmm.engine import em, m_step, precision, readout  # noqa: E402
 from transformer_gmm.storage import load_model  # noqa: E402
 
 # (label, module, attribute): the functions timed, looked up by the package at call time.
@@ -64,6 +68,9 @@ CONFIGURATIONS: dict[str, Callable[[], object]] = {
     ),
     "TransformerGMM(n_init=1, max_iter=0)": lambda: TransformerGMM(
         4, covariance_type="spherical", n_init=1, max_iter=0, random_state=0
+    ),
+    "TransformerGMM(n_init=1, max_iter=0), bfloat16": lambda: Bfloat16(
+        TransformerGMM(4, covariance_type="spherical", n_init=1, max_iter=0, random_state=0)
     ),
     "TransformerGMM(checkpoint=None, n_init=1)": lambda: TransformerGMM(
         4, covariance_type="spherical", checkpoint=None, n_init=1, random_state=0
@@ -130,7 +137,9 @@ def _seconds_per_call(call: Callable[[], object], repeats: int) -> float:
 
 def flop_rates(checkpoint: str, repeats: int) -> list[dict]:
     """GFLOP/s of the backbone's forward pass (K = 4, 128 points; one dataset and a batch
-    of 64) and of a plain matmul, all on this thread in this run."""
+    of 64) and of a plain matmul, all on this thread in this run; then the same in
+    bfloat16 (the model's bfloat16 copy, under "medium" precision), as fractions of the
+    float32 matmul."""
     model = load_model(checkpoint)
     config = model.config
     generator = torch.Generator().manual_seed(0)
@@ -138,13 +147,27 @@ def flop_rates(checkpoint: str, repeats: int) -> list[dict]:
     a, b = torch.randn(128, 512, generator=generator), torch.randn(512, 512, generator=generator)
     matmul = 2 * 128 * 512 * 512 / _seconds_per_call(lambda: a @ b, 10 * repeats) / 1e9
     rows.append(dict(what="matmul 128x512 @ 512x512", gflops=matmul, fraction_of_matmul=1.0))
-    for batch in (1, 64):
-        z = torch.randn(batch, 128, config.d_max, generator=generator)
-        with torch.inference_mode():
-            seconds = _seconds_per_call(lambda z=z: model(z, 4, None), max(1, repeats // batch))
-        rate = batch * backbone_flops(config, 128, 4) / seconds / 1e9
-        rows.append(dict(what=f"forward pass, batch {batch}", gflops=rate,
-                         fraction_of_matmul=rate / matmul))
+
+    def forward_rates(network, suffix=""):
+        for batch in (1, 64):
+            z = torch.randn(batch, 128, config.d_max, generator=generator)
+            with torch.inference_mode():
+                seconds = _seconds_per_call(lambda z=z: network(z, 4, None),
+                                            max(1, repeats // batch))
+            rate = batch * backbone_flops(config, 128, 4) / seconds / 1e9
+            rows.append(dict(what=f"forward pass, batch {batch}{suffix}", gflops=rate,
+                             fraction_of_matmul=rate / matmul))
+
+    forward_rates(model)
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        rate = 2 * 128 * 512 * 512 / _seconds_per_call(lambda: a16 @ b16, 10 * repeats) / 1e9
+        rows.append(dict(what="matmul in bfloat16", gflops=rate, fraction_of_matmul=rate / matmul))
+        forward_rates(precision.bfloat16_copy(model), ", bfloat16")
+    finally:
+        torch.set_float32_matmul_precision(previous)
     return rows
 
 
@@ -168,9 +191,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     share = 100 * ms[label] / ms["fit"]
                     print(f"  {label:<42} {ms[label]:6.2f} ms  {share:5.1f} %")
         flops = flop_rates(args.checkpoint, repeats)
-    print(f"\nFLOP rates on one thread ({args.checkpoint!r} checkpoint, K = 4, 128 points):")
+    native = "" if precision.native_bfloat16() else "; this CPU has no native bfloat16"
+    print(f"\nFLOP rates on one thread ({args.checkpoint!r} checkpoint, K = 4, 128 points"
+          f"{native}):")
     for row in flops:
-        print(f"  {row['what']:<28} {row['gflops']:7.1f} GFLOP/s  "
+        print(f"  {row['what']:<38} {row['gflops']:7.1f} GFLOP/s  "
               f"{100 * row['fraction_of_matmul']:5.1f} % of the matmul")
     path = write_csv(rows, args.results / f"{args.out}.csv")
     write_csv(flops, args.results / f"{args.out}_flops.csv")

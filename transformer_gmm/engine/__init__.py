@@ -33,6 +33,10 @@ them in Python. The modules, from the estimators' side down:
     The map to the model's input space (centring, principal directions, one scale), and
     the rows the backbone reads.
 
+:mod:`~transformer_gmm.engine.precision`
+    The precision of the backbone's matrix products on CPU: float32, or bfloat16 where
+    the user allowed it (``torch.set_float32_matmul_precision("medium")``).
+
 :mod:`~transformer_gmm.engine.readout`
     The backbone's forward pass over a batch and its readout: weights and means in the
     user's space by one M-step on the transformer's responsibilities.
@@ -82,6 +86,7 @@ _SUBMODULES = {
     "kmeans",
     "m_step",
     "plan",
+    "precision",
     "readout",
     "row_order",
     "runs",

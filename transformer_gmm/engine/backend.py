@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..storage import checkpoints
-from . import e_step, m_step, readout
+from . import e_step, m_step, precision, readout
 
 # Rows per chunk when scoring: bounds memory at O(chunk * K * d) whatever n_samples is.
 _CHUNK_ROWS = 65536
@@ -136,7 +136,8 @@ def has_bundled(name: str) -> bool:
 
 
 # The loaded models are shared (checkpoints caches them on CPU): never move one in place,
-# keep a copy on each other device instead, by (model, device), least recently used first.
+# keep a copy on each other device instead (and, where bfloat16 products are allowed, a
+# bfloat16 copy on CPU), by (model, device), least recently used first.
 # As many as the CPU cache keeps models: a copy holds device memory, and a process that
 # tries many checkpoints keeps at most four of them there.
 _DEVICE_CACHE_SIZE = 4
@@ -145,13 +146,18 @@ _MODELS_ON_DEVICES_LOCK = threading.Lock()
 
 
 def model_on(model: torch.nn.Module, device: str) -> torch.nn.Module:
-    """``model`` itself on CPU; on another device, its copy there (made once while used)."""
-    if device == "cpu":
+    """``model`` itself on CPU; on another device, its copy there (made once while used).
+    On a CPU where the user allowed bfloat16 matrix products, its copy that multiplies in
+    bfloat16 (:mod:`~transformer_gmm.engine.precision`)."""
+    bfloat16 = precision.bfloat16_matmuls(device)
+    if device == "cpu" and not bfloat16:
         return model
-    key = (model, device)
+    key = (model, "cpu:bfloat16" if bfloat16 else device)
     with _MODELS_ON_DEVICES_LOCK:  # one copy per model and device even when threads ask
         if key not in _MODELS_ON_DEVICES:
-            _MODELS_ON_DEVICES[key] = copy.deepcopy(model).to(device)
+            _MODELS_ON_DEVICES[key] = (
+                precision.bfloat16_copy(model) if bfloat16 else copy.deepcopy(model).to(device)
+            )
             while len(_MODELS_ON_DEVICES) > _DEVICE_CACHE_SIZE:
                 _MODELS_ON_DEVICES.popitem(last=False)
         _MODELS_ON_DEVICES.move_to_end(key)

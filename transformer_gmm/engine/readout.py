@@ -58,8 +58,9 @@ class MixtureInit:
 def forward(model: torch.nn.Module, z: Tensor, n_components: int, mask: Tensor | None):
     """The backbone on standardized points (B, C, d_max), in chunks of datasets.
 
-    Float32 on every device: bf16 autocast moves the readout's means beyond the pinned
-    outputs' tolerance (docs/performance.md, "On a GPU").
+    Float32 by default: bfloat16 moves the readout's means beyond the pinned outputs'
+    tolerance (docs/performance.md). A model from ``backend.model_on`` multiplies in
+    bfloat16 where the user allowed it (:mod:`~transformer_gmm.engine.precision`).
     """
     tokens = _TOKENS_PER_CHUNK.get(z.device.type, _TOKENS_PER_CHUNK["cuda"])
     per_chunk = max(1, tokens // max(1, z.shape[1]))
