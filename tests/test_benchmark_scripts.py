@@ -156,6 +156,25 @@ def test_realdata_bfloat16_columns_are_paired_and_restore_the_precision(tmp_path
     assert np.isfinite(bf16["ll"]) and bf16["ms"] > 0
 
 
+def test_many_components_quick_runs_and_the_default_falls_back_there(tmp_path):
+    """The bundled default has no head for K = 12: its fits are the fallback's, bit for bit."""
+    many = _load("many_components")
+    rows, table = many.main(["--quick", "--tasks", "1", "--seeds", "1",
+                             "--results", str(tmp_path)])
+    assert (tmp_path / "many_components.png").stat().st_size > 0
+    assert len(_csv(tmp_path / "many_components_fits.csv")) == len(rows) == 6 * (2 + 3)
+    fits = {}
+    for r in rows:
+        fits.setdefault((r["kind"], r["setting"], r["seed"]), {})[r["method"]] = r
+    for methods in fits.values():
+        assert not any(r["error"] for r in methods.values())
+        assert methods[many.TGMM]["ll"] == methods[many.FALLBACK]["ll"]
+        assert "FallbackWarning" in methods[many.TGMM]["warnings"]
+        assert max(r["at_best"] for r in methods.values()) == 1.0  # one seed: each its best
+    assert all(r["time_ratio"] > 0 for r in rows)
+    assert {r["method"] for r in table} == set(many.methods("default", "full"))
+
+
 def test_spectral_column_applies_when_d_at_least_k():
     tgmm = _load("tgmm")
     rows = tgmm.run("dims", [dict(d=8, K=3, N=128, shift=0.0)], 2, None)

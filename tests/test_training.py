@@ -34,6 +34,7 @@ from transformer_gmm.training import (
 )
 from transformer_gmm.training import train as T
 from transformer_gmm.training.losses import m_step_means, m_step_nll
+from transformer_gmm.training.weights import load_initial_weights
 
 pytest.importorskip("tqdm")
 
@@ -446,8 +447,35 @@ def test_init_from_a_shallower_model_starts_deeper_with_the_same_outputs(tmp_pat
         a, b = source(x, k), deeper(x, k)
         assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a, b, strict=True))
     wider = _tiny(tmp_path, "wider", max_steps=1, init_from=str(first / "checkpoint"), d_model=32)
-    with pytest.raises(ValueError, match=r"only n_layer \(upward\), noise_directions"):
+    with pytest.raises(ValueError, match=r"only n_layer and k_max \(upward\), noise_directions"):
         T.train(wider)
+
+
+def test_init_from_a_model_with_fewer_heads_grows_them(tmp_path):
+    """Heads K = 5, 6 grown onto a model with heads to 4: every K the source has reads out
+    as before, and each new head starts from the source's largest."""
+    source = load_checkpoint(T.train(_tiny(tmp_path, "first", max_steps=3)) / "checkpoint")
+    grown = MixtureTransformer(dataclasses.replace(source.config, k_max=6)).eval()
+    load_initial_weights(grown, source)
+    assert grown.supported_n_components == range(2, 7)
+    x = torch.randn(3, 40, source.config.d_max, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for k in source.supported_n_components:
+            a, b = source(x, k), grown(x, k)
+            assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+        assert grown(x, 6).means.shape == (3, 6, source.config.d_max)
+    a, b = source.state_dict(), grown.state_dict()
+    for k in (5, 6):
+        seeds = b[f"heads.{k}.seeds"]
+        assert torch.equal(seeds[:4], a["heads.4.seeds"])
+        assert len(torch.unique(seeds, dim=0)) == k  # the new components can tell apart
+        assert torch.equal(b[f"heads.{k}.out.weight"], a["heads.4.out.weight"])
+    embedding = b["k_embedding.weight"]  # rows K = 2..6
+    assert torch.equal(embedding[:3], a["k_embedding.weight"])
+    assert torch.equal(embedding[3], embedding[2]) and torch.equal(embedding[4], embedding[2])
+    fewer = MixtureTransformer(dataclasses.replace(source.config, k_max=3))
+    with pytest.raises(ValueError, match=r"only n_layer and k_max \(upward\)"):
+        load_initial_weights(fewer, source)
 
 
 @pytest.mark.parametrize("scale_type", ["diag", "full"])
@@ -565,6 +593,40 @@ def test_only_k_needs_a_model_to_fine_tune_and_a_k_it_has(tmp_path):
     first = T.train(_tiny(tmp_path, "first", max_steps=1, eval_every=100))
     cfg = _tiny(tmp_path, "k9", max_steps=1, init_from=str(first / "checkpoint"), only_k=9)
     with pytest.raises(ValueError, match=r"only_k=9 is outside the K .* \(2\.\.4\)"):
+        T.train(cfg)
+
+
+def test_train_k_from_trains_the_grown_heads_alone(tmp_path):
+    first = T.train(_tiny(tmp_path, "first", max_steps=3, eval_every=100))
+    init = str(first / "checkpoint")
+    tuned = T.train(_tiny(tmp_path, "grown", max_steps=4, eval_every=100, init_from=init,
+                          k_max=6, train_k_from=5))  # fmt: skip
+    records = [json.loads(line) for line in (tuned / "log.jsonl").read_text().splitlines()]
+    assert {record["K"] for record in records} <= {5, 6}
+    source = load_checkpoint(first / "checkpoint")
+    grown = MixtureTransformer(dataclasses.replace(source.config, k_max=6))
+    load_initial_weights(grown, source)  # where the run started
+    a, b = grown.state_dict(), load_checkpoint(tuned / "checkpoint").state_dict()
+    changed = {name for name, tensor in a.items() if not torch.equal(tensor, b[name])}
+    assert changed and all(
+        name.startswith(("heads.5.", "heads.6.")) or name == "k_embedding.weight"
+        for name in changed
+    )
+    assert torch.equal(a["k_embedding.weight"][:3], b["k_embedding.weight"][:3])  # K = 2..4
+    assert (
+        "Only the heads and task embeddings of K >= 5 trained"
+        in (tuned / "checkpoint" / "README.md").read_text()
+    )
+
+
+def test_train_k_from_needs_a_model_to_fine_tune_and_a_k_it_has(tmp_path):
+    with pytest.raises(ValueError, match="name that model with init_from"):
+        _tiny(tmp_path, "bare", max_steps=1, train_k_from=3)
+    with pytest.raises(ValueError, match="not both"):
+        _tiny(tmp_path, "both", max_steps=1, init_from="x", train_k_from=3, only_k=3)
+    first = T.train(_tiny(tmp_path, "first", max_steps=1, eval_every=100))
+    cfg = _tiny(tmp_path, "k9", max_steps=1, init_from=str(first / "checkpoint"), train_k_from=9)
+    with pytest.raises(ValueError, match=r"train_k_from=9 is outside the K .* \(2\.\.4\)"):
         T.train(cfg)
 
 

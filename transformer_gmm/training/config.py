@@ -66,6 +66,11 @@ class TrainConfig:
         own weights train (its readout head and its row of the K embedding), so what
         the model does for every other K stays bit for bit as ``init_from`` has it.
         Needs ``init_from``; 0 trains every weight on every K of the priors.
+    train_k_from : int, default=0
+        Fine-tune the heads from this K up alone: every batch has one of those K, and only
+        their readout heads and rows of the K embedding train. With ``init_from`` a model
+        with fewer heads (a smaller ``k_max``), it trains the heads grown onto it while the
+        backbone and the source's heads stay bit for bit. Needs ``init_from``; 0 for none.
     batch_size : int, default=64
         Tasks per step and per process, all with one K.
     max_steps : int, default=20000
@@ -132,6 +137,7 @@ class TrainConfig:
     m_step_weight: float = 0.0  # weight of the error of the means one M-step reads out
     m_step_nll_weight: float = 0.0  # weight of the data's NLL under that one-M-step mixture
     only_k: int = 0  # train only this K's head and embedding, on tasks of this K; 0: all
+    train_k_from: int = 0  # train only the heads (and embeddings) of K >= this; 0: all
     batch_size: int = 64  # tasks per step and per process, all with one K
     max_steps: int = 20_000
     lr: float = 5e-4  # peak, after a linear warmup; cosine decay to min_lr at max_steps
@@ -160,6 +166,13 @@ class TrainConfig:
                 f"only_k={self.only_k} fine-tunes one K of a trained model: name that model "
                 "with init_from."
             )
+        if self.train_k_from and not self.init_from:
+            raise ValueError(
+                f"train_k_from={self.train_k_from} fine-tunes some heads of a trained model: "
+                "name that model with init_from."
+            )
+        if self.only_k and self.train_k_from:
+            raise ValueError("Give only_k or train_k_from, not both.")
         for name in ("m_step_weight", "m_step_nll_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
@@ -228,6 +241,13 @@ def k_range(cfg: TrainConfig, mc: ModelConfig, prior: str | None = None) -> tupl
                 f"heads share ({low}..{high})."
             )
         return cfg.only_k, cfg.only_k
+    if cfg.train_k_from:
+        if not low <= cfg.train_k_from <= high:
+            raise ValueError(
+                f"train_k_from={cfg.train_k_from} is outside the K that prior {name!r} and "
+                f"the model's heads share ({low}..{high})."
+            )
+        return cfg.train_k_from, high
     return low, high
 
 

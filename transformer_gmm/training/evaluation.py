@@ -184,6 +184,11 @@ def model_card(
             f" Only K = {cfg.only_k}'s head and task embedding trained, from "
             f"`{cfg.init_from}`; every other weight is that checkpoint's."
         )
+    if cfg.train_k_from:
+        focus += (
+            f" Only the heads and task embeddings of K >= {cfg.train_k_from} trained, from "
+            f"`{cfg.init_from}`; every other weight is that checkpoint's."
+        )
     table = format_table(rows) if rows else "Not evaluated yet."
     return (
         "---\nlibrary_name: transformer_gmm\ntags: [gaussian-mixture, clustering]\n---\n\n"

@@ -121,10 +121,11 @@ PRIORS: dict[str, Prior] = {
     # TGMM across the widths its experiments use: as many tasks with d in 2..16 as in
     # 16..128, where the projection leaves the model the same K - 1 (+ noise) directions.
     "tgmm": Prior(k_range=(2, 5), d_range=(2, 128), n_range=(64, 128)),
-    # Far beyond it: K to 10, d to 128, up to the context, overlapping to separated,
-    # unequal and diagonal scales, some heavy tails.
+    # Far beyond it: K to 16, d to 128, up to the context, overlapping to separated,
+    # unequal and diagonal scales, some heavy tails. (K is clipped to the model's heads:
+    # a model with heads to 10 draws K to 10, as before the range grew.)
     "broad": Prior(
-        k_range=(2, 10),
+        k_range=(2, 16),
         d_range=(1, 128),
         n_range=(64, 256),
         half_width=(1.5, 8.0),
@@ -134,9 +135,9 @@ PRIORS: dict[str, Prior] = {
     ),
     # What real datasets look like: elongated, rotated components of unequal sizes (down
     # to 3 %) and scales, non-Gaussian shapes, outliers, correlated and irrelevant
-    # features, per-feature standardization; d to 64 and K to 10.
+    # features, per-feature standardization; d to 64 and K to 16.
     "real": Prior(
-        k_range=(2, 10),
+        k_range=(2, 16),
         d_range=(1, 64),
         n_range=(64, 256),
         half_width=(1.0, 6.0),
@@ -155,7 +156,8 @@ PRIORS: dict[str, Prior] = {
         standardize_prob=0.5,
     ),
     # For tests: small n, and d on both sides of the tiny model's d_max = 4.
-    "tiny": Prior(k_range=(2, 4), d_range=(1, 8), n_range=(16, 64), diag_prob=0.5, heavy_prob=0.2),
+    # K to 6: beyond the tiny model's heads (to 4), for heads grown onto it.
+    "tiny": Prior(k_range=(2, 6), d_range=(1, 8), n_range=(16, 64), diag_prob=0.5, heavy_prob=0.2),
     "tiny-real": Prior(
         k_range=(2, 4),
         d_range=(1, 8),

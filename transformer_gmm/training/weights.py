@@ -1,5 +1,6 @@
-"""Which weights a training run starts from (``--init-from``, grown deeper if asked) and
-which it trains (all, or one K's own with ``--only-k``)."""
+"""Which weights a training run starts from (``--init-from``, grown deeper or with more
+heads if asked) and which it trains (all, or some K's own with ``--only-k`` and
+``--train-k-from``)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,15 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
     a copy of the last with its output projections zeroed, so the deeper model starts out
     computing exactly what the source did; a spherical source's scales become a "diag" or
     "full" model's (each coordinate's, or a diagonal Cholesky factor), so that model too
-    starts out as the source. A source's K-posterior head is dropped: it reads the
-    backbone this run changes (``training.k_posterior`` trains one again).
+    starts out as the source. A model with more heads (a larger ``k_max``) starts each new
+    head from the source's largest (see :func:`_grow_heads`), so that for every K the source
+    has, it computes what the source did. A source's K-posterior head is dropped: it reads
+    the backbone this run changes (``training.k_posterior`` trains one again).
     """
     have, want = source.config.n_layer, model.config.n_layer
     changeable = dict(n_layer=want, noise_directions=model.config.noise_directions)
+    if model.config.k_max >= source.config.k_max:
+        changeable["k_max"] = model.config.k_max
     if model.config.k_posterior_seeds == 0:
         changeable["k_posterior_seeds"] = 0
     if source.config.scale_type == "spherical":
@@ -29,12 +34,14 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
     if dataclasses.replace(source.config, **changeable) != model.config or want < have:
         raise ValueError(
             f"init_from's model ({source.config}) does not fit this run's ({model.config}): "
-            "only n_layer (upward), noise_directions and a spherical scale_type (to a "
-            "wider one) may differ."
+            "only n_layer and k_max (upward), noise_directions and a spherical scale_type "
+            "(to a wider one) may differ."
         )
     state = without_k_posterior(source.state_dict())
     if source.config.scale_type != model.config.scale_type:
         _widen_scales(state, model.config)
+    if model.config.k_max > source.config.k_max:
+        _grow_heads(state, source.config.k_max, model)
     last = {k.split(".", 2)[2]: v for k, v in state.items() if k.startswith(f"blocks.{have - 1}.")}
     for index in range(have, want):
         for name, tensor in last.items():
@@ -43,18 +50,37 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
     model.load_state_dict(state)
 
 
+def _grow_heads(state: dict[str, torch.Tensor], have: int, model: MixtureTransformer) -> None:
+    """Heads and K-embedding rows, in ``state``, for the K from ``have + 1`` to ``model``'s
+    ``k_max``: each a copy of K = ``have``'s, whose learned seeds (one per component) are
+    the source head's ``have`` seeds followed by ``model``'s own freshly drawn ones (distinct
+    seeds tell the new components apart)."""
+    fresh = model.state_dict()
+    embedding = state["k_embedding.weight"]  # (have - k_min + 1, d_model)
+    extra = model.config.k_max - have
+    state["k_embedding.weight"] = torch.cat([embedding, embedding[-1:].expand(extra, -1)])
+    largest = {k.split(".", 2)[2]: v for k, v in state.items() if k.startswith(f"heads.{have}.")}
+    for k in range(have + 1, model.config.k_max + 1):
+        for name, tensor in largest.items():
+            state[f"heads.{k}.{name}"] = tensor.clone()
+        seeds = fresh[f"heads.{k}.seeds"]  # (k, d_model)
+        state[f"heads.{k}.seeds"] = torch.cat([largest["seeds"], seeds[have:]])
+
+
 def without_k_posterior(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state`` less the weights that read P(K | X) (the head and "K unknown")."""
     return {k: v for k, v in state.items() if not k.startswith(K_POSTERIOR_WEIGHTS)}
 
 
 def param_groups(model: MixtureTransformer, cfg: TrainConfig) -> list[dict]:
-    """The weights the optimizer updates: all, or with ``cfg.only_k`` that K's own (the others
-    frozen; the K embedding gets no weight decay, so other K's rows stay bit for bit).
+    """The weights the optimizer updates: all, or with ``cfg.only_k`` that K's own, or with
+    ``cfg.train_k_from`` those of every K from it up (the others frozen; the K embedding gets
+    no weight decay, so other K's rows stay bit for bit).
     """
-    if not cfg.only_k:
+    if not cfg.only_k and not cfg.train_k_from:
         return [{"params": list(model.parameters())}]
-    head = list(model.heads[str(cfg.only_k)].parameters())
+    trained_k = [cfg.only_k] if cfg.only_k else range(cfg.train_k_from, model.config.k_max + 1)
+    head = [p for k in trained_k for p in model.heads[str(k)].parameters()]
     trained = {id(p) for p in head} | {id(model.k_embedding.weight)}
     for parameter in model.parameters():
         parameter.requires_grad_(id(parameter) in trained)
