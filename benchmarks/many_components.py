@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import adjusted_rand_score
 from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -99,8 +100,6 @@ def fit_all(dataset: Dataset, covariance: str, seed: int, checkpoint, setting: d
         ok = model is not None
         ari = np.nan
         if ok and dataset.labels is not None:
-            from sklearn.metrics import adjusted_rand_score
-
             ari = adjusted_rand_score(dataset.labels, model.predict(dataset.X))
         rows.append(dict(**setting, K=dataset.n_components, covariance=covariance, seed=seed,
                          method=name, ll=float(model.score(dataset.X)) if ok else np.nan,
