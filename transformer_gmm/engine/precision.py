@@ -3,9 +3,10 @@
 PyTorch's own switch decides: after ``torch.set_float32_matmul_precision("medium")``,
 which allows float32 matrix products to run in bfloat16 "if a fast matmul algorithm using
 it is available", the backbone's linear layers multiply in bfloat16 on a CPU that does so
-natively (AVX-512 BF16 or AMX). Everything else stays as it was: the tokens between layers,
-layer norms, attention and the activations in float32, EM in float64. At torch's default
-(``"highest"``) nothing changes. On CUDA, the switch is torch's to apply.
+natively (AVX-512 BF16 or AMX), and its attention reads bfloat16 queries, keys and values.
+Everything else stays as it was: the tokens between layers, layer norms and activations in
+float32, EM in float64. At torch's default (``"highest"``) nothing changes. On CUDA, the
+switch is torch's to apply.
 
 The bfloat16 copy is made once per model (see :func:`transformer_gmm.engine.backend.model_on`);
 the loaded model itself is never changed.
