@@ -73,7 +73,14 @@ from sklearn.mixture import BayesianGaussianMixture, GaussianMixture
 from sklearn.preprocessing import StandardScaler
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import single_threaded, standard_parser, summarise, task_rng, write_csv  # noqa: E402
+from common import (  # noqa: E402
+    save_figure,
+    single_threaded,
+    standard_parser,
+    summarise,
+    task_rng,
+    write_csv,
+)
 from real_datasets import DATASETS, load_dataset  # noqa: E402
 
 from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM  # noqa: E402
@@ -639,10 +646,7 @@ def plot(table: list[dict], path: Path) -> Path:
         fontsize=10,
     )
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # --- main ----------------------------------------------------------------------------------

@@ -404,6 +404,13 @@ def plot_panels(panels: Sequence[Panel], metrics: Sequence[tuple[str, str, bool]
     fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8)
     rows_of_legend = -(-len(labels) // 4)
     fig.tight_layout(rect=(0, (0.25 * rows_of_legend + 0.1) / fig.get_figheight(), 1, 1))
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (its folder made if need be) and close it."""
+    import matplotlib.pyplot as plt
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
     sample_means,
     sample_tgmm_task,
+    save_figure,
     single_threaded,
     standard_parser,
     summarise,
@@ -190,10 +191,7 @@ def plot(table: list[dict], path: Path) -> Path:
     axes[1].set_xticks(x, [f"{k} {s}\nK={K}" for k, s, K in cells], fontsize=7)
     axes[0].legend(fontsize=7, ncol=3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None):

@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import (  # noqa: E402
     Bfloat16,
     print_table,
+    save_figure,
     single_threaded,
     standard_parser,
     summarise,
@@ -498,10 +499,7 @@ def plot(datasets: list[dict], path: Path) -> Path:
     fig.suptitle(f"Real data, {covariance} covariance: mean and standard error over seeds "
                  "(the dashed line: 'at best')", fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv=None):
