@@ -38,6 +38,7 @@ import torch  # noqa: E402
 from common import (  # noqa: E402
     Bfloat16,
     backbone_flops,
+    bfloat16_products,
     sample_tgmm_task,
     single_threaded,
     standard_parser,
@@ -159,15 +160,11 @@ def flop_rates(checkpoint: str, repeats: int) -> list[dict]:
                              fraction_of_matmul=rate / matmul))
 
     forward_rates(model)
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("medium")
-    try:
+    with bfloat16_products():
         a16, b16 = a.bfloat16(), b.bfloat16()
         rate = 2 * 128 * 512 * 512 / _seconds_per_call(lambda: a16 @ b16, 10 * repeats) / 1e9
         rows.append(dict(what="matmul in bfloat16", gflops=rate, fraction_of_matmul=rate / matmul))
         forward_rates(precision.bfloat16_copy(model), ", bfloat16")
-    finally:
-        torch.set_float32_matmul_precision(previous)
     return rows
 
 

@@ -15,6 +15,7 @@ the loaded model itself is never changed.
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,7 @@ def bfloat16_copy(model: nn.Module) -> nn.Module:
     return copied
 
 
+@functools.cache  # the CPU does not change while the process runs
 def native_bfloat16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX)."""
     # Private torch helpers (torch.cpu, since 2.2); without them, assume it does not.

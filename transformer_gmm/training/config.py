@@ -234,21 +234,16 @@ def k_range(cfg: TrainConfig, mc: ModelConfig, prior: str | None = None) -> tupl
     low, high = max(PRIORS[name].k_range[0], mc.k_min), min(PRIORS[name].k_range[1], mc.k_max)
     if low > high:
         raise ValueError(f"Prior {name!r} and model heads {mc.k_min}..{mc.k_max} share no K.")
-    if cfg.only_k:
-        if not low <= cfg.only_k <= high:
-            raise ValueError(
-                f"only_k={cfg.only_k} is outside the K that prior {name!r} and the model's "
-                f"heads share ({low}..{high})."
-            )
-        return cfg.only_k, cfg.only_k
-    if cfg.train_k_from:
-        if not low <= cfg.train_k_from <= high:
-            raise ValueError(
-                f"train_k_from={cfg.train_k_from} is outside the K that prior {name!r} and "
-                f"the model's heads share ({low}..{high})."
-            )
-        return cfg.train_k_from, high
-    return low, high
+    # One K (only_k), or the K from train_k_from up: the heads that train.
+    option, first = ("only_k", cfg.only_k) if cfg.only_k else ("train_k_from", cfg.train_k_from)
+    if not first:
+        return low, high
+    if not low <= first <= high:
+        raise ValueError(
+            f"{option}={first} is outside the K that prior {name!r} and the model's heads "
+            f"share ({low}..{high})."
+        )
+    return first, first if cfg.only_k else high
 
 
 # -----------------------------------------------------------------------------
