@@ -279,12 +279,16 @@ def test_m_step_and_log_prob_match_sklearn_helpers(covariance_type):
     np.testing.assert_allclose(weighted[0], log_prob + np.log(nk / len(X)), rtol=1e-10)
 
 
-def test_full_covariance_paths_with_and_without_autograd_agree():
-    # Without autograd, the full-covariance M-step and log-probabilities work in place in
-    # one reused buffer; with it, they take the out-of-place formulas. Same numbers, and
-    # gradients flow through the second. Batched: X shared (1, N, d), parameters (2, ...).
+@pytest.mark.parametrize("at_once", [True, False], ids=["all-components", "one-buffer"])
+def test_full_covariance_paths_with_and_without_autograd_agree(at_once, monkeypatch):
+    # Without autograd, the full-covariance M-step and log-probabilities take every
+    # component at once (small problems) or work in place in one reused buffer (large
+    # ones); with it, they take the out-of-place formulas. Same numbers, and gradients flow
+    # through the last. Batched: X shared (1, N, d), parameters (2, ...).
+    monkeypatch.setattr(gaussian, "ALL_COMPONENTS_AT_ONCE", 10**9 if at_once else 0)
     rng = np.random.default_rng(5)
     X, _, _ = gaussian_blobs(*OVERLAPPING)
+    assert gaussian.all_components_at_once(t(X)[None], t(np.zeros((2, 3, 2)))) == at_once
     resp = t(np.stack([rng.dirichlet(np.ones(3), size=len(X)) for _ in range(2)]))  # (2, N, 3)
     fast = m_step.estimate_gaussian_parameters(
         t(X)[None], resp, covariance_type="full", reg_covar=1e-4

@@ -237,6 +237,20 @@ def needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+# Below this many elements of (B, K, N, d), the full-covariance E- and M-steps handle every
+# component at once in one (B, N, K d) or (B, K, N, d) buffer: small fits are a few dozen
+# tiny ops an iteration, and looping over components multiplies their count by K (3 to 5
+# times the time at N = 300, K = 5 to 10, B = 4 on one CPU thread). Above it, one buffer
+# that every component reuses is faster, as fresh large buffers cost page faults.
+ALL_COMPONENTS_AT_ONCE = 2**18
+
+
+def all_components_at_once(X: Tensor, means: Tensor) -> bool:
+    """Whether the full-covariance steps take every component at once (small problems)."""
+    batch = max(X.shape[0], means.shape[0])
+    return batch * means.shape[1] * X.shape[1] * X.shape[2] <= ALL_COMPONENTS_AT_ONCE
+
+
 def _mahalanobis_full(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
     if needs_grad(X, means, precisions_chol):
         columns = []
@@ -245,15 +259,20 @@ def _mahalanobis_full(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tens
             y = X @ prec_chol - means[:, k, None, :] @ prec_chol  # (B, N, d)
             columns.append(y.square().sum(-1))
         return torch.stack(columns, dim=-1)
-    # The same, in one (B, N, d) buffer that every component reuses: a fresh tensor per
-    # component cost more than its arithmetic (page faults on each large allocation; 2x
-    # the time of the whole E-step at N = 500,000, d = 16, K = 5, one CPU thread). A
-    # product with a column of ones sums the squares faster than .sum(-1) over a short d.
-    batch = max(X.shape[0], means.shape[0])
-    y = X.new_empty((batch, X.shape[1], X.shape[2]))  # (B, N, d)
-    ones = X.new_ones((X.shape[2], 1))
+    B, K, d = precisions_chol.shape[:3]
+    # A product with a column of ones sums the squares faster than .sum(-1) over a short d.
+    ones = X.new_ones((d, 1))
+    if all_components_at_once(X, means):
+        # [P_1 | ... | P_K]: every component's whitened points from one product.
+        y = X @ precisions_chol.transpose(1, 2).reshape(B, d, K * d)  # (B, N, K d)
+        y.sub_((means[:, :, None, :] @ precisions_chol).view(B, 1, K * d)).square_()
+        return (y.view(B, -1, d) @ ones).view(B, -1, K)  # (B, N, K)
+    # One (B, N, d) buffer that every component reuses: a fresh tensor per component
+    # cost more than its arithmetic (page faults on each large allocation; 2x the time
+    # of the whole E-step at N = 500,000, d = 16, K = 5, one CPU thread).
+    y = X.new_empty((max(X.shape[0], B), X.shape[1], d))  # (B, N, d)
     columns = []
-    for k in range(means.shape[1]):
+    for k in range(K):
         prec_chol = precisions_chol[:, k]  # (B, d, d)
         torch.matmul(X, prec_chol, out=y)
         y.sub_(means[:, k, None, :] @ prec_chol).square_()

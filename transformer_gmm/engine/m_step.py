@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .batching import check_batch, compact, point_weights, zero_padding
-from .gaussian import compute_precision_cholesky, lookup, needs_grad
+from .gaussian import all_components_at_once, compute_precision_cholesky, lookup, needs_grad
 from .kmeans import kmeans_plusplus, kmeans_plusplus_indices, lloyd
 
 __all__ = [
@@ -72,23 +72,28 @@ class MixtureParams:
 
 
 def _covariances_full(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: float) -> Tensor:
-    # One component at a time, as scikit-learn does: memory O(B N d), not O(B N K d).
-    covariances = []
+    eye = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
     if needs_grad(resp, X, means):
+        # One component at a time, as scikit-learn does: memory O(B N d), not O(B N K d).
+        covariances = []
         for k in range(means.shape[1]):
             diff = X - means[:, k, None, :]  # (B, N, d)
             covariances.append((resp[..., k, None] * diff).mT @ diff / nk[:, k, None, None])
-    else:
-        # sum_n r_nk (x_n - mu_k)(x_n - mu_k)^T = W^T W with W = sqrt(r_nk) (x_n - mu_k),
-        # built in one (B, N, d) buffer that every component reuses: allocating a fresh
-        # one per component cost more than the arithmetic (page faults; 2.3x the time at
-        # N = 500,000, d = 16, K = 5, one CPU thread).
-        root = resp.sqrt().mT.contiguous()  # (B, K, N)
-        w = X.new_empty((resp.shape[0], X.shape[1], X.shape[2]))  # (B, N, d)
-        for k in range(means.shape[1]):
-            torch.sub(X, means[:, k, None, :], out=w).mul_(root[:, k, :, None])
-            covariances.append(w.mT @ w / nk[:, k, None, None])
-    eye = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
+        return torch.stack(covariances, dim=1) + reg * eye  # (B, K, d, d)
+    # sum_n r_nk (x_n - mu_k)(x_n - mu_k)^T = W^T W with W = sqrt(r_nk) (x_n - mu_k).
+    root = resp.sqrt().mT  # (B, K, N)
+    if all_components_at_once(X, means):  # small: every W in one buffer (see gaussian.py)
+        w = (X[:, None] - means[:, :, None, :]).mul_(root[..., None])  # (B, K, N, d)
+        return (w.mT @ w).div_(nk[..., None, None]) + reg * eye
+    # Large: one (B, N, d) buffer that every component reuses; allocating a fresh one per
+    # component cost more than the arithmetic (page faults; 2.3x the time at N = 500,000,
+    # d = 16, K = 5, one CPU thread).
+    root = root.contiguous()
+    w = X.new_empty((resp.shape[0], X.shape[1], X.shape[2]))  # (B, N, d)
+    covariances = []
+    for k in range(means.shape[1]):
+        torch.sub(X, means[:, k, None, :], out=w).mul_(root[:, k, :, None])
+        covariances.append(w.mT @ w / nk[:, k, None, None])
     return torch.stack(covariances, dim=1) + reg * eye  # (B, K, d, d)
 
 
