@@ -265,6 +265,27 @@ def test_training_the_head_changes_nothing_else_and_resumes(tmp_path):
     assert k.min() >= 0 and k.max() < trained.config.k_max  # K - 1, K in 1..k_max
 
 
+def test_a_frozen_k_unknown_embedding_stays_and_the_head_learns(tmp_path):
+    from transformer_gmm.storage import load_checkpoint
+    from transformer_gmm.training import k_posterior
+
+    out = tmp_path / "run"
+    args = ["--source", TINY_CHECKPOINT, "--out", str(out), "--batch-size", "4"]
+    k_posterior.main([*args, "--steps", "2", "--freeze-k-unknown", "--lr", "1e-2"])
+    start = k_posterior.with_k_posterior_head(load_checkpoint(TINY_CHECKPOINT), 4)
+    trained = load_checkpoint(out / "checkpoint")
+    assert torch.equal(trained.k_unknown, start.k_unknown)  # the mean of the K embeddings
+    head = "k_posterior_head.out.weight"
+    assert not torch.equal(trained.state_dict()[head], start.state_dict()[head])
+    x, mask, _ = k_posterior.sample_k_batch(np.random.default_rng(0), trained.config, 3)
+    k_posterior.trainable(trained, k_unknown=False)
+    frozen = k_posterior.k_log_posterior(trained, x, mask, k_unknown=False)
+    torch.testing.assert_close(frozen, trained.k_log_posterior(x, mask))
+    frozen.sum().backward()
+    assert trained.k_unknown.grad is None and trained.readin.weight.grad is None
+    assert trained.k_posterior_head.out.weight.grad is not None
+
+
 def test_head_batches_drawn_by_workers_are_the_steps_own():
     from transformer_gmm.storage import load_checkpoint
     from transformer_gmm.training import k_posterior

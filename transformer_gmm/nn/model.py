@@ -341,11 +341,17 @@ class MixtureTransformer(nn.Module):
         >>> log_p.shape, torch.allclose(log_p.exp().sum(-1), torch.ones(3))
         (torch.Size([3, 4]), True)
         """
+        return self.k_posterior_head(*self.k_unknown_tokens(x, mask))
+
+    def k_unknown_tokens(
+        self, x: Tensor, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """The backbone's tokens (B, N, D) under the "K unknown" embedding, and the mask
+        the K-posterior head reads them with; arguments as :meth:`k_log_posterior`."""
         if not self.has_k_posterior:
             raise ValueError("This model has no K-posterior head (k_posterior_seeds=0).")
         self._check_inputs(x, self.config.k_max, mask)
-        h, mask = self._tokens(x, self.k_unknown, mask)
-        return self.k_posterior_head(h, mask)
+        return self._tokens(x, self.k_unknown, mask)
 
     def _tokens(
         self, x: Tensor, task_embedding: Tensor, mask: Tensor | None

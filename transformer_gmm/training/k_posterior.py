@@ -121,11 +121,23 @@ def with_k_posterior_head(
     return model
 
 
-def trainable(model: MixtureTransformer) -> list[torch.nn.Parameter]:
-    """Freeze everything but the "K unknown" embedding and the K-posterior head."""
+def trainable(model: MixtureTransformer, k_unknown: bool = True) -> list[torch.nn.Parameter]:
+    """Freeze everything but the K-posterior head and (``k_unknown``) the "K unknown"
+    embedding."""
+    names = K_POSTERIOR_WEIGHTS if k_unknown else ("k_posterior_head",)
     for name, p in model.named_parameters():
-        p.requires_grad_(name.startswith(K_POSTERIOR_WEIGHTS))
+        p.requires_grad_(name.startswith(names))
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def k_log_posterior(model: MixtureTransformer, x, mask, k_unknown: bool) -> torch.Tensor:
+    """The model's log P(K | X) (B, k_max); without ``k_unknown`` training, the frozen
+    backbone runs without autograd (about half the time of a step on a CPU)."""
+    if k_unknown:
+        return model.k_log_posterior(x, mask)
+    with torch.no_grad():
+        tokens, mask = model.k_unknown_tokens(x, mask)
+    return model.k_posterior_head(tokens, mask)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -137,6 +149,12 @@ def main(argv: list[str] | None = None) -> None:
         "--new-head",
         action="store_true",
         help="start the head from new weights, not from the source's (where it has one)",
+    )
+    parser.add_argument(
+        "--freeze-k-unknown",
+        action="store_true",
+        help="train the head alone, the \"K unknown\" embedding as it starts; the backbone "
+        "then runs without autograd",
     )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10**9, help="stop after this many")
@@ -166,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     state_path = args.out / "state.pt"
     model = with_k_posterior_head(load_checkpoint(args.source), args.seeds, args.new_head)
     model.to(args.device)
-    params = trainable(model)
+    params = trainable(model, k_unknown=not args.freeze_k_unknown)
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     step, elapsed = 0, 0.0
     if args.resume and state_path.exists():
@@ -208,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, mask, k = (t.to(args.device) for t in next(draws))
-        log_p = model.k_log_posterior(x, mask)  # (B, k_max)
+        log_p = k_log_posterior(model, x, mask, not args.freeze_k_unknown)  # (B, k_max)
         loss = torch.nn.functional.nll_loss(log_p, k)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
