@@ -15,22 +15,29 @@ reaches. The "bfloat16" configuration and rows run under
 on a CPU that does so natively (``transformer_gmm.engine.precision``; elsewhere the fits are
 float32 ones and the rows emulated bfloat16).
 
+Last, one full-covariance EM iteration: the default's four runs on one dataset
+(``em.fit_em``, every component at once and, forced, one component at a time) against one
+iteration of ``GaussianMixture(n_init=1)``, at the sizes of the real-data benchmark.
+
     python benchmarks/stages.py                # 200 fits per configuration
     python benchmarks/stages.py --quick        # 20 fits: a quick look
 
-Prints a table and writes benchmarks/results/stages.csv and stages_flops.csv.
+Prints the tables and writes benchmarks/results/stages.csv, stages_flops.csv and
+stages_em.csv.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -46,7 +53,7 @@ from common import (  # noqa: E402
 )
 
 from transformer_gmm import TransformerGMM, _base, _fitting  # noqa: E402
-from transformer_gmm.engine import em, m_step, precision, readout  # noqa: E402
+from transformer_gmm.engine import em, gaussian, m_step, precision, readout  # noqa: E402
 from transformer_gmm.storage import load_model  # noqa: E402
 
 # (label, module, attribute): the functions timed, looked up by the package at call time.
@@ -168,6 +175,51 @@ def flop_rates(checkpoint: str, repeats: int) -> list[dict]:
     return rows
 
 
+# (runs, K, N, d) of one full-covariance EM iteration: the default's four runs on datasets
+# of the real-data benchmark's sizes (faithful, crabs, wine, breast_cancer) and a synthetic
+# one of choose_k.py's with K = 10.
+EM_SHAPES = ((4, 2, 272, 2), (4, 4, 200, 5), (4, 3, 178, 13), (4, 2, 569, 30), (4, 10, 300, 2))
+EM_ITERATIONS = 20
+
+
+def em_iteration_times(repeats: int) -> list[dict]:
+    """Microseconds per full-covariance EM iteration: the default's four runs batched
+    (every component at once, and one at a time as above ALL_COMPONENTS_AT_ONCE), and one
+    run of scikit-learn's; each the difference between EM_ITERATIONS + 1 iterations and 1,
+    with tol=0 so that none stops early."""
+    rows = []
+    for runs, K, N, d in EM_SHAPES:
+        rng = np.random.default_rng(0)
+        X = rng.standard_normal((N, d)) + 3.0 * rng.integers(0, K, (N, 1))
+        x = torch.from_numpy(X)[None]
+        init = m_step.initialize_kmeans(x.expand(runs, -1, -1), K, covariance_type="full",
+                                        reg_covar=1e-6, generator=torch.Generator().manual_seed(0))
+
+        def ours(iterations, x=x, init=init):
+            return em.fit_em(x, init, covariance_type="full", reg_covar=1e-6,
+                             max_iter=iterations, tol=0.0)
+
+        def sklearn(iterations, X=X, K=K):
+            return GaussianMixture(K, max_iter=iterations, tol=0.0, random_state=0).fit(X)
+
+        def per_iteration(fit):
+            calls = max(3, repeats // 20)
+            long = _seconds_per_call(lambda: fit(EM_ITERATIONS + 1), calls)
+            return 1e6 * (long - _seconds_per_call(lambda: fit(1), calls)) / EM_ITERATIONS
+
+        at_once = per_iteration(ours)
+        threshold = gaussian.ALL_COMPONENTS_AT_ONCE
+        gaussian.ALL_COMPONENTS_AT_ONCE = 0
+        try:
+            one_at_a_time = per_iteration(ours)
+        finally:
+            gaussian.ALL_COMPONENTS_AT_ONCE = threshold
+        rows.append(dict(runs=runs, K=K, N=N, d=d, us_all_components=at_once,
+                         us_one_component_at_a_time=one_at_a_time,
+                         us_sklearn_one_run=per_iteration(sklearn)))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = standard_parser(__doc__, "stages", "20 fits per configuration", tasks=False)
     parser.add_argument("--repeats", type=int, default=None,
@@ -188,15 +240,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     share = 100 * ms[label] / ms["fit"]
                     print(f"  {label:<42} {ms[label]:6.2f} ms  {share:5.1f} %")
         flops = flop_rates(args.checkpoint, repeats)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # tol=0 never converges
+            em_rows = em_iteration_times(repeats)
     native = "" if precision.native_bfloat16() else "; this CPU has no native bfloat16"
     print(f"\nFLOP rates on one thread ({args.checkpoint!r} checkpoint, K = 4, 128 points"
           f"{native}):")
     for row in flops:
         print(f"  {row['what']:<38} {row['gflops']:7.1f} GFLOP/s  "
               f"{100 * row['fraction_of_matmul']:5.1f} % of the matmul")
+    print("\nOne full-covariance EM iteration, us (runs batched; scikit-learn: one run):")
+    print(f"  {'runs x K x N x d':<18} {'all components':>15} {'one at a time':>14} {'sklearn':>8}")
+    for row in em_rows:
+        shape = f"{row['runs']} x {row['K']} x {row['N']} x {row['d']}"
+        print(f"  {shape:<18} {row['us_all_components']:15.0f} "
+              f"{row['us_one_component_at_a_time']:14.0f} {row['us_sklearn_one_run']:8.0f}")
     path = write_csv(rows, args.results / f"{args.out}.csv")
     write_csv(flops, args.results / f"{args.out}_flops.csv")
-    print(f"\nwrote {path} and {args.out}_flops.csv")
+    write_csv(em_rows, args.results / f"{args.out}_em.csv")
+    print(f"\nwrote {path}, {args.out}_flops.csv and {args.out}_em.csv")
     return rows
 
 
