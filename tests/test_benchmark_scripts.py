@@ -255,6 +255,13 @@ def test_stages_account_for_the_whole_fit(tmp_path):
     # bfloat16 may beat the float32 matmul several times over (natively) or lag it (emulated).
     assert all(0 < float(row["fraction_of_matmul"]) < 3 for row in flops[:3])
     assert all(float(row["fraction_of_matmul"]) > 0 for row in flops[3:])
+    em_rows = _csv(tmp_path / "stages_em.csv")
+    assert len(em_rows) == len(stages.EM_SHAPES)
+    for row in em_rows:  # every path timed, and the threshold put back
+        assert all(float(row[key]) > 0 for key in row if key.startswith("us_")), row
+    from transformer_gmm.engine import gaussian
+
+    assert gaussian.ALL_COMPONENTS_AT_ONCE == 2**18
 
 
 # --- the options every script takes --------------------------------------------------------
