@@ -341,7 +341,8 @@ class MixtureTransformer(nn.Module):
         >>> log_p.shape, torch.allclose(log_p.exp().sum(-1), torch.ones(3))
         (torch.Size([3, 4]), True)
         """
-        return self.k_posterior_head(*self.k_unknown_tokens(x, mask))
+        tokens, mask = self.k_unknown_tokens(x, mask)  # (B, N, D), and checks the head is there
+        return self.k_posterior_head(tokens, mask)
 
     def k_unknown_tokens(
         self, x: Tensor, mask: Tensor | None = None
