@@ -14,6 +14,7 @@ from sklearn.mixture._gaussian_mixture import (
     _estimate_log_gaussian_prob,
 )
 
+from transformer_gmm import TransformerGMM
 from transformer_gmm.engine import batching, e_step, em, gaussian, kmeans, m_step
 
 COVARIANCE_TYPES = gaussian.COVARIANCE_TYPES
@@ -282,9 +283,10 @@ def test_m_step_and_log_prob_match_sklearn_helpers(covariance_type):
 @pytest.mark.parametrize("at_once", [True, False], ids=["all-components", "one-buffer"])
 def test_full_covariance_paths_with_and_without_autograd_agree(at_once, monkeypatch):
     # Without autograd, the full-covariance M-step and log-probabilities take every
-    # component at once (small problems) or work in place in one reused buffer (large
-    # ones); with it, they take the out-of-place formulas. Same numbers, and gradients flow
-    # through the last. Batched: X shared (1, N, d), parameters (2, ...).
+    # component at once (small problems; EM's E-step asks for it) or work in place in one
+    # reused buffer (large ones); with it, they take the out-of-place formulas. Same
+    # numbers, and gradients flow through the last. Batched: X shared (1, N, d),
+    # parameters (2, ...).
     monkeypatch.setattr(gaussian, "ALL_COMPONENTS_AT_ONCE", 10**9 if at_once else 0)
     rng = np.random.default_rng(5)
     X, _, _ = gaussian_blobs(*OVERLAPPING)
@@ -294,19 +296,33 @@ def test_full_covariance_paths_with_and_without_autograd_agree(at_once, monkeypa
         t(X)[None], resp, covariance_type="full", reg_covar=1e-4
     )
     log_prob = gaussian.estimate_log_gaussian_prob(
-        t(X)[None], fast.means, fast.precisions_cholesky, "full"
+        t(X)[None], fast.means, fast.precisions_cholesky, "full", at_once=at_once
     )
     tracked = resp.clone().requires_grad_(True)
     slow = m_step.estimate_gaussian_parameters(
         t(X)[None], tracked, covariance_type="full", reg_covar=1e-4
     )
     slow_log_prob = gaussian.estimate_log_gaussian_prob(
-        t(X)[None], slow.means, slow.precisions_cholesky, "full"
-    )
+        t(X)[None], slow.means, slow.precisions_cholesky, "full", at_once=at_once
+    )  # autograd: the loop, whatever at_once says
     torch.testing.assert_close(slow.covariances.detach(), fast.covariances, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(slow_log_prob.detach(), log_prob, rtol=1e-12, atol=1e-12)
     slow_log_prob.sum().backward()
     assert tracked.grad is not None and torch.isfinite(tracked.grad).all()
+
+
+def test_scores_do_not_depend_on_how_the_rows_are_chunked():
+    # Scoring never takes EM's all-components path, whose rounding depends on the number of
+    # rows: a dask array's chunks score as the whole array does, to the bit.
+    # 24,000 rows in d = 4 (where the two paths round differently): whole, above the
+    # threshold; in chunks, below it.
+    X, _, _ = gaussian_blobs([[0, 0, 0, 0], [3, 0, 1, 0], [0, 3, 0, 1]], 8000, 2)
+    gmm = TransformerGMM(3, covariance_type="full", checkpoint=None, random_state=0).fit(X)
+    whole = gmm.score_samples(X)
+    chunks = np.concatenate([gmm.score_samples(X[i : i + 300]) for i in range(0, len(X), 300)])
+    assert gaussian.all_components_at_once(t(X[:300])[None], t(gmm.means_)[None])
+    assert not gaussian.all_components_at_once(t(X)[None], t(gmm.means_)[None])
+    np.testing.assert_array_equal(chunks, whole)
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -702,9 +718,9 @@ def test_fit_em_shrinking_batch_equals_each_problem_alone(covariance_type, monke
     sizes = []  # the batch size of every E-step
     original = e_step.e_step_unchecked
 
-    def recording_e_step(X, params, *args):
+    def recording_e_step(X, params, *args, **kwargs):
         sizes.append(params.weights.shape[0])
-        return original(X, params, *args)
+        return original(X, params, *args, **kwargs)
 
     monkeypatch.setattr(em, "e_step_unchecked", recording_e_step)
     shrunk = em.fit_em(X, stack_params(starts), mask=mask, **options)
@@ -749,9 +765,9 @@ def test_fit_em_shrinking_batch_keeps_a_shared_dataset_and_mask(monkeypatch):
     batches = set()  # (X, parameters, mask) batch sizes seen by the E-steps
     original = e_step.e_step_unchecked
 
-    def recording_e_step(X, params, covariance_type, mask):
+    def recording_e_step(X, params, covariance_type, mask, **kwargs):
         batches.add((X.shape[0], params.weights.shape[0], mask.shape[0]))
-        return original(X, params, covariance_type, mask)
+        return original(X, params, covariance_type, mask, **kwargs)
 
     monkeypatch.setattr(em, "e_step_unchecked", recording_e_step)
     shared = em.fit_em(padded, stack_params(starts), mask=mask, **options)

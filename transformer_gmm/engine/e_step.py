@@ -47,7 +47,9 @@ def check_params(
     return check_batch(X, weights, means, prec, *weighted, mask=mask)
 
 
-def estimate_weighted_log_prob(X: Tensor, params: MixtureParams, covariance_type: str) -> Tensor:
+def estimate_weighted_log_prob(
+    X: Tensor, params: MixtureParams, covariance_type: str, *, at_once: bool = False
+) -> Tensor:
     """log p(x_n | k) + log w_k: (B, N, K). ``params.covariances`` is not used.
 
     Parameters
@@ -55,6 +57,8 @@ def estimate_weighted_log_prob(X: Tensor, params: MixtureParams, covariance_type
     X : Tensor of shape (B, N, d) or (1, N, d)
     params : MixtureParams
     covariance_type : {"full", "tied", "diag", "spherical"}
+    at_once : bool, default=False
+        As :func:`~transformer_gmm.engine.gaussian.estimate_log_gaussian_prob` takes it.
 
     Returns
     -------
@@ -75,17 +79,24 @@ def estimate_weighted_log_prob(X: Tensor, params: MixtureParams, covariance_type
     """
     check_params(X, params, covariance_type, None)
     log_prob = estimate_log_gaussian_prob(
-        X, params.means, params.precisions_cholesky, covariance_type
+        X, params.means, params.precisions_cholesky, covariance_type, at_once=at_once
     )
     return log_prob + params.weights.log()[:, None, :]
 
 
 def e_step_unchecked(
-    X: Tensor, params: MixtureParams, covariance_type: str, mask, sample_weight=None
+    X: Tensor,
+    params: MixtureParams,
+    covariance_type: str,
+    mask,
+    sample_weight=None,
+    *,
+    at_once: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """:func:`e_step` on inputs already checked, compacted and with padding zeroed, as
-    the loops hold them (``sample_weight`` compacted too)."""
-    weighted = estimate_weighted_log_prob(X, params, covariance_type)  # (B, N, K)
+    the loops hold them (``sample_weight`` compacted too); ``at_once`` as
+    :func:`estimate_weighted_log_prob` takes it."""
+    weighted = estimate_weighted_log_prob(X, params, covariance_type, at_once=at_once)
     log_prob_norm = weighted.logsumexp(-1)  # (B, N)
     log_resp = weighted - log_prob_norm[..., None]
     if sample_weight is not None:  # (B|1, N), zero on padding

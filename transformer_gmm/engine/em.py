@@ -31,6 +31,7 @@ from torch import Tensor
 from .batching import ShrinkingBatch, compact, take, zero_padding
 from .e_step import check_params, e_step_unchecked, estimate_weighted_log_prob
 from .gaussian import (
+    all_components_at_once,
     covariance_error_message,
     covariances_from_precisions_cholesky,
     try_precision_cholesky,
@@ -307,7 +308,10 @@ def fit_em(
     for iteration in range(1, max_iter + 1):
         active = ~converged  # (A,) over the working batch of A <= B datasets
         weighted = () if sample_weight is None else (sample_weight,)
-        log_prob_norm, log_resp = e_step_unchecked(X, params, covariance_type, mask, *weighted)
+        at_once = all_components_at_once(X, params.means)
+        log_prob_norm, log_resp = e_step_unchecked(
+            X, params, covariance_type, mask, *weighted, at_once=at_once
+        )
         resp = log_resp.exp()
         if sample_weight is not None:
             resp = resp * sample_weight[..., None]

@@ -237,10 +237,10 @@ def needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-# Below this many elements of (B, K, N, d), the full-covariance E- and M-steps handle every
-# component at once in one (B, N, K d) or (B, K, N, d) buffer: small fits are a few dozen
-# tiny ops an iteration, and looping over components multiplies their count by K (3 to 5
-# times the time at N = 300, K = 5 to 10, B = 4 on one CPU thread). Above it, one buffer
+# Below this many elements of (B, K, N, d), the full-covariance M-step and EM's E-step handle
+# every component at once in one (B, K, N, d) or (B, N, K d) buffer: small fits are a few
+# dozen tiny ops an iteration, and looping over components multiplies their count by K (3 to
+# 5 times the time at N = 300, K = 5 to 10, B = 4 on one CPU thread). Above it, one buffer
 # that every component reuses is faster, as fresh large buffers cost page faults.
 ALL_COMPONENTS_AT_ONCE = 2**18
 
@@ -259,25 +259,30 @@ def _mahalanobis_full(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tens
             y = X @ prec_chol - means[:, k, None, :] @ prec_chol  # (B, N, d)
             columns.append(y.square().sum(-1))
         return torch.stack(columns, dim=-1)
-    B, K, d = precisions_chol.shape[:3]
-    # A product with a column of ones sums the squares faster than .sum(-1) over a short d.
-    ones = X.new_ones((d, 1))
-    if all_components_at_once(X, means):
-        # [P_1 | ... | P_K]: every component's whitened points from one product.
-        y = X @ precisions_chol.transpose(1, 2).reshape(B, d, K * d)  # (B, N, K d)
-        y.sub_((means[:, :, None, :] @ precisions_chol).view(B, 1, K * d)).square_()
-        return (y.view(B, -1, d) @ ones).view(B, -1, K)  # (B, N, K)
-    # One (B, N, d) buffer that every component reuses: a fresh tensor per component
-    # cost more than its arithmetic (page faults on each large allocation; 2x the time
-    # of the whole E-step at N = 500,000, d = 16, K = 5, one CPU thread).
-    y = X.new_empty((max(X.shape[0], B), X.shape[1], d))  # (B, N, d)
+    # The same, in one (B, N, d) buffer that every component reuses: a fresh tensor per
+    # component cost more than its arithmetic (page faults on each large allocation; 2x the time
+    # of the whole E-step at N = 500,000, d = 16, K = 5, one CPU thread). A product with a
+    # column of ones sums the squares faster than .sum(-1) over a short d.
+    batch = max(X.shape[0], means.shape[0])
+    y = X.new_empty((batch, X.shape[1], X.shape[2]))  # (B, N, d)
+    ones = X.new_ones((X.shape[2], 1))
     columns = []
-    for k in range(K):
+    for k in range(means.shape[1]):
         prec_chol = precisions_chol[:, k]  # (B, d, d)
         torch.matmul(X, prec_chol, out=y)
         y.sub_(means[:, k, None, :] @ prec_chol).square_()
         columns.append(y @ ones)  # (B, N, 1)
     return torch.cat(columns, dim=-1)
+
+
+def _mahalanobis_full_at_once(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
+    # [P_1 | ... | P_K]: every component's whitened points from one product. Its rounding
+    # differs from the loop's in the last bits, so only EM takes it, never scoring, whose
+    # results must not depend on how the rows are chunked.
+    B, K, d = precisions_chol.shape[:3]
+    y = X @ precisions_chol.transpose(1, 2).reshape(B, d, K * d)  # (B, N, K d)
+    y.sub_((means[:, :, None, :] @ precisions_chol).view(B, 1, K * d)).square_()
+    return (y.view(B, -1, d) @ X.new_ones((d, 1))).view(B, -1, K)  # (B, N, K)
 
 
 def _mahalanobis_tied(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
@@ -323,7 +328,12 @@ _LOG_DET_CHOLESKY = {
 
 
 def estimate_log_gaussian_prob(
-    X: Tensor, means: Tensor, precisions_cholesky: Tensor, covariance_type: str
+    X: Tensor,
+    means: Tensor,
+    precisions_cholesky: Tensor,
+    covariance_type: str,
+    *,
+    at_once: bool = False,
 ) -> Tensor:
     """log N(x_n | mu_k, Sigma_k): (B, N, K), as scikit-learn's ``_estimate_log_gaussian_prob``.
 
@@ -336,6 +346,10 @@ def estimate_log_gaussian_prob(
     precisions_cholesky : Tensor
         full (B, K, d, d), tied (B, d, d), diag (B, K, d) or spherical (B, K).
     covariance_type : {"full", "tied", "diag", "spherical"}
+    at_once : bool, default=False
+        Full covariances: every component in one product, faster on small problems (EM
+        asks for it by :func:`all_components_at_once`); equal to the default up to
+        rounding, which then depends on the number of rows.
 
     Returns
     -------
@@ -355,6 +369,9 @@ def estimate_log_gaussian_prob(
     (torch.Size([1, 2, 1]), [-0.9189, -1.4189])
     """
     n_features = X.shape[-1]
-    distances = lookup(_MAHALANOBIS, covariance_type)(X, means, precisions_cholesky)
+    mahalanobis = lookup(_MAHALANOBIS, covariance_type)
+    if at_once and covariance_type == "full" and not needs_grad(X, means, precisions_cholesky):
+        mahalanobis = _mahalanobis_full_at_once
+    distances = mahalanobis(X, means, precisions_cholesky)
     log_det = _LOG_DET_CHOLESKY[covariance_type](precisions_cholesky, n_features)
     return -0.5 * (n_features * math.log(2 * math.pi) + distances) + log_det[:, None, :]
