@@ -53,6 +53,21 @@ def test_priors_cover_tgmm_and_beyond():
     assert broad.half_width[0] < broad.half_width[1] and broad.diag_prob > 0 < broad.heavy_prob
 
 
+def test_separated_means_stand_apart_and_other_priors_draw_as_before():
+    rng = np.random.default_rng(3)
+    separated = Prior(d_range=(2, 2), half_width=(3.0, 3.0), min_separation=4.0)
+    for K in (2, 6, 10):  # ten means 4 apart do not fit in [-3, 3]^2: the box widens
+        means = sample_task(rng, separated, K, 2, 64, d_max=4).means
+        gaps = np.linalg.norm(means[:, None] - means[None], axis=-1)[~np.eye(K, dtype=bool)]
+        assert gaps.min() >= 4.0
+    crowded = dataclasses.replace(separated, min_separation=0.0)
+    a = sample_task(np.random.default_rng(0), crowded, 6, 2, 64, d_max=4)
+    b = sample_task(
+        np.random.default_rng(0), Prior(d_range=(2, 2), half_width=(3.0, 3.0)), 6, 2, 64, d_max=4
+    )
+    assert np.array_equal(a.X, b.X)
+
+
 def test_sample_batch_shapes_ranges_and_seeding():
     prior = PRIORS["tiny"]
     batch = sample_batch(np.random.default_rng(0), prior, 3, 16, d_max=4, context_size=40)

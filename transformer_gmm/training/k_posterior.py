@@ -42,11 +42,16 @@ from .tasks import PRIORS, Prior, draw_d, sample_task
 from .weights import without_k_posterior
 
 # What the head is trained on: the package's own priors with K from 1 (one Gaussian) to
-# k_max, unit-noise tasks with means in boxes from crowded to far apart, and ("wide")
-# boxes so wide that most clusters stand apart, where a count must be exact.
+# k_max, unit-noise tasks with means in boxes from crowded to far apart, ("wide") boxes so
+# wide that most clusters stand apart, and ("separated") means at least six noise standard
+# deviations apart, where a count must be exact.
 K_PRIORS: dict[str, tuple[float, Prior]] = {
     "unit": (0.5, Prior(d_range=(1, 16), n_range=(64, 512), half_width=(1.5, 10.0))),
     "wide": (0.0, Prior(d_range=(1, 16), n_range=(64, 512), half_width=(8.0, 16.0))),
+    "separated": (
+        0.0,
+        Prior(d_range=(2, 16), n_range=(64, 512), half_width=(6.0, 12.0), min_separation=6.0),
+    ),
     "broad": (0.3, dataclasses.replace(PRIORS["broad"], n_range=(64, 512))),
     "real": (0.2, dataclasses.replace(PRIORS["real"], n_range=(64, 512))),
 }

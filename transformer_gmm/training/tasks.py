@@ -83,6 +83,10 @@ class Prior:
     standardize_prob : float, default=0.0
         Probability that each feature is divided by its standard deviation, as users
         do before fitting.
+    min_separation : float, default=0.0
+        Means at least this far apart (in units of the noise std before scaling): each is
+        drawn again until it is, the box widening by a tenth after every 100 misses, so
+        that every cluster stands apart and a count can be exact.
 
     Examples
     --------
@@ -113,6 +117,7 @@ class Prior:
     mixing_prob: float = 0.0  # one linear map correlates the features of every component
     noise_feature_prob: float = 0.0  # up to half of the features carry only noise
     standardize_prob: float = 0.0  # each feature divided by its std, as users do
+    min_separation: float = 0.0  # means at least this far apart (0: no constraint)
 
 
 PRIORS: dict[str, Prior] = {
@@ -308,6 +313,18 @@ def _draw_weights(rng: np.random.Generator, prior: Prior, K: int) -> np.ndarray:
     return w / w.sum()
 
 
+def _separated(rng: np.random.Generator, means: np.ndarray, h: float, gap: float) -> np.ndarray:
+    """``means`` (K, d) with each drawn again, in turn, until it is ``gap`` from those
+    before it; the box [-h, h]^d widens by a tenth after every 100 misses."""
+    for k in range(1, len(means)):
+        misses = 0
+        while np.linalg.norm(means[:k] - means[k], axis=1).min() < gap:
+            misses += 1
+            h = h * 1.1 if misses % 100 == 0 else h
+            means[k] = rng.uniform(-h, h, means.shape[1])
+    return means
+
+
 def sample_task(
     rng: np.random.Generator,
     prior: Prior,
@@ -349,6 +366,8 @@ def sample_task(
     """
     h = log_uniform(rng, *prior.half_width)
     means = rng.uniform(-h, h, (K, d))  # (K, d)
+    if prior.min_separation > 0:
+        means = _separated(rng, means, h, prior.min_separation)
     weights = _draw_weights(rng, prior, K)  # (K,)
     stds = np.repeat(log_uniform(rng, *prior.scale_range, (K, 1)), d, axis=1)  # (K, d)
     if rng.random() < prior.diag_prob:
