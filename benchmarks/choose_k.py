@@ -21,15 +21,17 @@ Methods (the seed of the task or of the real-data run is each one's ``random_sta
 - ``silhouette`` "KMeans silhouette": ``KMeans(k)`` for k = 2..10, the best silhouette
   (it never answers K = 1);
 - ``tgmm`` "TGMM posterior": ``TransformerGMM(n_components="auto", criterion="posterior")``,
-  the most probable K under the checkpoint's P(K | X), then one fit;
-- ``tgmm-bic`` "TGMM auto bic": ``TransformerGMM(n_components="auto")``, whose default
-  ``criterion="bic"`` fits every candidate and keeps the lowest BIC;
+  the most probable K under the checkpoint's P(K | X), then one fit (what the default
+  ``criterion="auto"`` does with the bundled checkpoint);
+- ``tgmm-bic`` "TGMM auto bic": ``TransformerGMM(n_components="auto", criterion="bic")``,
+  which fits every candidate and keeps the lowest BIC;
 - ``tgmm-posterior-bic`` "TGMM posterior x BIC": the posterior as a prior over BIC, the
   lowest BIC / 2 - log P(K | X) from one ``criterion="bic"`` fit (needs a K-posterior head);
 - ``clusterer`` "Clusterer posterior": ``TransformerClusterer(n_clusters="auto",
   criterion="posterior")``;
-- ``clusterer-bic`` "Clusterer auto bic": ``TransformerClusterer(n_clusters="auto")``, the
-  lowest BIC of its hard-assignment mixture of spherical Gaussians (X-means).
+- ``clusterer-bic`` "Clusterer auto bic": ``TransformerClusterer(n_clusters="auto",
+  criterion="bic")``, the lowest BIC of its hard-assignment mixture of spherical Gaussians
+  (X-means).
 
 Besides the four settings (pooled as "synthetic"), two settings of well-separated
 clusters, in 2 and 5 dimensions (``separated``: equal sizes, means at least 6 noise
@@ -283,10 +285,10 @@ METHODS = (
     Method(DPGMM, "dpgmm", dirichlet_process),
     Method(SILHOUETTE, "silhouette", kmeans_silhouette),
     Method(TGMM, "tgmm", transformer(TransformerGMM, criterion="posterior")),
-    Method(TGMM_BIC, "tgmm-bic", transformer(TransformerGMM)),
+    Method(TGMM_BIC, "tgmm-bic", transformer(TransformerGMM, criterion="bic")),
     Method(TGMM_POSTERIOR_BIC, "tgmm-posterior-bic", posterior_and_bic),
     Method(CLUSTERER, "clusterer", transformer(TransformerClusterer, criterion="posterior")),
-    Method(CLUSTERER_BIC, "clusterer-bic", transformer(TransformerClusterer)),
+    Method(CLUSTERER_BIC, "clusterer-bic", transformer(TransformerClusterer, criterion="bic")),
 )
 
 

@@ -121,13 +121,21 @@ def test_the_posterior_over_candidates(three_blobs_100):
     some = TransformerGMM(n_components=[2, 4], **posterior).fit(X)
     expected = gmm.k_posterior_[[1, 3]] / gmm.k_posterior_[[1, 3]].sum()
     np.testing.assert_allclose(some.k_posterior_, expected)
-    # BIC (the default) also reports the posterior, where the model reads one.
-    bic = TransformerGMM(n_components="auto", checkpoint=TINY_K_CHECKPOINT, random_state=0)
+    # The default, "auto", takes the posterior where the model reads one for every
+    # candidate; BIC also reports it.
+    default = TransformerGMM(n_components="auto", checkpoint=TINY_K_CHECKPOINT, random_state=0)
+    assert default.fit(X).selection_criterion_ == "posterior"
+    assert default.n_components_ == gmm.n_components_
+    np.testing.assert_array_equal(default.means_, gmm.means_)
+    bic = TransformerGMM(
+        n_components="auto", criterion="bic", checkpoint=TINY_K_CHECKPOINT, random_state=0
+    )
     assert bic.fit(X).selection_criterion_ == "bic"
     np.testing.assert_allclose(bic.k_posterior_, gmm.k_posterior_)
 
 
 def test_bic_serves_checkpoints_without_the_head(three_blobs_100):
+    # "auto" (the default) falls back to BIC wherever the posterior cannot serve.
     X = three_blobs_100
     no_head = TransformerGMM(n_components="auto", checkpoint=TINY_CHECKPOINT, random_state=0)
     assert no_head.fit(X).selection_criterion_ == "bic"

@@ -148,19 +148,20 @@ def test_the_bundled_checkpoint_reads_p_of_k():
             3,
             3,
             3,
-            [2.1577e-07, 4.5124e-04, 7.8760e-01, 1.2784e-01, 5.3409e-02,
-             2.1005e-02, 5.6300e-03, 1.6929e-03, 1.6032e-03, 7.7435e-04],
+            [9.0523e-08, 1.6400e-04, 8.9665e-01, 6.5421e-02, 2.6693e-02,
+             6.6524e-03, 2.5190e-03, 1.1491e-03, 4.1604e-04, 3.3544e-04],
         ),
         (
             # Full covariances from 30 points a cluster in 20 dimensions: near-singular
             # components lift the likelihood more than BIC's penalty costs, so BIC takes
-            # every candidate up to the largest; the posterior and X-means find the four.
+            # every candidate up to the largest; the posterior (the default) and X-means
+            # find the four.
             four_blobs_in_20d,
             10,
             4,
             4,
-            [6.5050e-13, 7.4560e-12, 6.2583e-06, 9.9846e-01, 1.5308e-03,
-             1.6986e-06, 4.1419e-08, 1.3590e-08, 1.5612e-09, 1.7029e-10],
+            [4.9276e-12, 6.3057e-12, 3.6893e-06, 9.9944e-01, 5.5158e-04,
+             5.5311e-07, 4.5717e-09, 1.1460e-08, 1.1026e-09, 5.1733e-10],
         ),
     ],
 )
@@ -168,13 +169,16 @@ def test_chosen_k_is_pinned(make_X, k_bic, k_posterior, k_clusterer, posterior):
     X = make_X()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback: the checkpoint covers 1..10
-        by_bic = TransformerGMM(n_components="auto", random_state=0).fit(X)
-        by_posterior = TransformerGMM(
-            n_components="auto", criterion="posterior", random_state=0
+        by_bic = TransformerGMM(n_components="auto", criterion="bic", random_state=0).fit(X)
+        by_posterior = TransformerGMM(n_components="auto", random_state=0).fit(X)  # "auto"
+        clusterer = TransformerClusterer(
+            n_clusters="auto", criterion="bic", random_state=0
         ).fit(X)
-        clusterer = TransformerClusterer(n_clusters="auto", random_state=0).fit(X)
+        clusterer_default = TransformerClusterer(n_clusters="auto", random_state=0).fit(X)
+    assert by_posterior.selection_criterion_ == "posterior"
     assert (by_bic.n_components_, by_posterior.n_components_) == (k_bic, k_posterior)
     assert clusterer.n_clusters_ == k_clusterer
+    assert clusterer_default.n_clusters_ == by_posterior.n_components_  # the same posterior
     np.testing.assert_array_equal(by_bic.candidates_, np.arange(1, 11))
     np.testing.assert_allclose(by_posterior.k_posterior_, posterior, rtol=2e-3, atol=1e-6)
     np.testing.assert_allclose(by_bic.k_posterior_, by_posterior.k_posterior_)

@@ -56,11 +56,12 @@ class TransformerClusterer(
     max_clusters : int, default=None
         The largest K that ``n_clusters="auto"`` considers; by default the largest the
         checkpoint covers (10 without one), at most ``n_samples``. Ignored otherwise.
-    criterion : {"bic", "posterior"}, default="bic"
-        How a K is chosen when ``n_clusters`` is not an int. ``"bic"``: every candidate is
-        clustered and the lowest BIC of its hard-assignment mixture of spherical Gaussians
-        with one shared variance wins (X-means). ``"posterior"``: the most probable K under
-        the checkpoint's learned P(K | X), one forward pass, then one fit.
+    criterion : {"auto", "bic", "posterior"}, default="auto"
+        How a K is chosen when ``n_clusters`` is not an int. ``"posterior"``: the most
+        probable K under the checkpoint's learned P(K | X), one forward pass, then one fit.
+        ``"bic"``: every candidate is clustered and the lowest BIC of its hard-assignment
+        mixture of spherical Gaussians with one shared variance wins (X-means). ``"auto"``:
+        the posterior where the checkpoint reads P(K | X) for every candidate, else BIC.
     init : {"transformer", "k-means++", "random"}, callable or array-like, default="transformer"
         Where Lloyd starts. ``"transformer"``: the transformer's clusterings, then
         k-means++ (see ``n_init``). The others skip the transformer and are
@@ -172,7 +173,7 @@ class TransformerClusterer(
             "array-like",
         ],
         "max_clusters": [Interval(Integral, 1, None, closed="left"), None],
-        "criterion": [StrOptions({"bic", "posterior"})],
+        "criterion": [StrOptions({"auto", "bic", "posterior"})],
         "init": [StrOptions({"transformer", "k-means++", "random"}), callable, "array-like"],
         "verbose": ["verbose"],
         "copy_x": ["boolean"],
@@ -185,7 +186,7 @@ class TransformerClusterer(
         n_clusters=8,
         *,
         max_clusters=None,
-        criterion="bic",
+        criterion="auto",
         init="transformer",
         n_init="auto",
         max_iter=300,
