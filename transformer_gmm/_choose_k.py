@@ -11,8 +11,8 @@ Two ways to choose:
 
 ``"auto"``, the default, takes the posterior where the checkpoint reads P(K | X) for every
 candidate and BIC elsewhere: the posterior is ahead where components overlap and on the
-real datasets, and eight times faster (``benchmarks/choose_k.py``). With ``"bic"``, P(K | X)
-is also reported where the checkpoint reads it.
+real datasets, and about seven times faster (``benchmarks/choose_k.py``). With ``"bic"``,
+P(K | X) is also reported where the checkpoint reads it.
 """
 
 from __future__ import annotations

@@ -260,9 +260,9 @@ def _mahalanobis_full(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tens
             columns.append(y.square().sum(-1))
         return torch.stack(columns, dim=-1)
     # The same, in one (B, N, d) buffer that every component reuses: a fresh tensor per
-    # component cost more than its arithmetic (page faults on each large allocation; 2x the time
-    # of the whole E-step at N = 500,000, d = 16, K = 5, one CPU thread). A product with a
-    # column of ones sums the squares faster than .sum(-1) over a short d.
+    # component cost more than its arithmetic (page faults on each large allocation; 2x
+    # the time of the whole E-step at N = 500,000, d = 16, K = 5, one CPU thread). A
+    # product with a column of ones sums the squares faster than .sum(-1) over a short d.
     batch = max(X.shape[0], means.shape[0])
     y = X.new_empty((batch, X.shape[1], X.shape[2]))  # (B, N, d)
     ones = X.new_ones((X.shape[2], 1))
