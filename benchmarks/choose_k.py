@@ -51,6 +51,11 @@ Warnings are kept from the output during the run (``ConvergenceWarning`` and
     python benchmarks/choose_k.py --checkpoint path/to/checkpoint --results /tmp/choose_k
     python benchmarks/choose_k.py --quick --methods bic1 silhouette tgmm   # a subset
     python benchmarks/choose_k.py --tasks 30 --no-real   # synthetic tasks only
+    python benchmarks/choose_k.py --methods tgmm --baseline-checkpoint old/   # paired heads
+
+``--baseline-checkpoint`` adds "TGMM posterior [baseline]": the posterior's choice with a
+second checkpoint on the same problems and seeds, whose paired difference from "TGMM
+posterior" is the last column of the per-setting table.
 
 Prints the tables in Markdown and writes choose_k.csv (one row per task and method),
 choose_k_summary.csv (the metrics per setting and method), choose_k_per_k.csv (exact
@@ -290,6 +295,14 @@ METHODS = (
     Method(CLUSTERER, "clusterer", transformer(TransformerClusterer, criterion="posterior")),
     Method(CLUSTERER_BIC, "clusterer-bic", transformer(TransformerClusterer, criterion="bic")),
 )
+
+
+def baseline_posterior(baseline: str) -> Method:
+    """"TGMM posterior" with the checkpoint ``baseline``, whatever the run's checkpoint."""
+    choose = transformer(TransformerGMM, criterion="posterior")
+    return Method(
+        TGMM + " [baseline]", "tgmm-baseline", lambda X, seed, _: choose(X, seed, baseline)
+    )
 
 
 def select_methods(names: list[str] | None) -> list[Method]:
@@ -666,6 +679,11 @@ def main(argv=None):
         help="a subset, by key (" + ", ".join(m.key for m in METHODS) + ") or full name",
     )
     parser.add_argument("--no-real", action="store_true", help="synthetic tasks only")
+    parser.add_argument(
+        "--baseline-checkpoint",
+        default=None,
+        help="also choose by the posterior of this checkpoint, paired on the same problems",
+    )
     tasks = next(a for a in parser._actions if a.dest == "tasks")
     tasks.help = "tasks per synthetic setting (100; 12 with --quick)"
     args = parser.parse_args(argv)
@@ -675,6 +693,8 @@ def main(argv=None):
         methods = select_methods(args.methods)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.baseline_checkpoint is not None:
+        methods.append(baseline_posterior(args.baseline_checkpoint))
     problems = synthetic_problems(args.seed, n_tasks) + separated_problems(args.seed, n_tasks)
     if not args.no_real:
         problems += real_problems(args.seed, n_seeds)

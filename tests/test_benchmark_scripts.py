@@ -322,3 +322,19 @@ def test_choose_k_quick_runs(tmp_path):
     assert {r["method"] for r in summary} == {
         "BIC loop GMM(n_init=1)", "TGMM posterior", "KMeans silhouette"
     }
+
+
+def test_choose_k_pairs_a_baseline_checkpoint(tmp_path):
+    # The same checkpoint as its own baseline: every choice the same, a paired difference of 0.
+    choose_k = _load("choose_k")
+    choose_k.main(["--quick", "--tasks", "2", "--no-real", "--methods", "tgmm",
+                   "--baseline-checkpoint", "default", "--results", str(tmp_path)])
+    rows = _csv(tmp_path / "choose_k.csv")
+    by_method = {}
+    for row in rows:
+        by_method.setdefault(row["method"], []).append(row["chosen_k"])
+    assert set(by_method) == {"TGMM posterior", "TGMM posterior [baseline]"}
+    assert by_method["TGMM posterior"] == by_method["TGMM posterior [baseline]"]
+    summary = _csv(tmp_path / "choose_k_summary.csv")
+    baseline = [r for r in summary if r["method"] == "TGMM posterior [baseline]"]
+    assert baseline and all(float(r["exact_vs_tgmm"]) == 0 for r in baseline)
