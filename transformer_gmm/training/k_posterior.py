@@ -137,7 +137,7 @@ def trainable(model: MixtureTransformer, k_unknown: bool = True) -> list[torch.n
 
 def k_log_posterior(model: MixtureTransformer, x, mask, k_unknown: bool) -> torch.Tensor:
     """The model's log P(K | X) (B, k_max); without ``k_unknown`` training, the frozen
-    backbone runs without autograd (about half the time of a step on a CPU)."""
+    backbone runs without autograd (a CPU step in about two thirds of the time)."""
     if k_unknown:
         return model.k_log_posterior(x, mask)
     with torch.no_grad():
