@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import TINY_CHECKPOINT, TINY_K_CHECKPOINT, make_blobs
 from sklearn.base import clone
+from sklearn.metrics import adjusted_rand_score
 from sklearn.model_selection import GridSearchCV
 
 from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM
@@ -95,11 +96,10 @@ def test_one_gaussian_is_a_candidate():
     assert gmm.n_components_ == 1 and gmm.weights_.shape == (1,)
 
 
-@pytest.mark.parametrize("criterion", ["posterior", "bic"])
-def test_the_chosen_fit_is_the_fit_of_that_k(criterion, three_blobs_100):
+def test_bics_choice_is_the_fit_of_that_k(three_blobs_100):
     X = three_blobs_100
     auto = TransformerGMM(
-        n_components="auto", criterion=criterion, checkpoint=TINY_K_CHECKPOINT, random_state=0
+        n_components="auto", criterion="bic", checkpoint=TINY_K_CHECKPOINT, random_state=0
     ).fit(X)
     K = auto.n_components_
     direct = TransformerGMM(n_components=K, checkpoint=TINY_K_CHECKPOINT, random_state=0).fit(X)
@@ -107,6 +107,75 @@ def test_the_chosen_fit_is_the_fit_of_that_k(criterion, three_blobs_100):
     np.testing.assert_array_equal(auto.predict(X), direct.predict(X))
     assert auto.score(X) == direct.score(X) and auto.bic(X) == direct.bic(X)
     assert auto.predict_proba(X).shape == (len(X), K) and auto.sample(5)[0].shape == (5, 2)
+
+
+@pytest.fixture
+def backbone_passes(monkeypatch) -> list[str]:
+    """The backbone's passes, in order: "forward" (under K's embedding) or "k_unknown"."""
+    passes = []
+    for name, label in (("forward", "forward"), ("k_unknown_tokens", "k_unknown")):
+        original = getattr(MixtureTransformer, name)
+
+        def counted(self, *args, _original=original, _label=label, **kwargs):
+            passes.append(_label)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(MixtureTransformer, name, counted)
+    return passes
+
+
+@pytest.mark.parametrize("Estimator", [TransformerGMM, TransformerClusterer])
+def test_the_posteriors_choice_is_fitted_from_the_pass_that_chose_it(
+    Estimator, backbone_passes, three_blobs_100
+):
+    # One pass in all: K's head reads the tokens that P(K | X) was read from.
+    X = three_blobs_100
+    name = "n_components" if Estimator is TransformerGMM else "n_clusters"
+    params = dict(criterion="posterior", checkpoint=TINY_K_CHECKPOINT, random_state=0)
+    # One candidate, the blobs' 3: the untrained tiny model chooses no other way.
+    auto = Estimator(**{name: [3]}, **params).fit(X)
+    assert backbone_passes == ["k_unknown"]
+    K = k_of(auto)
+    direct = Estimator(**{name: K}, **params).fit(X)
+    assert backbone_passes == ["k_unknown", "forward"]
+    # Separated blobs: both starts reach the same optimum, its components in some order.
+    assert adjusted_rand_score(auto.predict(X), direct.predict(X)) == 1.0
+    centers = "means_" if Estimator is TransformerGMM else "cluster_centers_"
+    a, b = (np.sort(getattr(e, centers), axis=0) for e in (auto, direct))
+    np.testing.assert_allclose(a, b, atol=1e-8)
+    if Estimator is TransformerGMM:
+        assert auto.predict_proba(X).shape == (len(X), K) and auto.sample(5)[0].shape == (5, 2)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(n_views=2),  # two views read, four starts
+        dict(n_views=2, n_init=1),  # the first view's alone
+        dict(n_views=2, n_init=3),
+        dict(max_iter=0),  # the transformer's own estimate, from the pass that chose K
+        dict(n_init=5),  # three k-means++ starts beside the transformer's two
+    ],
+)
+@pytest.mark.parametrize("Estimator", [TransformerGMM, TransformerClusterer])
+def test_every_start_reads_the_pass_that_chose_k(Estimator, params, three_blobs_100):
+    if Estimator is TransformerClusterer and "max_iter" in params:
+        params = dict(max_iter=1)  # k-means takes no max_iter=0
+    X = three_blobs_100
+    name = "n_components" if Estimator is TransformerGMM else "n_clusters"
+    common = dict(criterion="posterior", checkpoint=TINY_K_CHECKPOINT, **params)
+    weights = np.random.default_rng(1).uniform(0.5, 2.0, len(X))
+    for sample_weight in (None, weights):
+        a = Estimator(**{name: [2, 3, 4]}, random_state=0, **common)
+        a.fit(X, sample_weight=sample_weight)
+        order = np.random.default_rng(2).permutation(len(X))
+        b = Estimator(**{name: [2, 3, 4]}, random_state=0, **common)
+        w = None if sample_weight is None else sample_weight[order]
+        b.fit(X[order], sample_weight=w)
+        # The same random_state, the same fit, whatever the row order.
+        assert k_of(a) == k_of(b)
+        np.testing.assert_array_equal(a.predict(X), b.predict(X))
+        assert a.init_method_ in ("transformer", "k-means++")
 
 
 def test_the_posterior_over_candidates(three_blobs_100):

@@ -4,7 +4,8 @@ list of candidates, for both estimators.
 Two ways to choose:
 
 - ``"posterior"``: the backbone's K-posterior head reads P(K | X) for every candidate in one
-  pass (:mod:`transformer_gmm.engine.k_posterior`); the most probable K is fitted once.
+  pass (:mod:`transformer_gmm.engine.k_posterior`); the most probable K is fitted once,
+  its transformer's starts read by K's head from that same pass.
 - ``"bic"``: every candidate is fitted as the estimator would fit it, and the lowest BIC
   wins: the mixture's BIC, or for k-means that of its hard-assignment mixture of spherical
   Gaussians with one shared variance (X-means, Pelleg & Moore 2000).
@@ -24,7 +25,7 @@ import numpy as np
 
 from ._base import draw_seed, is_missing_default
 from .engine import backend
-from .engine.k_posterior import k_posteriors
+from .engine.k_posterior import read_k_unknown
 
 # The candidates' upper end without a checkpoint: the largest K the bundled one covers.
 DEFAULT_MAX_COMPONENTS = 10
@@ -40,6 +41,8 @@ class Choice:
     values: np.ndarray  # (C,) the criterion per candidate, lower is better
     posterior: np.ndarray | None  # (C,) P(K | X) over the candidates, where the model reads it
     fitted: object | None  # the chosen candidate's fitted estimator, when BIC fitted them all
+    # The pass that read the posterior, which the chosen K's fit starts from (posterior only).
+    reading: object | None = None
 
 
 def is_auto(value) -> bool:
@@ -113,7 +116,9 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
         weights = None if sample_weight is None else [sample_weight]
         device = backend.resolve_device(params["device"])
         n_views = params["n_views"]
-        p = k_posteriors(backbone, [X], weights, seed=seed, device=device, n_views=n_views)
+        p, reading = read_k_unknown(
+            backbone, [X], weights, seed=seed, device=device, n_views=n_views
+        )
         posterior = p[0, ks - 1] / p[0, ks - 1].sum()
     if criterion == "bic":
         fits = [_fit_candidate(estimator, params, k_name, K, X, sample_weight) for K in ks]
@@ -122,7 +127,8 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
         return Choice(int(ks[best]), ks, "bic", values, posterior, fits[best])
     with np.errstate(divide="ignore"):
         values = -np.log(posterior)
-    return Choice(int(ks[np.argmax(posterior)]), ks, "posterior", values, posterior, None)
+    K = int(ks[np.argmax(posterior)])
+    return Choice(K, ks, "posterior", values, posterior, None, reading)
 
 
 def _max_name(k_name: str) -> str:

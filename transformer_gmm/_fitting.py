@@ -112,10 +112,11 @@ def load_backbone(checkpoint, n_components: int, fallback: str) -> backend.Backb
     return backbone
 
 
-def transformer_starts(params: dict, n_components: int, fallback: str) -> dict:
+def transformer_starts(params: dict, n_components: int, fallback: str, reading=None) -> dict:
     """The plan's starts when the transformer starts the fit: its backbone (None when
-    it falls back), the numbers of the transformer's and of k-means++'s starts, and
-    the name of each run's start."""
+    it falls back), the numbers of the transformer's and of k-means++'s starts, the
+    name of each run's start, and ``reading``, the pass under the "K unknown" embedding
+    that chose ``n_components`` (its starts read that pass; None: a pass of their own)."""
     backbone = load_backbone(params["checkpoint"], n_components, fallback)
     n_transformer, n_kmeans = n_starts(params, backbone is not None)
     return dict(
@@ -123,6 +124,7 @@ def transformer_starts(params: dict, n_components: int, fallback: str) -> dict:
         n_transformer_inits=n_transformer,
         n_kmeans_inits=n_kmeans,
         start_names=("transformer",) * n_transformer + ("k-means++",) * n_kmeans,
+        reading=reading if n_transformer > 0 else None,
     )
 
 
@@ -138,11 +140,14 @@ def _plan(params: dict, n_components: int, device: str, fields: dict, random_sta
     )
 
 
-def mixture_plan(params: dict, X, sample_weight, random_state, previous=None) -> FitPlan:
+def mixture_plan(
+    params: dict, X, sample_weight, random_state, previous=None, reading=None
+) -> FitPlan:
     """The mixture fit of ``X``, decided once: EM settings and starts (the backbone or None,
     the numbers of the transformer's and of k-means's starts, the other starts and the given
     parameters or None, the name of each run's start). ``previous`` is the fitted estimator
-    ``warm_start`` goes on from. The random starts are drawn from ``random_state`` first,
+    ``warm_start`` goes on from; ``reading`` the pass that chose K (see
+    :func:`transformer_starts`). The random starts are drawn from ``random_state`` first,
     as scikit-learn does, then the seed of the fit's generator."""
     device = backend.resolve_device(params["device"])
     K = params["n_components"]
@@ -157,7 +162,7 @@ def mixture_plan(params: dict, X, sample_weight, random_state, previous=None) ->
     if len(given) == 3:  # nothing left to initialise
         fields = dict(em, given=GivenStarts(**given), start_names=("user",))
     elif init_params == "transformer":
-        starts = transformer_starts(params, K, MIXTURE_FALLBACK)
+        starts = transformer_starts(params, K, MIXTURE_FALLBACK, reading)
         fields = dict(em, **starts, given=GivenStarts(**given) if given else None)
     elif init_params == "kmeans":
         given = GivenStarts(**given) if given else None
@@ -189,18 +194,20 @@ def _previous_fit(previous, n_features: int) -> GivenStarts:
     )
 
 
-def kmeans_plan(params: dict, X, sample_weight, random_state, name: str) -> FitPlan:
+def kmeans_plan(
+    params: dict, X, sample_weight, random_state, name: str, reading=None
+) -> FitPlan:
     """The k-means fit of ``X``, decided once: the starts (the backbone or None, the numbers
     of the transformer's and of k-means++'s starts, the estimator ``name``'s own starting
     centres (R, K, d) or None, the name of each run's start) and whether to trace Lloyd
-    (``verbose``). Draws the random starts from ``random_state`` first, as scikit-learn
-    does, then the seed of the fit's generator."""
+    (``verbose``); ``reading`` as :func:`mixture_plan`'s. Draws the random starts from
+    ``random_state`` first, as scikit-learn does, then the seed of the fit's generator."""
     device = backend.resolve_device(params["device"])
     K, init = params["n_clusters"], params["init"]
     kind = init_kind(init)
     trace = bool(params["verbose"]) and not _dask.is_dask_array(X)
     if kind == "transformer":
-        fields = dict(transformer_starts(params, K, KMEANS_FALLBACK), trace=trace)
+        fields = dict(transformer_starts(params, K, KMEANS_FALLBACK, reading), trace=trace)
         return _plan(params, K, device, fields, random_state)
     n_init = n_runs(init, params["n_init"], name)
     if kind == "k-means++":

@@ -58,7 +58,8 @@ class TransformerClusterer(
         checkpoint covers (10 without one), at most ``n_samples``. Ignored otherwise.
     criterion : {"auto", "bic", "posterior"}, default="auto"
         How a K is chosen when ``n_clusters`` is not an int. ``"posterior"``: the most
-        probable K under the checkpoint's learned P(K | X), one forward pass, then one fit.
+        probable K under the checkpoint's learned P(K | X), then its clustering, all from
+        one forward pass (K's readout head reads the pass that chose it).
         ``"bic"``: every candidate is clustered and the lowest BIC of its hard-assignment
         mixture of spherical Gaussians with one shared variance wins (X-means). ``"auto"``:
         the posterior where the checkpoint reads P(K | X) for every candidate, else BIC.
@@ -273,7 +274,7 @@ class TransformerClusterer(
             )
         if sample_weight is not None:
             sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
-        n_clusters = self.n_clusters
+        n_clusters, reading = self.n_clusters, None
         if not auto:
             _choose_k.store_choice(self, None)
         else:
@@ -289,7 +290,7 @@ class TransformerClusterer(
             if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
                 _choose_k.take_fitted_attributes(self, choice.fitted)
                 return self
-            n_clusters = choice.n_components
+            n_clusters, reading = choice.n_components, choice.reading
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_clusters)
         random_state = check_random_state(self.random_state)
@@ -299,20 +300,27 @@ class TransformerClusterer(
                 "algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
                 RuntimeWarning,
             )
-        plan = self._plan(X, sample_weight, random_state, n_clusters)
+        plan = self._plan(X, sample_weight, random_state, n_clusters, reading)
         self._n_init = plan.n_runs
         _fitting.store_kmeans(self, _fitting.run(plan, X, sample_weight), X, plan)
         return self
 
     def _plan(
-        self, X, sample_weight, random_state: np.random.RandomState, n_clusters=None
+        self,
+        X,
+        sample_weight,
+        random_state: np.random.RandomState,
+        n_clusters=None,
+        reading=None,
     ) -> FitPlan:
         """The fit of ``X`` with ``n_clusters`` (by default the parameter's), decided once
-        by :func:`~transformer_gmm._fitting.kmeans_plan`."""
+        by :func:`~transformer_gmm._fitting.kmeans_plan`, its starts read from ``reading``
+        where the posterior chose K."""
         params = self.get_params(deep=False)
         if n_clusters is not None:
             params["n_clusters"] = n_clusters
-        return _fitting.kmeans_plan(params, X, sample_weight, random_state, type(self).__name__)
+        name = type(self).__name__
+        return _fitting.kmeans_plan(params, X, sample_weight, random_state, name, reading)
 
     def fit_predict(self, X, y=None, sample_weight=None):
         """Cluster ``X`` and return ``labels_``.

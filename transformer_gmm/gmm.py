@@ -39,7 +39,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         checkpoint covers (10 without one), at most ``n_samples``. Ignored otherwise.
     criterion : {"auto", "bic", "posterior"}, default="auto"
         How a K is chosen when ``n_components`` is not an int. ``"posterior"``: the most
-        probable K under the checkpoint's learned P(K | X), one forward pass, then one fit.
+        probable K under the checkpoint's learned P(K | X), then its fit, all from one
+        forward pass (K's readout head reads the pass that chose it).
         ``"bic"``: every candidate is fitted and the lowest BIC wins. ``"auto"``: the
         posterior where the checkpoint reads P(K | X) for every candidate, else BIC
         (``checkpoint=None``, or candidates beyond its heads). The posterior is ahead of
@@ -348,16 +349,17 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
                 "need X in memory; fit on a numpy array (X.compute()) to use them."
             )
         sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
-        n_components = self.n_components
+        n_components, reading = self.n_components, None
         if not auto:
             _choose_k.store_choice(self, None)
         else:
-            n_components = self._choose_n_components(X, sample_weight)
+            n_components, reading = self._choose_n_components(X, sample_weight)
             if n_components is None:  # BIC fitted every candidate: the chosen one is kept
                 return self._estimate_weighted_log_prob(X).argmax(axis=1)
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_components)
-        plan = self._plan(X, sample_weight, check_random_state(self.random_state), n_components)
+        random_state = check_random_state(self.random_state)
+        plan = self._plan(X, sample_weight, random_state, n_components, reading)
         fits = _fitting.run(plan, X, sample_weight)
         _fitting.store_mixture(self, fits, 0, plan, X.dtype)
         if self.verbose and fits.lower_bounds is not None:
@@ -380,11 +382,12 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             )
         return self._estimate_weighted_log_prob(X).argmax(axis=1)
 
-    def _choose_n_components(self, X, sample_weight) -> int | None:
-        """The K to fit (a warm start keeps the previous one); None when the choice by BIC
-        has already fitted it, whose fitted attributes are then this estimator's."""
+    def _choose_n_components(self, X, sample_weight) -> tuple:
+        """The K to fit (a warm start keeps the previous one), and the pass that chose it
+        or None; K is None when the choice by BIC has already fitted it, whose fitted
+        attributes are then this estimator's."""
         if self.warm_start and hasattr(self, "converged_"):
-            return len(self.weights_)
+            return len(self.weights_), None
         given = (self.weights_init, self.means_init, self.precisions_init)
         if any(p is not None for p in given):
             raise ValueError(
@@ -396,18 +399,27 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         if choice.fitted is not None:
             _choose_k.take_fitted_attributes(self, choice.fitted)
         _choose_k.store_choice(self, choice)
-        return None if choice.fitted is not None else choice.n_components
+        if choice.fitted is not None:
+            return None, None
+        return choice.n_components, choice.reading
 
     def _plan(
-        self, X, sample_weight, random_state: np.random.RandomState, n_components=None
+        self,
+        X,
+        sample_weight,
+        random_state: np.random.RandomState,
+        n_components=None,
+        reading=None,
     ) -> FitPlan:
         """The fit of ``X`` with ``n_components`` (by default the parameter's), decided once
-        by :func:`~transformer_gmm._fitting.mixture_plan`."""
+        by :func:`~transformer_gmm._fitting.mixture_plan`, its starts read from ``reading``
+        where the posterior chose K."""
         warm = self.warm_start and hasattr(self, "converged_")
         params = self.get_params(deep=False)
         if n_components is not None:
             params["n_components"] = n_components
-        return _fitting.mixture_plan(params, X, sample_weight, random_state, self if warm else None)
+        previous = self if warm else None
+        return _fitting.mixture_plan(params, X, sample_weight, random_state, previous, reading)
 
     def _starts_need_rows(self, sample_weight) -> bool:
         """Whether the fit uses GaussianMixture's ways to start, or weights."""

@@ -5,6 +5,8 @@ largest K (every direction up to ``d_max``), and its K-posterior head scores K =
 Rows are read as a fit reads them: in canonical order, a uniform draw of ``context_size``
 of them (or one in proportion to ``sample_weight``), and each view of
 :func:`~transformer_gmm.engine.readout.reflections`; the views' probabilities are averaged.
+Every readout head reads the same tokens, so the fit of the K chosen starts from this pass
+(:func:`read_k_unknown`).
 """
 
 from __future__ import annotations
@@ -13,13 +15,12 @@ import numpy as np
 import torch
 
 from . import backend, row_order
-from .readout import read_views
-from .standardize import weighted_rows
+from .readout import Reading, read_views
+from .standardize import take_rows, weighted_rows
 
-__all__ = ["k_posteriors"]
+__all__ = ["k_posteriors", "read_k_unknown"]
 
 
-@backend.explain_out_of_memory
 def k_posteriors(
     backbone: backend.Backbone,
     Xs: list[np.ndarray],
@@ -42,6 +43,22 @@ def k_posteriors(
     >>> p.shape, int(p.argmax()) + 1
     ((1, 10), 2)
     """
+    return read_k_unknown(backbone, Xs, sample_weight, seed=seed, device=device, n_views=n_views)[0]
+
+
+@backend.explain_out_of_memory
+def read_k_unknown(
+    backbone: backend.Backbone,
+    Xs: list[np.ndarray],
+    sample_weight: list[np.ndarray] | None = None,
+    *,
+    seed: int,
+    device: str = "cpu",
+    n_views: int = 1,
+) -> tuple[np.ndarray, Reading]:
+    """:func:`k_posteriors`, and the pass they were read from, whose tokens every readout
+    head reads as well: a fit of ``Xs`` (in canonical row order, as the fit puts them)
+    starts from it with no pass of its own (``FitPlan.reading``)."""
     model = backend.model_on(backbone.model, device)
     config = model.config
     orders = row_order.canonical_orders(Xs, sample_weight)
@@ -56,6 +73,9 @@ def k_posteriors(
     # Projected as for the largest K: every direction up to d_max.
     read = read_views(config, x, mask, config.k_max, generator, n_views)
     with torch.inference_mode():
-        log_p = model.k_log_posterior(read.views, read.views_mask)  # (V * B, k_max)
+        tokens, tokens_mask = model.k_unknown_tokens(read.views, read.views_mask)
+        log_p = model.k_posterior_head(tokens, tokens_mask)  # (V * B, k_max)
     probs = log_p.exp().view(n_views, len(Xs), -1).mean(dim=0)  # (B, k_max)
-    return backend.to_numpy(probs / probs.sum(dim=-1, keepdim=True))
+    rows = x if read.index is None else take_rows(x, read.index)  # (B, C, d)
+    reading = Reading(read.standardization, rows, read.read_mask, read.signs, tokens, tokens_mask)
+    return backend.to_numpy(probs / probs.sum(dim=-1, keepdim=True)), reading

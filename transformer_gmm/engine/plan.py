@@ -14,6 +14,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from .backend import Backbone
+    from .readout import Reading
     from .starts import GivenStarts
 
 
@@ -36,6 +37,9 @@ class FitPlan:
     given: GivenStarts | np.ndarray | None = None
     start_names: tuple[str, ...] = ()
     trace: bool = False
+    # The backbone's pass under the "K unknown" embedding (n_components="auto"), which the
+    # transformer's starts read K's head on, instead of a pass of their own.
+    reading: Reading | None = None
 
     @property
     def is_mixture(self) -> bool:

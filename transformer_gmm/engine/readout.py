@@ -26,6 +26,7 @@ from .standardize import Standardization, fit_standardization, subsample_rows, t
 
 __all__ = [
     "MixtureInit",
+    "Reading",
     "cholesky_on_kept",
     "cluster_centers",
     "forward",
@@ -161,6 +162,25 @@ class ReadViews(NamedTuple):
     views_mask: Tensor | None  # (V * B, C)
 
 
+@dataclass(frozen=True)
+class Reading:
+    """The backbone's pass over B datasets under the "K unknown" embedding, kept for the
+    starts: every readout head reads its tokens (``MixtureTransformer.read_out``), so the
+    fit of the K that P(K | X) chose needs no pass of its own
+    (:mod:`~transformer_gmm.engine.k_posterior`)."""
+
+    standardization: Standardization  # as for the largest K: every direction up to d_max
+    rows: Tensor  # (B, C, d) the rows read, in the user's space
+    rows_mask: Tensor | None  # (B, C) which of them are real; None when all are
+    signs: Tensor  # (V, d_max) each view's reflection
+    tokens: Tensor  # (V * B, C, D), view-major
+    tokens_mask: Tensor | None  # (V * B, C)
+
+    @property
+    def n_views(self) -> int:
+        return self.signs.shape[0]
+
+
 def read_views(
     config, x: Tensor, mask: Tensor | None, n_components: int, generator, n_views: int
 ) -> ReadViews:
@@ -185,20 +205,34 @@ def _read(
     n_components: int,
     generator,
     n_starts: int,
+    reading: Reading | None = None,
 ) -> tuple[Standardization, Tensor, Tensor, Tensor | None, list[MixtureOutput]]:
     """Standardize, subsample, and run the backbone on every view ``n_starts`` needs in one
-    batch; returns the standardization, rows in model space, rows read, their mask, and each
-    view's output mapped back to the unreflected space.
+    batch, or read K's head on ``reading``'s tokens; returns the standardization, rows in
+    model space, rows read, their mask, and each view's output mapped back to the
+    unreflected space.
     """
-    n_views = -(-n_starts // 2)
-    read = read_views(model.config, x, mask, n_components, generator, n_views)
-    out = forward(model, read.views, n_components, read.views_mask)
-    n_datasets, outs = x.shape[0], []
-    for v, sign in enumerate(read.signs):
+    n_views, n_datasets = -(-n_starts // 2), x.shape[0]
+    if reading is None:
+        read = read_views(model.config, x, mask, n_components, generator, n_views)
+        out = forward(model, read.views, n_components, read.views_mask)
+        standardization, z, signs = read.standardization, read.z, read.signs
+        x_read = x if read.index is None else take_rows(x, read.index)  # (B, C, d)
+        read_mask = read.read_mask
+    else:
+        if n_views > reading.n_views:
+            raise ValueError(f"{n_starts} starts need {n_views} views; the reading has fewer.")
+        n_tokens = n_views * n_datasets
+        tokens_mask = None if reading.tokens_mask is None else reading.tokens_mask[:n_tokens]
+        with torch.inference_mode():
+            out = model.read_out(reading.tokens[:n_tokens], n_components, tokens_mask)
+        standardization, signs = reading.standardization, reading.signs[:n_views]
+        z, x_read, read_mask = standardization.transform(x), reading.rows, reading.rows_mask
+    outs = []
+    for v, sign in enumerate(signs):
         view = MixtureOutput(*(field[v * n_datasets : (v + 1) * n_datasets] for field in out))
         outs.append(view._replace(means=view.means * sign))
-    x_read = x if read.index is None else take_rows(x, read.index)  # (B, C, d)
-    return read.standardization, read.z, x_read, read.read_mask, outs
+    return standardization, z, x_read, read_mask, outs
 
 
 def _mixture_start(
@@ -234,6 +268,7 @@ def mixture_inits(
     n_components: int,
     generator: torch.Generator,
     n_starts: int = 2,
+    reading: Reading | None = None,
 ) -> tuple[MixtureInit, ...]:
     """The transformer's starts, two from each view of the data, in one forward pass.
 
@@ -256,12 +291,17 @@ def mixture_inits(
         Draws the rows read where a dataset has more than ``context_size``.
     n_starts : int, default=2
         How many starts, view by view (``ceil(n_starts / 2)`` views).
+    reading : Reading, optional
+        The pass under the "K unknown" embedding to read K's head on, instead of a pass of
+        K's own; ``x`` then holds the rows the mixture starts score.
 
     Returns
     -------
     starts : tuple of MixtureInit
     """
-    return _view_starts(model, x, mask, n_components, generator, n_starts, _point_probs, True)
+    return _view_starts(
+        model, x, mask, n_components, generator, n_starts, _point_probs, True, reading
+    )
 
 
 def _point_probs(out: MixtureOutput, read_mask: Tensor | None, dtype: torch.dtype) -> Tensor:
@@ -277,14 +317,14 @@ def _point_labels(out: MixtureOutput, read_mask: Tensor | None, dtype: torch.dty
 
 
 def _view_starts(
-    model, x, mask, n_components, generator, n_starts, point_resp, mixture_first: bool
+    model, x, mask, n_components, generator, n_starts, point_resp, mixture_first: bool, reading
 ) -> tuple[MixtureInit, ...]:
     """The first ``n_starts`` of, view by view, the start from the transformer's mixture and
     the one from ``point_resp(out, read_mask, dtype)`` on the rows read (in that order, or
     the per-point one first); a start past ``n_starts`` is never built (the mixture start
     scores every row)."""
     standardization, z, x_read, read_mask, outs = _read(
-        model, x, mask, n_components, generator, n_starts
+        model, x, mask, n_components, generator, n_starts, reading
     )
 
     def mixture(out):
@@ -305,10 +345,13 @@ def cluster_centers(
     n_clusters: int,
     generator: torch.Generator,
     n_starts: int = 2,
+    reading: Reading | None = None,
 ) -> tuple[Tensor, ...]:
     """The transformer's sets of centres (B, K, d), two from each view, in one forward pass:
     the mean of the read points of each head label, then :func:`mixture_inits`' means.
     Arguments as :func:`mixture_inits`.
     """
-    starts = _view_starts(model, x, mask, n_clusters, generator, n_starts, _point_labels, False)
+    starts = _view_starts(
+        model, x, mask, n_clusters, generator, n_starts, _point_labels, False, reading
+    )
     return tuple(start.means for start in starts)

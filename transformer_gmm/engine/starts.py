@@ -21,6 +21,14 @@ from .standardize import take_rows, weighted_rows
 if TYPE_CHECKING:
     from .plan import FitPlan
 
+def _weighted_draw(x, sample_weight, backbone, generator, plan: FitPlan) -> tuple:
+    """The rows (B, C, d) the transformer reads of weighted data, drawn in proportion to
+    ``sample_weight``, and their mask; those the plan's reading drew, where it has one."""
+    if plan.reading is not None:
+        return plan.reading.rows, plan.reading.rows_mask
+    return weighted_rows(x, sample_weight, backbone.context_size, generator)
+
+
 # --- Gaussian mixtures ---------------------------------------------------------------
 
 
@@ -69,10 +77,16 @@ def mixture_starts(
     if n_transformer_inits > 0:
         model = backend.model_on(backbone.model, device)
         x_read, mask_read = x, mask
-        if sample_weight is not None:
-            x_read, mask_read = weighted_rows(x, sample_weight, backbone.context_size, generator)
+        if sample_weight is not None:  # the rows drawn by weight, then read
+            x_read, mask_read = _weighted_draw(x, sample_weight, backbone, generator, plan)
         starts = readout.mixture_inits(
-            model, x_read, mask_read, n_components, generator, n_starts=n_transformer_inits
+            model,
+            x_read,
+            mask_read,
+            n_components,
+            generator,
+            n_starts=n_transformer_inits,
+            reading=plan.reading,
         )
         for init in starts:
             params = m_step.estimate_gaussian_parameters(
@@ -199,10 +213,16 @@ def kmeans_starts(
     if n_transformer_inits > 0:
         model = backend.model_on(backbone.model, device)
         x_read = x
-        if sample_weight is not None:
-            x_read, _ = weighted_rows(x, sample_weight, backbone.context_size, generator)
+        if sample_weight is not None:  # the rows drawn by weight, then read
+            x_read, _ = _weighted_draw(x, sample_weight, backbone, generator, plan)
         starts += readout.cluster_centers(
-            model, x_read, None, n_clusters, generator, n_starts=n_transformer_inits
+            model,
+            x_read,
+            None,
+            n_clusters,
+            generator,
+            n_starts=n_transformer_inits,
+            reading=plan.reading,
         )
     if n_kmeans_inits > 0:
         starts.append(

@@ -314,7 +314,28 @@ class MixtureTransformer(nn.Module):
         self._check_inputs(x, n_components, mask)
         k_embedding = self.k_embedding.weight[n_components - self.config.k_min]  # (D,)
         h, mask = self._tokens(x, k_embedding, mask)  # (B, N, D)
-        raw, point_logits = self.heads[str(int(n_components))](h, mask)
+        return self.read_out(h, n_components, mask)
+
+    def read_out(
+        self, tokens: Tensor, n_components: int, mask: Tensor | None = None
+    ) -> MixtureOutput:
+        """The readout head of ``n_components`` on the backbone's tokens (B, N, D).
+
+        :meth:`forward` reads the tokens of K's own embedding; the tokens of the "K
+        unknown" embedding (:meth:`k_unknown_tokens`) read as well, so one pass gives
+        P(K | X) and the estimate of any K (what ``n_components="auto"`` fits from).
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> model = MixtureTransformer(config_from_preset("tiny", k_posterior_seeds=2))
+        >>> tokens, mask = model.k_unknown_tokens(torch.randn(1, 40, 4))
+        >>> model.read_out(tokens, 3, mask).means.shape
+        torch.Size([1, 3, 4])
+        """
+        self._check_n_components(n_components)
+        raw, point_logits = self.heads[str(int(n_components))](tokens, mask)
         return _parse(raw, point_logits, self.config.d_max, self.config.scale_type)
 
     def k_log_posterior(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -370,12 +391,7 @@ class MixtureTransformer(nn.Module):
         return self.ln_f(h), mask
 
     def _check_inputs(self, x: Tensor, n_components: int, mask: Tensor | None) -> None:
-        if not self.has_head(n_components):
-            k = self.supported_n_components
-            raise ValueError(
-                f"This model has readout heads for n_components in [{k.start}, {k.stop - 1}], "
-                f"got n_components={n_components}."
-            )
+        self._check_n_components(n_components)
         if x.dim() != 3 or x.shape[-1] != self.config.d_max:
             raise ValueError(
                 f"x must have shape (B, N, d_max={self.config.d_max}), got {tuple(x.shape)}."
@@ -384,4 +400,12 @@ class MixtureTransformer(nn.Module):
             raise ValueError(
                 f"mask must be a bool tensor of shape {tuple(x.shape[:2])}, "
                 f"got {mask.dtype} of shape {tuple(mask.shape)}."
+            )
+
+    def _check_n_components(self, n_components: int) -> None:
+        if not self.has_head(n_components):
+            k = self.supported_n_components
+            raise ValueError(
+                f"This model has readout heads for n_components in [{k.start}, {k.stop - 1}], "
+                f"got n_components={n_components}."
             )
