@@ -129,6 +129,7 @@ class Problem:
     X: np.ndarray  # (n, d)
     true_k: int
     seed: int  # every method's random_state
+    labels: np.ndarray | None = None  # (n,) the component or class of each row
 
 
 def setting_name(d: int, difficulty: str) -> str:
@@ -153,6 +154,7 @@ def synthetic_problems(seed: int, n_tasks: int) -> list[Problem]:
                         task.X,
                         k,
                         1000 * seed + index,
+                        task.labels,
                     )
                 )
     return problems
@@ -181,7 +183,8 @@ def separated_problems(seed: int, n_tasks: int) -> list[Problem]:
             labels = np.arange(N_SAMPLES) % k
             X = means[labels] + rng.standard_normal((N_SAMPLES, d))
             name = setting_name(d, SEPARATED)
-            problems.append(Problem(name, index, f"task {index}", X, k, 1000 * seed + index))
+            seed_i = 1000 * seed + index
+            problems.append(Problem(name, index, f"task {index}", X, k, seed_i, labels))
     return problems
 
 
@@ -200,7 +203,9 @@ def real_problems(seed: int, n_seeds: int) -> list[Problem]:
         X = StandardScaler().fit_transform(dataset.X)
         for index in range(n_seeds):
             problems.append(
-                Problem(REAL, index, name, X, dataset.n_components, 1000 * seed + index)
+                Problem(
+                    REAL, index, name, X, dataset.n_components, 1000 * seed + index, dataset.labels
+                )
             )
     return problems
 
