@@ -15,7 +15,7 @@ of each fit's labels against the truth, the difference in mean log-likelihood pe
 
     python benchmarks/auto_fits.py                     # 50 tasks per setting, 3 seeds of real data
     python benchmarks/auto_fits.py --max-iter 0        # the transformer's own estimates
-    python benchmarks/auto_fits.py --quick
+    python benchmarks/auto_fits.py --quick --no-real
 
 Prints the paired table in Markdown (means, paired standard errors, medians) and writes
 auto_fits.csv (one row per problem and estimator) and auto_fits_summary.csv under
@@ -139,10 +139,12 @@ def print_summary(table: list[dict], max_iter: int) -> None:
 def main(argv=None):
     parser = standard_parser(__doc__, "auto_fits", "12 tasks per setting, 1 seed of real data")
     parser.add_argument("--max-iter", type=int, default=100, help="TransformerGMM's max_iter")
+    parser.add_argument("--no-real", action="store_true", help="synthetic tasks only")
     args = parser.parse_args(argv)
     n_tasks = args.tasks if args.tasks is not None else (12 if args.quick else 50)
     problems = synthetic_problems(args.seed, n_tasks) + separated_problems(args.seed, n_tasks)
-    problems += real_problems(args.seed, 1 if args.quick else 3)
+    if not args.no_real:
+        problems += real_problems(args.seed, 1 if args.quick else 3)
     estimators = [TransformerGMM] + ([TransformerClusterer] if args.max_iter > 0 else [])
     print(
         f"{n_tasks} tasks per synthetic setting; checkpoint {args.checkpoint!r}; "

@@ -338,3 +338,21 @@ def test_choose_k_pairs_a_baseline_checkpoint(tmp_path):
     summary = _csv(tmp_path / "choose_k_summary.csv")
     baseline = [r for r in summary if r["method"] == "TGMM posterior [baseline]"]
     assert baseline and all(float(r["exact_vs_tgmm"]) == 0 for r in baseline)
+
+
+def test_auto_fits_pairs_the_two_fits_of_each_chosen_k(tmp_path):
+    auto_fits = _load("auto_fits")
+    auto_fits.main(["--quick", "--tasks", "2", "--no-real", "--results", str(tmp_path)])
+    rows = _csv(tmp_path / "auto_fits.csv")
+    assert {r["estimator"] for r in rows} == {"TransformerGMM", "TransformerClusterer"}
+    for row in rows:
+        assert 2 <= int(row["chosen_k"]) <= 10  # K = 1 is left out: no transformer reads it
+        assert -1 <= float(row["ari_auto"]) <= 1 and -1 <= float(row["ari_own_pass"]) <= 1
+        assert float(row["time_auto_s"]) > 0 and float(row["time_own_pass_s"]) > 0
+    summary = _csv(tmp_path / "auto_fits_summary.csv")
+    assert sum(int(r["problems"]) for r in summary) == len(rows)
+    for r in summary:
+        cell = [row for row in rows
+                if (row["estimator"], row["setting"]) == (r["estimator"], r["setting"])]
+        ari = sum(float(row["ari_auto"]) - float(row["ari_own_pass"]) for row in cell)
+        assert abs(float(r["ari_difference"]) - ari / len(cell)) < 1e-12
