@@ -20,12 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from numbers import Integral
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._base import draw_seed, is_missing_default
 from .engine import backend
 from .engine.k_posterior import read_k_unknown
+
+if TYPE_CHECKING:
+    from .engine.readout import Reading
 
 # The candidates' upper end without a checkpoint: the largest K the bundled one covers.
 DEFAULT_MAX_COMPONENTS = 10
@@ -42,7 +46,7 @@ class Choice:
     posterior: np.ndarray | None  # (C,) P(K | X) over the candidates, where the model reads it
     fitted: object | None  # the chosen candidate's fitted estimator, when BIC fitted them all
     # The pass that read the posterior, which the chosen K's fit starts from (posterior only).
-    reading: object | None = None
+    reading: Reading | None = None
 
 
 def is_auto(value) -> bool:

@@ -21,6 +21,7 @@ from .standardize import take_rows, weighted_rows
 if TYPE_CHECKING:
     from .plan import FitPlan
 
+
 def _weighted_draw(x, sample_weight, backbone, generator, plan: FitPlan) -> tuple:
     """The rows (B, C, d) the transformer reads of weighted data, drawn in proportion to
     ``sample_weight``, and their mask; those the plan's reading drew, where it has one."""
