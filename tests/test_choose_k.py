@@ -96,17 +96,17 @@ def test_one_gaussian_is_a_candidate():
     assert gmm.n_components_ == 1 and gmm.weights_.shape == (1,)
 
 
-def test_bics_choice_is_the_fit_of_that_k(three_blobs_100):
+def test_without_the_head_bics_choice_is_the_fit_of_that_k(three_blobs_100):
+    # No pass reads P(K | X): each candidate is the estimator's fit of its K, to the bit.
     X = three_blobs_100
     auto = TransformerGMM(
-        n_components="auto", criterion="bic", checkpoint=TINY_K_CHECKPOINT, random_state=0
+        n_components="auto", criterion="bic", checkpoint=TINY_CHECKPOINT, random_state=0
     ).fit(X)
     K = auto.n_components_
-    direct = TransformerGMM(n_components=K, checkpoint=TINY_K_CHECKPOINT, random_state=0).fit(X)
+    direct = TransformerGMM(n_components=K, checkpoint=TINY_CHECKPOINT, random_state=0).fit(X)
     np.testing.assert_array_equal(auto.means_, direct.means_)
     np.testing.assert_array_equal(auto.predict(X), direct.predict(X))
     assert auto.score(X) == direct.score(X) and auto.bic(X) == direct.bic(X)
-    assert auto.predict_proba(X).shape == (len(X), K) and auto.sample(5)[0].shape == (5, 2)
 
 
 @pytest.fixture
@@ -144,6 +144,29 @@ def test_the_posteriors_choice_is_fitted_from_the_pass_that_chose_it(
     a, b = (np.sort(getattr(e, centers), axis=0) for e in (auto, direct))
     np.testing.assert_allclose(a, b, atol=1e-8)
     if Estimator is TransformerGMM:
+        assert auto.predict_proba(X).shape == (len(X), K) and auto.sample(5)[0].shape == (5, 2)
+
+
+@pytest.mark.parametrize("Estimator", [TransformerGMM, TransformerClusterer])
+def test_bics_candidates_share_the_pass_that_read_the_posterior(
+    Estimator, backbone_passes, three_blobs_100
+):
+    X = three_blobs_100
+    name = "n_components" if Estimator is TransformerGMM else "n_clusters"
+    params = dict(checkpoint=TINY_K_CHECKPOINT, random_state=0)
+    auto = Estimator(**{name: "auto"}, criterion="bic", **params).fit(X)
+    assert auto.selection_criterion_ == "bic" and len(auto.candidates_) == 4
+    assert backbone_passes == ["k_unknown"]  # one pass for P(K | X) and every candidate
+    K = k_of(auto)
+    # The chosen candidate is the fit that the posterior would have made of that K.
+    alone = Estimator(**{name: [K]}, criterion="posterior", **params).fit(X)
+    centers = "means_" if Estimator is TransformerGMM else "cluster_centers_"
+    np.testing.assert_array_equal(getattr(auto, centers), getattr(alone, centers))
+    np.testing.assert_array_equal(auto.predict(X), alone.predict(X))
+    assert auto.score(X) == alone.score(X)
+    if Estimator is TransformerGMM:
+        assert auto.bic(X) == alone.bic(X)
+        assert np.isclose(auto.criterion_[auto.candidates_ == K][0], auto.bic(X))
         assert auto.predict_proba(X).shape == (len(X), K) and auto.sample(5)[0].shape == (5, 2)
 
 

@@ -8,7 +8,9 @@ Two ways to choose:
   its transformer's starts read by K's head from that same pass.
 - ``"bic"``: every candidate is fitted as the estimator would fit it, and the lowest BIC
   wins: the mixture's BIC, or for k-means that of its hard-assignment mixture of spherical
-  Gaussians with one shared variance (X-means, Pelleg & Moore 2000).
+  Gaussians with one shared variance (X-means, Pelleg & Moore 2000). Where the checkpoint
+  reads P(K | X), every candidate's heads read the tokens of that one pass, as the
+  posterior's choice does; elsewhere each candidate is the fit of an int K, pass and all.
 
 ``"auto"``, the default, takes the posterior where the checkpoint reads P(K | X) for every
 candidate and BIC elsewhere: the posterior is ahead where components overlap and on the
@@ -114,7 +116,7 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
             f"candidate, but checkpoint={params['checkpoint']!r} {why}. Use criterion='bic', "
             "or fewer candidates."
         )
-    posterior = None
+    posterior, reading = None, None
     if covered:
         seed = draw_seed(random_state)
         weights = None if sample_weight is None else [sample_weight]
@@ -125,7 +127,9 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
         )
         posterior = p[0, ks - 1] / p[0, ks - 1].sum()
     if criterion == "bic":
-        fits = [_fit_candidate(estimator, params, k_name, K, X, sample_weight) for K in ks]
+        fits = [
+            _fit_candidate(estimator, params, k_name, K, X, sample_weight, reading) for K in ks
+        ]
         values = np.array([_bic(fitted, X, sample_weight) for fitted in fits])
         best = int(np.argmin(values))
         return Choice(int(ks[best]), ks, "bic", values, posterior, fits[best])
@@ -139,10 +143,19 @@ def _max_name(k_name: str) -> str:
     return "max_components" if k_name == "n_components" else "max_clusters"
 
 
-def _fit_candidate(estimator, params: dict, k_name: str, K: int, X, sample_weight):
-    """The estimator's fit with ``k_name=K``: the same parameters, a fresh estimator."""
+def _fit_candidate(estimator, params: dict, k_name: str, K: int, X, sample_weight, reading):
+    """The estimator's fit with ``k_name=K``: the same parameters, a fresh estimator, its
+    transformer's starts read from ``reading`` (the pass that read P(K | X)) where there is
+    one, so that the candidates share one pass."""
     candidate = type(estimator)(**{**params, k_name: int(K)})
-    return candidate.fit(X, sample_weight=sample_weight)
+    if reading is None:
+        return candidate.fit(X, sample_weight=sample_weight)
+    # X is the estimator's, validated: the candidate takes what validating it records.
+    for name in ("n_features_in_", "feature_names_in_"):
+        if hasattr(estimator, name):
+            setattr(candidate, name, getattr(estimator, name))
+    candidate._fit_k(X, sample_weight, int(K), reading)
+    return candidate
 
 
 def _bic(fitted, X, sample_weight) -> float:

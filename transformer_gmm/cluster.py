@@ -61,7 +61,8 @@ class TransformerClusterer(
         probable K under the checkpoint's learned P(K | X), then its clustering, all from
         one forward pass (K's readout head reads the pass that chose it).
         ``"bic"``: every candidate is clustered and the lowest BIC of its hard-assignment
-        mixture of spherical Gaussians with one shared variance wins (X-means). ``"auto"``:
+        mixture of spherical Gaussians with one shared variance wins (X-means); where the
+        checkpoint reads P(K | X), all candidates start from that one pass. ``"auto"``:
         the posterior where the checkpoint reads P(K | X) for every candidate, else BIC.
     init : {"transformer", "k-means++", "random"}, callable or array-like, default="transformer"
         Where Lloyd starts. ``"transformer"``: the transformer's clusterings, then
@@ -291,6 +292,11 @@ class TransformerClusterer(
                 _choose_k.take_fitted_attributes(self, choice.fitted)
                 return self
             n_clusters, reading = choice.n_components, choice.reading
+        return self._fit_k(X, sample_weight, n_clusters, reading)
+
+    def _fit_k(self, X, sample_weight, n_clusters: int, reading=None):
+        """Fit ``n_clusters`` to the validated ``X``; the transformer's starts read from
+        ``reading``, the pass that chose K, where there is one."""
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_clusters)
         random_state = check_random_state(self.random_state)

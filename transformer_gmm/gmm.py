@@ -41,7 +41,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         How a K is chosen when ``n_components`` is not an int. ``"posterior"``: the most
         probable K under the checkpoint's learned P(K | X), then its fit, all from one
         forward pass (K's readout head reads the pass that chose it).
-        ``"bic"``: every candidate is fitted and the lowest BIC wins. ``"auto"``: the
+        ``"bic"``: every candidate is fitted and the lowest BIC wins; where the checkpoint
+        reads P(K | X), all candidates start from that one pass. ``"auto"``: the
         posterior where the checkpoint reads P(K | X) for every candidate, else BIC
         (``checkpoint=None``, or candidates beyond its heads). The posterior is ahead of
         BIC where components overlap and on real data, BIC on well-separated clusters in
@@ -356,6 +357,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             n_components, reading = self._choose_n_components(X, sample_weight)
             if n_components is None:  # BIC fitted every candidate: the chosen one is kept
                 return self._estimate_weighted_log_prob(X).argmax(axis=1)
+        return self._fit_k(X, sample_weight, n_components, reading)
+
+    def _fit_k(self, X, sample_weight, n_components: int, reading=None):
+        """Fit ``n_components`` to the validated ``X`` and return the labels; the
+        transformer's starts read from ``reading``, the pass that chose K, where there is one."""
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_components)
         random_state = check_random_state(self.random_state)
