@@ -14,7 +14,7 @@ Two ways to choose:
 
 ``"auto"``, the default, takes the posterior where the checkpoint reads P(K | X) for every
 candidate and BIC elsewhere: the posterior is ahead where components overlap and on the
-real datasets, and about seven times faster (``benchmarks/choose_k.py``). With ``"bic"``,
+real datasets, and faster, since it fits one K (``benchmarks/choose_k.py``). With ``"bic"``,
 P(K | X) is also reported where the checkpoint reads it.
 """
 
