@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -170,6 +171,22 @@ def test_bics_candidates_share_the_pass_that_read_the_posterior(
         assert auto.predict_proba(X).shape == (len(X), K) and auto.sample(5)[0].shape == (5, 2)
 
 
+@pytest.mark.parametrize("Estimator", [TransformerGMM, TransformerClusterer])
+def test_bics_candidates_on_a_dataframe_keep_its_feature_names(Estimator, three_blobs_100):
+    pd = pytest.importorskip("pandas")
+    X = pd.DataFrame(three_blobs_100, columns=["a", "b"])
+    name = "n_components" if Estimator is TransformerGMM else "n_clusters"
+    estimator = Estimator(
+        **{name: "auto"}, criterion="bic", checkpoint=TINY_K_CHECKPOINT, random_state=0
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "X does not have valid feature names"
+        estimator.fit(X)
+        labels = estimator.predict(X)
+    assert list(estimator.feature_names_in_) == ["a", "b"] and estimator.n_features_in_ == 2
+    assert len(labels) == len(X)
+
+
 @pytest.mark.parametrize(
     "params",
     [
@@ -180,13 +197,14 @@ def test_bics_candidates_share_the_pass_that_read_the_posterior(
         dict(n_init=5),  # three k-means++ starts beside the transformer's two
     ],
 )
+@pytest.mark.parametrize("criterion", ["posterior", "bic"])
 @pytest.mark.parametrize("Estimator", [TransformerGMM, TransformerClusterer])
-def test_every_start_reads_the_pass_that_chose_k(Estimator, params, three_blobs_100):
+def test_every_start_reads_the_pass_that_chose_k(Estimator, criterion, params, three_blobs_100):
     if Estimator is TransformerClusterer and "max_iter" in params:
         params = dict(max_iter=1)  # k-means takes no max_iter=0
     X = three_blobs_100
     name = "n_components" if Estimator is TransformerGMM else "n_clusters"
-    common = dict(criterion="posterior", checkpoint=TINY_K_CHECKPOINT, **params)
+    common = dict(criterion=criterion, checkpoint=TINY_K_CHECKPOINT, **params)
     weights = np.random.default_rng(1).uniform(0.5, 2.0, len(X))
     for sample_weight in (None, weights):
         a = Estimator(**{name: [2, 3, 4]}, random_state=0, **common)

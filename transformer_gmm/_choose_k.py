@@ -150,10 +150,9 @@ def _fit_candidate(estimator, params: dict, k_name: str, K: int, X, sample_weigh
     candidate = type(estimator)(**{**params, k_name: int(K)})
     if reading is None:
         return candidate.fit(X, sample_weight=sample_weight)
-    # X is the estimator's, validated: the candidate takes what validating it records.
-    for name in ("n_features_in_", "feature_names_in_"):
-        if hasattr(estimator, name):
-            setattr(candidate, name, getattr(estimator, name))
+    # X is the estimator's, validated into an array: the candidate records its width, as
+    # its own fit on that array would (and no feature names, which the array has lost).
+    candidate.n_features_in_ = X.shape[1]
     candidate._fit_k(X, sample_weight, int(K), reading)
     return candidate
 
