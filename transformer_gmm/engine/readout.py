@@ -166,8 +166,8 @@ class ReadViews(NamedTuple):
 class Reading:
     """The backbone's pass over B datasets under the "K unknown" embedding, kept for the
     starts: every readout head reads its tokens (``MixtureTransformer.read_out``), so the
-    fit of the K that P(K | X) chose needs no pass of its own
-    (:mod:`~transformer_gmm.engine.k_posterior`)."""
+    fit of the K that P(K | X) chose, or of each candidate that BIC compares, needs no pass
+    of its own (:mod:`~transformer_gmm.engine.k_posterior`)."""
 
     standardization: Standardization  # as for the largest K: every direction up to d_max
     rows: Tensor  # (B, C, d) the rows read, in the user's space
