@@ -116,7 +116,7 @@ def transformer_starts(params: dict, n_components: int, fallback: str, reading=N
     """The plan's starts when the transformer starts the fit: its backbone (None when
     it falls back), the numbers of the transformer's and of k-means++'s starts, the
     name of each run's start, and ``reading``, the pass under the "K unknown" embedding
-    that chose ``n_components`` (its starts read that pass; None: a pass of their own)."""
+    that read P(K | X) (its starts read that pass; None: a pass of their own)."""
     backbone = load_backbone(params["checkpoint"], n_components, fallback)
     n_transformer, n_kmeans = n_starts(params, backbone is not None)
     return dict(
@@ -146,7 +146,7 @@ def mixture_plan(
     """The mixture fit of ``X``, decided once: EM settings and starts (the backbone or None,
     the numbers of the transformer's and of k-means's starts, the other starts and the given
     parameters or None, the name of each run's start). ``previous`` is the fitted estimator
-    ``warm_start`` goes on from; ``reading`` the pass that chose K (see
+    ``warm_start`` goes on from; ``reading`` the pass that read P(K | X) (see
     :func:`transformer_starts`). The random starts are drawn from ``random_state`` first,
     as scikit-learn does, then the seed of the fit's generator."""
     device = backend.resolve_device(params["device"])

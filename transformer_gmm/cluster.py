@@ -296,7 +296,7 @@ class TransformerClusterer(
 
     def _fit_k(self, X, sample_weight, n_clusters: int, reading=None):
         """Fit ``n_clusters`` to the validated ``X``; the transformer's starts read from
-        ``reading``, the pass that chose K, where there is one."""
+        ``reading``, the pass that read P(K | X), where there is one."""
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_clusters)
         random_state = check_random_state(self.random_state)
@@ -321,7 +321,7 @@ class TransformerClusterer(
     ) -> FitPlan:
         """The fit of ``X`` with ``n_clusters`` (by default the parameter's), decided once
         by :func:`~transformer_gmm._fitting.kmeans_plan`, its starts read from ``reading``
-        where the posterior chose K."""
+        where K was chosen among candidates."""
         params = self.get_params(deep=False)
         if n_clusters is not None:
             params["n_clusters"] = n_clusters

@@ -361,7 +361,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
 
     def _fit_k(self, X, sample_weight, n_components: int, reading=None):
         """Fit ``n_components`` to the validated ``X`` and return the labels; the
-        transformer's starts read from ``reading``, the pass that chose K, where there is one."""
+        transformer's starts read from ``reading``, the pass that read P(K | X), where
+        there is one."""
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_components)
         random_state = check_random_state(self.random_state)
@@ -419,7 +420,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     ) -> FitPlan:
         """The fit of ``X`` with ``n_components`` (by default the parameter's), decided once
         by :func:`~transformer_gmm._fitting.mixture_plan`, its starts read from ``reading``
-        where the posterior chose K."""
+        where K was chosen among candidates."""
         warm = self.warm_start and hasattr(self, "converged_")
         params = self.get_params(deep=False)
         if n_components is not None:

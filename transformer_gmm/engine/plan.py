@@ -37,8 +37,8 @@ class FitPlan:
     given: GivenStarts | np.ndarray | None = None
     start_names: tuple[str, ...] = ()
     trace: bool = False
-    # The backbone's pass under the "K unknown" embedding (n_components="auto"), which the
-    # transformer's starts read K's head on, instead of a pass of their own.
+    # The backbone's pass under the "K unknown" embedding (K chosen among candidates), which
+    # the transformer's starts read K's head on, instead of a pass of their own.
     reading: Reading | None = None
 
     @property
