@@ -234,7 +234,9 @@ def test_stages_account_for_the_whole_fit(tmp_path):
     for row in rows:
         by_config.setdefault(row["configuration"], {})[row["stage"]] = row["ms_per_fit"]
     for config, ms in by_config.items():
-        assert all(value >= 0 for value in ms.values()), (config, ms)
+        # Structure, not timings: "other" is the fit less its stages, which the machine's
+        # load may push either way.
+        assert all(math.isfinite(value) for value in ms.values()), (config, ms)
         parts = sum(value for stage, value in ms.items() if stage != "fit")
         assert parts == pytest.approx(ms["fit"]), config
     assert by_config["TransformerGMM(n_init=1, max_iter=0)"]["forward pass"] > 0
@@ -252,13 +254,14 @@ def test_stages_account_for_the_whole_fit(tmp_path):
         "forward pass, batch 1, bfloat16",
         "forward pass, batch 64, bfloat16",
     ]
-    # bfloat16 may beat the float32 matmul several times over (natively) or lag it (emulated).
-    assert all(0 < float(row["fraction_of_matmul"]) < 3 for row in flops[:3])
-    assert all(float(row["fraction_of_matmul"]) > 0 for row in flops[3:])
+    # Rates are a count over a time, so positive; how large depends on the machine's load.
+    assert all(float(row["fraction_of_matmul"]) > 0 for row in flops)
     em_rows = _csv(tmp_path / "stages_em.csv")
     assert len(em_rows) == len(stages.EM_SHAPES)
-    for row in em_rows:  # every path timed, and the threshold put back
-        assert all(float(row[key]) > 0 for key in row if key.startswith("us_")), row
+    for row in em_rows:  # every path timed (a difference of two timings: any sign under load)
+        timed = [key for key in row if key.startswith("us_")]
+        assert timed and all(math.isfinite(float(row[key])) for key in timed), row
+    # ... and the threshold put back
     from transformer_gmm.engine import gaussian
 
     assert gaussian.ALL_COMPONENTS_AT_ONCE == 2**18
@@ -356,3 +359,23 @@ def test_auto_fits_pairs_the_two_fits_of_each_chosen_k(tmp_path):
                 if (row["estimator"], row["setting"]) == (r["estimator"], r["setting"])]
         ari = sum(float(row["ari_auto"]) - float(row["ari_own_pass"]) for row in cell)
         assert abs(float(r["ari_difference"]) - ari / len(cell)) < 1e-12
+
+
+@pytest.mark.slow
+def test_gpu_dry_run_runs_every_section_on_the_cpu(tmp_path):
+    """benchmarks/gpu.py is run on a lent GPU for a few minutes: every section but the
+    nested test run is checked here at toy sizes, so that the GPU's minutes go to figures."""
+    results = _load("gpu").main(["--dry-run", "--device", "cpu", "--results", str(tmp_path),
+                                 "--only", "train", "mfu", "large", "throughput"])
+    assert [row["returncode"] for row in results["train"]] == [0]
+    assert (tmp_path / "gpu_run" / "checkpoint" / "model.safetensors").is_file()
+    assert {row["what"].split(",")[0] for row in results["mfu"]} >= {"forward"}
+    assert all(row["tflops"] > 0 for row in results["mfu"])
+    large = {row["method"].split(" ")[0]: row for row in results["large"]}
+    assert np.isfinite(large["TransformerGMM()"]["log_likelihood"])
+    methods = {row["method"] for row in results["throughput"]}
+    assert {"fit_many, max_iter=0", "fit_many, default"} <= methods
+    assert all(row["datasets_per_s"] > 0 for row in results["throughput"]
+               if "datasets_per_s" in row)
+    for section in ("train", "mfu", "large", "throughput"):
+        assert _csv(tmp_path / f"gpu_{section}.csv")

@@ -285,13 +285,14 @@ def test_m_step_loss_trains_the_scales_through_the_responsibilities():
     )
 
 
-def test_m_step_nll_is_the_likelihood_of_the_full_covariance_m_step():
+def _em_steps_nll_reference(batch, out, em_steps: int) -> float:
+    """m_step_nll by scipy, one task and start at a time: an M-step on the model's
+    responsibilities, then (E-step, M-step) em_steps - 1 times, then the data's NLL."""
     from scipy.stats import multivariate_normal
 
     from transformer_gmm.engine.readout import model_space_responsibilities
-    from transformer_gmm.training.losses import m_step_nll
 
-    batch, out = _batch_and_output(K=3, seed=1)
+    K = out.means.shape[1]
     expected = []
     for resp_all in (
         model_space_responsibilities(batch.x, batch.dim_mask, out, batch.mask),
@@ -302,16 +303,26 @@ def test_m_step_nll_is_the_likelihood_of_the_full_covariance_m_step():
             n, d = int(batch.mask[b].sum()), int(batch.dim_mask[b].sum())
             x = batch.x[b, :n, :d].double().numpy()
             resp = resp_all[b, :n].double().numpy()
-            mass = resp.sum(0)
-            means = resp.T @ x / mass[:, None]
-            density = 0.0
-            for k in range(3):
-                diff = x - means[k]
-                cov = (resp[:, k, None] * diff).T @ diff / mass[k] + 1e-3 * np.eye(d)
-                density = density + mass[k] / n * multivariate_normal(means[k], cov).pdf(x)
-            per_task.append(-np.log(density).mean() / d)
+            for _ in range(em_steps):
+                mass = resp.sum(0)
+                means = resp.T @ x / mass[:, None]
+                joint = np.empty((n, K))
+                for k in range(K):
+                    diff = x - means[k]
+                    cov = (resp[:, k, None] * diff).T @ diff / mass[k] + 1e-3 * np.eye(d)
+                    joint[:, k] = mass[k] / n * multivariate_normal(means[k], cov).pdf(x)
+                resp = joint / joint.sum(1, keepdims=True)
+            per_task.append(-np.log(joint.sum(1)).mean() / d)
         expected.append(np.mean(per_task))
-    assert m_step_nll(out, batch).item() == pytest.approx(np.mean(expected), rel=1e-5)
+    return float(np.mean(expected))
+
+
+def test_m_step_nll_is_the_likelihood_of_the_full_covariance_m_step():
+    from transformer_gmm.training.losses import m_step_nll
+
+    batch, out = _batch_and_output(K=3, seed=1)
+    expected = _em_steps_nll_reference(batch, out, em_steps=1)
+    assert m_step_nll(out, batch).item() == pytest.approx(expected, rel=1e-5)
     # Trained through both starts: the mixture's scales and the per-point logits.
     scales = out.scales.clone().requires_grad_(True)
     logits = out.point_logits.clone().requires_grad_(True)
@@ -321,6 +332,25 @@ def test_m_step_nll_is_the_likelihood_of_the_full_covariance_m_step():
     assert loss.item() == pytest.approx(
         parts["params"] + parts["points"] + 0.5 * parts["m_step_nll"], rel=1e-5
     )
+
+
+def test_m_step_nll_after_em_steps_is_the_likelihood_after_them():
+    """em_steps=3: the likelihood after an M-step and two (E, M) steps, differentiable
+    through all three, and no worse than after the M-step alone (EM does not lower it)."""
+    from transformer_gmm.training.losses import m_step_nll
+
+    batch, out = _batch_and_output(K=3, seed=1)
+    after_three = m_step_nll(out, batch, em_steps=3)
+    expected = _em_steps_nll_reference(batch, out, em_steps=3)
+    assert after_three.item() == pytest.approx(expected, rel=1e-5)
+    assert after_three.item() <= m_step_nll(out, batch).item() + 1e-6
+    scales = out.scales.clone().requires_grad_(True)
+    m_step_nll(out._replace(scales=scales), batch, em_steps=3).backward()
+    assert scales.grad.abs().sum() > 0
+    _, parts = training_loss(out, batch, "hungarian", 1.0, m_step_nll_weight=0.5, em_steps=3)
+    assert parts["m_step_nll"] == pytest.approx(after_three.item(), rel=1e-6)
+    with pytest.raises(ValueError, match="em_steps"):
+        m_step_nll(out, batch, em_steps=0)
 
 
 def test_matching_is_the_least_cost_permutation():

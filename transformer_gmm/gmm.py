@@ -270,6 +270,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
 
     # --- fitting -----------------------------------------------------------------------
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None, sample_weight=None):
         """Estimate the mixture's parameters.
 
@@ -308,7 +309,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         >>> gmm.n_iter_ > 0, gmm.converged_, gmm.init_method_
         (True, True, 'k-means++')
         """
-        self.fit_predict(X, y, sample_weight=sample_weight)
+        self._fit(X, sample_weight)
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
@@ -341,6 +342,14 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         >>> np.bincount(labels)
         array([50, 50])
         """
+        X = self._fit(X, sample_weight)
+        return self._estimate_weighted_log_prob(X).argmax(axis=1)
+
+    def _fit(self, X, sample_weight):
+        """Validate ``X``, choose K where asked, fit; return the validated ``X``. The
+        labels of the training rows, a final E-step over all of them, are left to
+        :meth:`fit_predict`: ``fit`` has no use for them, and on many rows they cost as
+        much as several EM iterations."""
         auto = _choose_k.is_auto(self.n_components)
         X = _fitting.validate_fit_data(self, X, 1 if auto else self.n_components)
         if _dask.is_dask_array(X) and (auto or self._starts_need_rows(sample_weight)):
@@ -356,11 +365,12 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         else:
             n_components, reading = self._choose_n_components(X, sample_weight)
             if n_components is None:  # BIC fitted every candidate: the chosen one is kept
-                return self._estimate_weighted_log_prob(X).argmax(axis=1)
-        return self._fit_k(X, sample_weight, n_components, reading)
+                return X
+        self._fit_k(X, sample_weight, n_components, reading)
+        return X
 
-    def _fit_k(self, X, sample_weight, n_components: int, reading=None):
-        """Fit ``n_components`` to the validated ``X`` and return the labels; the
+    def _fit_k(self, X, sample_weight, n_components: int, reading=None) -> None:
+        """Fit ``n_components`` to the validated ``X``; the
         transformer's starts read from ``reading``, the pass that read P(K | X), where
         there is one."""
         if sample_weight is not None:
@@ -387,7 +397,6 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
                 "parameters, or increase max_iter, tol, or check for degenerate data.",
                 ConvergenceWarning,
             )
-        return self._estimate_weighted_log_prob(X).argmax(axis=1)
 
     def _choose_n_components(self, X, sample_weight) -> tuple:
         """The K to fit (a warm start keeps the previous one), and the pass that chose it

@@ -97,10 +97,14 @@ def generator(seed: int, device: str) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def tensor(array: np.ndarray, device: str, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``array`` on ``device``, in ``dtype`` or else the device's :func:`dtype_for`."""
+def tensor(
+    array: np.ndarray | torch.Tensor, device: str, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``array`` (or a tensor) on ``device``, in ``dtype`` or else :func:`dtype_for`'s."""
     # torch.tensor copies, so read-only and non-contiguous inputs are fine.
     dtype = dtype_for(device) if dtype is None else dtype
+    if isinstance(array, torch.Tensor):  # already on the device (canonical order there)
+        return array.to(device=device, dtype=dtype)
     return torch.tensor(np.ascontiguousarray(array), dtype=dtype, device=device)
 
 
@@ -196,7 +200,7 @@ def pad(arrays, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Te
     """Stack arrays of shape (n_i, ...) into (B, max n_i, ...), zero-padded, and the mask
     (B, max n_i) of real rows; the mask is None when no row is padding. A 3-D array is
     already a batch: it is copied to the device once, with no loop over its datasets."""
-    if isinstance(arrays, np.ndarray):
+    if isinstance(arrays, np.ndarray | torch.Tensor):
         return tensor(arrays, device, dtype), None
     lengths = [len(a) for a in arrays]
     if len(set(lengths)) == 1:

@@ -31,8 +31,8 @@ from torch import Tensor
 from .batching import ShrinkingBatch, compact, take, zero_padding
 from .e_step import check_params, e_step_unchecked, estimate_weighted_log_prob
 from .gaussian import (
+    IllDefinedCovariance,
     all_components_at_once,
-    covariance_error_message,
     covariances_from_precisions_cholesky,
     try_precision_cholesky,
 )
@@ -288,7 +288,7 @@ def fit_em(
         if bool(empty.any()):
             params, failed = _reseed(X, params, counts, empty, unit, points, covariance_type)
             if bool(failed.any()):
-                raise ValueError(covariance_error_message(X.dtype))
+                raise IllDefinedCovariance(X.dtype)
         log_prob_norm, _ = e_step_unchecked(X, params, covariance_type, mask, sample_weight)
         return EMResult(
             params,
@@ -349,7 +349,7 @@ def fit_em(
             params, failed = _reseed(X, params, nk, empty, unit, points, covariance_type)
             any_failed = any_failed or bool(failed.any())
         if any_failed:
-            raise ValueError(covariance_error_message(X.dtype))
+            raise IllDefinedCovariance(X.dtype)
         if n_running == 0:
             break
         if iteration < max_iter and batch.should_shrink(n_running):

@@ -18,7 +18,7 @@ __all__ = [
     "COVARIANCE_TYPES",
     "PARAM_SHAPES",
     "compute_precision_cholesky",
-    "covariance_error_message",
+    "IllDefinedCovariance",
     "covariances_from_precisions_cholesky",
     "estimate_log_gaussian_prob",
     "lookup",
@@ -57,15 +57,20 @@ _ERROR_MESSAGE = (
 )
 
 
-def covariance_error_message(dtype: torch.dtype) -> str:
-    """scikit-learn's message for a covariance that is not positive definite, with its
-    advice for float32 data."""
-    if dtype == torch.float32:
-        return _ERROR_MESSAGE + (
-            " The numerical accuracy can also be improved by passing float64 data instead"
-            " of float32."
-        )
-    return _ERROR_MESSAGE
+class IllDefinedCovariance(ValueError):
+    """A covariance that is not positive definite, with scikit-learn's message (and its
+    advice for float32 data). A ValueError, as scikit-learn raises; its own class so that
+    a float32 fit on a GPU can tell it from other errors and refit in float64."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        message = _ERROR_MESSAGE
+        if dtype == torch.float32:
+            message += (
+                " The numerical accuracy can also be improved by passing float64 data instead"
+                " of float32."
+            )
+        super().__init__(message)
+        self.dtype = dtype
 
 
 def _precision_cholesky_matrix(covariances: Tensor) -> tuple[Tensor, Tensor]:
@@ -131,7 +136,7 @@ def compute_precision_cholesky(covariances: Tensor, covariance_type: str) -> Ten
     """
     precisions_chol, failed = try_precision_cholesky(covariances, covariance_type)
     if bool(failed.any()):
-        raise ValueError(covariance_error_message(covariances.dtype))
+        raise IllDefinedCovariance(covariances.dtype)
     return precisions_chol
 
 

@@ -3,14 +3,16 @@
 Fits pick rows by position (subsamples, k-means++ draws) and round sums in row order;
 sorting rows by a fixed-key hash of their values (splitmix64's finaliser, Steele, Lea &
 Flood, OOPSLA 2014) makes a permutation of the rows give the same fit, to rounding, and
-leaves no trend along the rows. Numpy only.
+leaves no trend along the rows. In numpy for data on the host, and in torch, to the bit, for
+data already on a GPU, where hashing on the host would cost more than the fit.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
-__all__ = ["canonical_order", "canonical_orders", "row_hashes"]
+__all__ = ["canonical_order", "canonical_order_on_device", "canonical_orders", "row_hashes"]
 
 # splitmix64's increment and finaliser constants, and a fixed key: the order must not
 # change with a fit's random_state, only with the rows.
@@ -27,6 +29,51 @@ def _mix(h: np.ndarray) -> None:
     h ^= h >> np.uint64(27)
     h *= _MIX_2
     h ^= h >> np.uint64(31)
+
+
+def _signed(word: np.uint64) -> int:
+    """The int64 with the bits of ``word``: torch's integers are signed."""
+    return int(word) - (1 << 64) if int(word) >= 1 << 63 else int(word)
+
+
+def _shift_right(h: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint64's logical shift of the bits of int64 ``h`` (torch's shift is arithmetic)."""
+    return (h >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix_on_device(h: torch.Tensor) -> torch.Tensor:
+    """:func:`_mix` on int64 ``h`` (torch's int64 arithmetic wraps as numpy's uint64 does)."""
+    h = h ^ _shift_right(h, 30)
+    h = h * _signed(_MIX_1)
+    h = h ^ _shift_right(h, 27)
+    h = h * _signed(_MIX_2)
+    return h ^ _shift_right(h, 31)
+
+
+def canonical_order_on_device(
+    X: torch.Tensor, sample_weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`canonical_order` of ``X`` (..., n, d) and its weights (..., n) where they
+    live: the same hashes, to the bit, as int64 (so the same order, but for rows equal in
+    value, whose order no fit sees), sorted on X's device.
+
+    Examples
+    --------
+    >>> import numpy as np, torch
+    >>> from transformer_gmm.engine.row_order import canonical_order, canonical_order_on_device
+    >>> X = np.random.default_rng(0).normal(size=(6, 2))
+    >>> canonical_order_on_device(torch.from_numpy(X)).tolist() == canonical_order(X).tolist()
+    True
+    """
+    columns = [X[..., j] for j in range(X.shape[-1])]
+    if sample_weight is not None:
+        columns.append(sample_weight)
+    h = torch.full(X.shape[:-1], _signed(_KEY), dtype=torch.int64, device=X.device)
+    for column in columns:
+        words = (column.to(torch.float64) + 0.0).view(torch.int64)  # -0.0 -> 0.0
+        h = _mix_on_device((h + _signed(_GAMMA)) ^ words)
+    # Flipping the sign bit orders int64 as their bits order as uint64.
+    return torch.argsort(h ^ (-(1 << 63)), dim=-1)
 
 
 def row_hashes(X: np.ndarray, sample_weight: np.ndarray | None = None) -> np.ndarray:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .e_step import e_step_unchecked
 from .em import EMResult
-from .gaussian import PARAM_SHAPES, covariance_error_message, lookup, try_precision_cholesky
+from .gaussian import PARAM_SHAPES, IllDefinedCovariance, lookup, try_precision_cholesky
 from .kmeans import assign, inertia_of
 from .m_step import COVARIANCE_ESTIMATORS, MixtureParams
 
@@ -329,7 +329,7 @@ def fit_em_from_statistics(
             statistics, current.means, covariance_type, reg_covar
         )
         if bool(failed.any()):
-            raise ValueError(covariance_error_message(dtype))
+            raise IllDefinedCovariance(dtype)
         for i, value in enumerate(_params_tuple(new)):
             if fitted[i] is None:  # a start without covariances: every run is active now
                 fitted[i] = value

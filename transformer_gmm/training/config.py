@@ -61,6 +61,10 @@ class TrainConfig:
         Weight of the negative log-likelihood of the data under the full-covariance
         mixture one M-step on the model's responsibilities gives (no labels needed);
         0 for none.
+    em_steps : int, default=1
+        EM steps from the model's responsibilities before the likelihood that
+        ``m_step_nll_weight`` weighs: 1 scores the one-M-step estimate
+        (``max_iter=0``); 2 to 5 train the start for the EM that follows it.
     only_k : int, default=0
         Fine-tune one K alone: every batch has ``only_k`` components, and only that K's
         own weights train (its readout head and its row of the K embedding), so what
@@ -136,6 +140,7 @@ class TrainConfig:
     point_weight: float = 1.0  # weight of the per-point cross-entropy
     m_step_weight: float = 0.0  # weight of the error of the means one M-step reads out
     m_step_nll_weight: float = 0.0  # weight of the data's NLL under that one-M-step mixture
+    em_steps: int = 1  # EM steps from the model's responsibilities before that NLL
     only_k: int = 0  # train only this K's head and embedding, on tasks of this K; 0: all
     train_k_from: int = 0  # train only the heads (and embeddings) of K >= this; 0: all
     batch_size: int = 64  # tasks per step and per process, all with one K
@@ -173,6 +178,8 @@ class TrainConfig:
             )
         if self.only_k and self.train_k_from:
             raise ValueError("Give only_k or train_k_from, not both.")
+        if self.em_steps < 1:
+            raise ValueError(f"em_steps must be >= 1, got {self.em_steps}.")
         for name in ("m_step_weight", "m_step_nll_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")

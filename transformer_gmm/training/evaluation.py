@@ -177,7 +177,8 @@ def model_card(
     if cfg.m_step_nll_weight > 0:
         focus += (
             f" The data's negative log-likelihood under the full-covariance mixture that "
-            f"one M-step on them gives added with weight {cfg.m_step_nll_weight:g}."
+            f"{_em_steps_words(cfg.em_steps)} on them added with weight "
+            f"{cfg.m_step_nll_weight:g}."
         )
     if cfg.only_k:
         focus += (
@@ -210,3 +211,10 @@ def model_card(
         "```python\nfrom transformer_gmm import TransformerGMM\n\n"
         'gmm = TransformerGMM(n_components=3, checkpoint="<this folder>").fit(X)\n```\n'
     )
+
+
+def _em_steps_words(em_steps: int) -> str:
+    """"one M-step" or "N EM steps" (the first an M-step), for the model card."""
+    if em_steps == 1:
+        return "one M-step gives"
+    return f"{em_steps} EM steps (the first an M-step) give"

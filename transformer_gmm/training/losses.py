@@ -184,18 +184,25 @@ def m_step_mean_loss(out: MixtureOutput, batch: TaskBatch) -> Tensor:
     return (losses[0] + losses[1]) / 2
 
 
-def m_step_nll(out: MixtureOutput, batch: TaskBatch, reg_covar: float = 1e-3) -> Tensor:
-    """Negative log-likelihood of the points under the full-covariance mixture that one
-    M-step on the model's own responsibilities gives, per point and data coordinate,
-    averaged over the model's two starts and the tasks.
+def m_step_nll(
+    out: MixtureOutput, batch: TaskBatch, reg_covar: float = 1e-3, em_steps: int = 1
+) -> Tensor:
+    """Negative log-likelihood of the points under the full-covariance mixture that
+    ``em_steps`` EM steps from the model's own responsibilities give, per point and data
+    coordinate, averaged over the model's two starts and the tasks.
 
-    What ``TransformerGMM(max_iter=0, covariance_type="full")`` returns is that mixture
-    (in the user's space), so this scores the estimate users get, elongated components
-    included, whatever the model's own scales. It needs no labels and no
+    With ``em_steps=1`` that mixture is one M-step on the model's responsibilities, which is
+    what ``TransformerGMM(max_iter=0, covariance_type="full")`` returns (in the user's
+    space), so this scores the estimate users get, elongated components included, whatever
+    the model's own scales. With more, each further step is an E-step then an M-step, all
+    differentiable: the loss then asks for a start that EM carries to a likely optimum in a
+    few iterations, not for a start that is likely itself. It needs no labels and no
     matching, so it holds for any prior, outliers and non-Gaussian shapes included.
     ``reg_covar`` (model-space units, where the data have unit average variance) keeps a
     component that takes a few points from gaining unbounded likelihood.
     """
+    if em_steps < 1:
+        raise ValueError(f"em_steps must be >= 1, got {em_steps}.")
     z = batch.x.double()  # (B, N, D); padded rows and coordinates are zero
     mask = batch.mask[..., None].double()  # (B, N, 1)
     dims = batch.dim_mask.double()  # (B, D)
@@ -204,12 +211,9 @@ def m_step_nll(out: MixtureOutput, batch: TaskBatch, reg_covar: float = 1e-3) ->
     # Padded coordinates: unit variance, the same for every component, so they add a
     # constant to each point's likelihood and nothing to the gradient.
     floor = reg_covar * eye * dims[:, None, :, None] + torch.diag_embed(1.0 - dims)[:, None]
-    losses = []
-    for resp in (
-        model_space_responsibilities(batch.x, batch.dim_mask, out, batch.mask),
-        out.point_logits.softmax(-1),
-    ):
-        resp = resp.double() * mask  # (B, N, K)
+
+    def m_step_log_joint(resp: Tensor) -> Tensor:
+        """log w_k + log N(x_n | mu_k, cov_k) of the M-step on resp (B, N, K): (B, N, K)."""
         mass = resp.sum(1).clamp_min(1e-6)  # (B, K)
         means = resp.mT @ z / mass[..., None]  # (B, K, D)
         diff = z[:, :, None, :] - means[:, None]  # (B, N, K, D)
@@ -220,8 +224,17 @@ def m_step_nll(out: MixtureOutput, batch: TaskBatch, reg_covar: float = 1e-3) ->
         log_det = chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)  # (B, K): half log|cov|
         log_gauss = -0.5 * white.squeeze(-1).pow(2).sum(-1) - log_det[:, None]  # (B, N, K)
         log_gauss = log_gauss - 0.5 * n_dims[:, None, None] * math.log(2 * math.pi)
-        log_w = (mass / n_points[:, None]).log()[:, None]  # (B, 1, K)
-        log_p = (log_gauss + log_w).logsumexp(-1)  # (B, N)
+        return log_gauss + (mass / n_points[:, None]).log()[:, None]  # + log w: (B, N, K)
+
+    losses = []
+    for resp in (
+        model_space_responsibilities(batch.x, batch.dim_mask, out, batch.mask),
+        out.point_logits.softmax(-1),
+    ):
+        log_joint = m_step_log_joint(resp.double() * mask)
+        for _ in range(em_steps - 1):  # E-step, then M-step
+            log_joint = m_step_log_joint(log_joint.softmax(-1) * mask)
+        log_p = log_joint.logsumexp(-1)  # (B, N)
         nll = -(log_p * batch.mask).sum(-1) / (n_points * n_dims)  # (B,)
         losses.append(nll.mean())
     return ((losses[0] + losses[1]) / 2).float()
@@ -313,6 +326,7 @@ def training_loss(
     point_weight: float,
     m_step_weight: float = 0.0,
     m_step_nll_weight: float = 0.0,
+    em_steps: int = 1,
 ) -> tuple[Tensor, dict[str, float]]:
     """The parameter loss, plus ``point_weight`` times the per-point loss, plus
     ``m_step_weight`` times :func:`m_step_mean_loss` and ``m_step_nll_weight`` times
@@ -334,6 +348,8 @@ def training_loss(
         Weight of :func:`m_step_mean_loss`; at 0 it is not computed.
     m_step_nll_weight : float, default=0.0
         Weight of :func:`m_step_nll`; at 0 it is not computed.
+    em_steps : int, default=1
+        The EM steps from the model's responsibilities that :func:`m_step_nll` scores.
 
     Returns
     -------
@@ -366,7 +382,7 @@ def training_loss(
         loss = loss + m_step_weight * m_step
         parts["m_step"] = m_step.item()
     if m_step_nll_weight > 0:
-        m_step_ll = m_step_nll(out, batch)
+        m_step_ll = m_step_nll(out, batch, em_steps=em_steps)
         loss = loss + m_step_nll_weight * m_step_ll
         parts["m_step_nll"] = m_step_ll.item()
     return loss, parts

@@ -265,6 +265,7 @@ def train(cfg: TrainConfig) -> Path:
             cfg.point_weight,
             cfg.m_step_weight,
             cfg.m_step_nll_weight,
+            cfg.em_steps,
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
