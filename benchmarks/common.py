@@ -252,7 +252,9 @@ def summarise(values: list[float]) -> tuple[float, float]:
 def write_csv(rows: list[dict], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        # Every key any row has, in order of appearance (a failed method's row has fewer).
+        fields = list(dict.fromkeys(key for row in rows for key in row))
+        writer = csv.DictWriter(file, fieldnames=fields, restval="")
         writer.writeheader()
         writer.writerows(rows)
     return path

@@ -7,7 +7,8 @@ training run. One command, made for a machine lent for a few minutes:
     python benchmarks/gpu.py --only mfu large   # some sections
 
 scikit-learn's side runs its array-API ``GaussianMixture`` on torch CUDA tensors
-(``array_api_dispatch``, which needs ``SCIPY_ARRAY_API=1``, set here before scipy loads),
+(``array_api_dispatch``, which needs ``SCIPY_ARRAY_API=1``: the script sets it and starts
+again where it is not set),
 where only ``init_params="random"`` or ``"random_from_data"`` is implemented; and a loop
 of ``GaussianMixture`` over the machine's CPU cores (one thread a fit, k-means start).
 Each section writes its CSV as soon as it ends (``gpu_tests.csv``, ``gpu_mfu.csv``,
@@ -19,15 +20,19 @@ from __future__ import annotations
 
 import os
 import pstats
+import sys
 
-os.environ.setdefault("SCIPY_ARRAY_API", "1")  # before scipy loads: scikit-learn's array API
+if __name__ == "__main__" and os.environ.get("SCIPY_ARRAY_API") != "1":
+    # scikit-learn's array API needs it set before scipy loads: start again with it set.
+    # (Not when imported, as the tests do: it would change the rest of their session.)
+    os.environ["SCIPY_ARRAY_API"] = "1"
+    os.execv(sys.executable, [sys.executable, *sys.argv])
 
 import copy  # noqa: E402
 import cProfile  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 import warnings  # noqa: E402
@@ -374,12 +379,6 @@ def run_large(args) -> list[dict]:
     return rows
 
 
-def write_rows(rows: list[dict], path: Path) -> None:
-    """write_csv with every key any row has (a failed method's row has fewer)."""
-    keys = list(dict.fromkeys(key for row in rows for key in row))
-    write_csv([{key: row.get(key, "") for key in keys} for row in rows], path)
-
-
 def run_compiled(args) -> list[dict]:
     """The bfloat16 forward pass compiled (torch.compile): last, since compiling takes a
     minute. Not on a CPU, whose backend is not what is measured."""
@@ -433,7 +432,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
             traceback.print_exc()
             rows = []
         if rows:
-            write_rows(rows, args.results / f"gpu_{section}.csv")
+            write_csv(rows, args.results / f"gpu_{section}.csv")
         print(f"({section}: {time.perf_counter() - start:.1f} s)", flush=True)
         results[section] = rows
     return results

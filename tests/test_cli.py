@@ -118,6 +118,21 @@ def test_info_folder(capsys, tmp_path):
     assert "Random weights, for tests only." in out
 
 
+def test_info_on_a_folder_without_weights_says_it_cannot_be_used(capsys, tmp_path):
+    """A Hub checkpoint gets its weights at first use; a local folder never will."""
+    from transformer_gmm.storage.format import CheckpointError
+
+    folder = make_tiny_checkpoint(tmp_path / "mine")
+    (folder / "model.safetensors").unlink()
+    code, out, err = run(capsys, "info", str(folder))
+    assert code == 1
+    assert "no weights (model.safetensors is missing)" in out
+    assert "not downloaded" not in out
+    assert "cannot be used" in err and "CheckpointError" in err
+    with pytest.raises(CheckpointError):  # what info says fit does
+        TransformerGMM(2, checkpoint=str(folder)).fit(torch.randn(30, 2).numpy())
+
+
 def test_info_hub_id_fetches_only_config_and_card(capsys, published, fake_hub):
     code, out, _ = run(capsys, "info", "org/name")
     assert code == 0

@@ -205,7 +205,7 @@ def _info(args: argparse.Namespace) -> int:
     from ._base import DEFAULT_CHECKPOINT
     from .storage import hub
     from .storage.checkpoints import bundled_checkpoints, parse_hub_id
-    from .storage.format import CARD_FILE, CONFIG_FILE
+    from .storage.format import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 
     name = args.checkpoint
     bundled = bundled_checkpoints()
@@ -227,6 +227,18 @@ def _info(args: argparse.Namespace) -> int:
         resolve_checkpoint(name)  # raises the error that lists what checkpoint= accepts
         return 1
     print(_summary(name, folder, source))
+    if source == "local folder" and not (folder / WEIGHTS_FILE).is_file():
+        # A Hub checkpoint gets its weights at first use; a folder never will.
+        print(
+            "\n"
+            + _wrap(
+                f"This folder cannot be used: it has no {WEIGHTS_FILE}, so fitting with "
+                f"checkpoint={name!r} raises CheckpointError. Copy the weights file beside "
+                f"{CONFIG_FILE}, or name a bundled checkpoint or a Hub id."
+            ),
+            file=sys.stderr,
+        )
+        return 1
     card = folder / CARD_FILE
     print()
     if card.is_file():
@@ -241,11 +253,12 @@ def _summary(name: str, folder: Path, source: str) -> str:
 
     config = read_config(folder)
     weights = folder / WEIGHTS_FILE
-    size = (
-        f"{_human_size(weights.stat().st_size)} of weights"
-        if weights.is_file()
-        else "weights not downloaded yet (they come with the first use)"
-    )
+    if weights.is_file():
+        size = f"{_human_size(weights.stat().st_size)} of weights"
+    elif source == "local folder":
+        size = f"no weights ({WEIGHTS_FILE} is missing)"
+    else:
+        size = "weights not downloaded yet (they come with the first use)"
     fields = ", ".join(f"{key}={value}" for key, value in config.to_dict().items())
     return "\n".join(
         [

@@ -177,8 +177,7 @@ def model_card(
     if cfg.m_step_nll_weight > 0:
         focus += (
             f" The data's negative log-likelihood under the full-covariance mixture that "
-            f"{_em_steps_words(cfg.em_steps)} on them added with weight "
-            f"{cfg.m_step_nll_weight:g}."
+            f"{_em_steps_words(cfg.em_steps)} added with weight {cfg.m_step_nll_weight:g}."
         )
     if cfg.only_k:
         focus += (
@@ -214,7 +213,7 @@ def model_card(
 
 
 def _em_steps_words(em_steps: int) -> str:
-    """"one M-step" or "N EM steps" (the first an M-step), for the model card."""
+    """What the likelihood in the loss followed, for the model card."""
     if em_steps == 1:
-        return "one M-step gives"
-    return f"{em_steps} EM steps (the first an M-step) give"
+        return "one M-step on them gives"
+    return f"{em_steps} EM steps from them (the first an M-step) give"

