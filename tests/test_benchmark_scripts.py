@@ -271,7 +271,7 @@ def test_stages_account_for_the_whole_fit(tmp_path):
 
 SCRIPTS = sorted(path.stem for path in BENCHMARKS.glob("*.py")
                  if 'if __name__ == "__main__":' in path.read_text())
-HELPERS = {"common", "spectral", "real_datasets"}  # imported by the scripts, never run
+HELPERS = {"common", "spectral", "real_datasets", "large_datasets"}  # imported, never run
 
 
 def test_every_benchmark_file_is_a_script_or_a_helper():
@@ -379,3 +379,15 @@ def test_gpu_dry_run_runs_every_section_on_the_cpu(tmp_path):
                if "datasets_per_s" in row)
     for section in ("train", "mfu", "large", "throughput"):
         assert _csv(tmp_path / f"gpu_{section}.csv")
+
+
+def test_realdata_large_quick_runs(tmp_path):
+    rows = _load("realdata_large").main(["--quick", "--results", str(tmp_path)])
+    methods = {row["method"] for row in rows}
+    assert {"GMM n_init=1", "TGMM n_init=1", "TGMM checkpoint=None n_init=1"} <= methods
+    assert all(row["n"] == 20_000 and row["n_iter"] >= 1 for row in rows)
+    assert all(np.isfinite(row["ll"]) and -1 <= row["ari"] <= 1 for row in rows)
+    table = _csv(tmp_path / "realdata_large.csv")
+    transformer = next(r for r in table if r["method"] == "TGMM n_init=1")
+    assert 0 <= float(transformer["vs_kmeans_pp_as_likely"]) <= 1
+    assert transformer["vs_kmeans_pp_median_iterations"] != ""

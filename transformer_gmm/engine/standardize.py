@@ -96,13 +96,10 @@ def fit_standardization(
         counts = mask.sum(dim=1, keepdim=True).to(torch.float64)  # (B, 1)
         center = x.masked_fill(padding, 0.0).sum(dim=1) / counts  # (B, d)
         centered = (x - center[:, None, :]).masked_fill(padding, 0.0)
-    covariance = centered.mT @ centered / counts[..., None]  # (B, d, d)
     # The principal axes even when every feature is kept: the backbone is not rotation
     # equivariant, and a canonical orientation (largest variance first) is one thing less
-    # for it to learn. Eigenvectors of the d x d covariance: O(N d^2) time and O(d^2)
-    # memory per dataset, whatever N.
-    # Ascending eigenvalues: the last n_kept, reversed, are the largest first.
-    eigenvalues, eigenvectors = torch.linalg.eigh(covariance)
+    # for it to learn. Ascending eigenvalues: the last n_kept, reversed, are the largest.
+    eigenvalues, eigenvectors = _principal_axes(centered, counts, n_kept)
     variances = eigenvalues.flip(-1)[:, :n_kept].clamp_min(0.0)  # (B, n_kept)
     basis = eigenvectors.flip(-1)[..., :n_kept]  # (B, d, n_kept)
     # Each direction's sign: its largest loading (the first, on ties) is positive.
@@ -114,6 +111,25 @@ def fit_standardization(
     degenerate = ~torch.isfinite(scale) | (scale <= torch.finfo(torch.float64).tiny)
     scale = torch.where(degenerate, 1.0, scale)
     return Standardization(center=center, scale=scale, basis=basis, d_max=d_max)
+
+
+def _principal_axes(centered: Tensor, counts: Tensor, n_kept: int) -> tuple[Tensor, Tensor]:
+    """Eigenvalues (B, m), ascending, and eigenvectors (B, d, m) of the covariance of the
+    centred rows ``centered`` (B, N, d), where m >= n_kept.
+
+    With N >= d, those of the d x d covariance: O(N d^2) time, O(d^2) memory. With fewer
+    rows than features (wide data, N < d), the covariance lives in the rows' span: an
+    orthonormal basis Q (d, N) of it (a thin QR), then the N x N covariance in that basis,
+    O(d N^2) instead of O(d^3). Its eigenvectors, mapped back by Q, are the same axes.
+    """
+    n_rows, n_features = centered.shape[-2:]
+    if n_rows >= n_features or n_rows < n_kept:
+        covariance = centered.mT @ centered / counts[..., None]  # (B, d, d)
+        return torch.linalg.eigh(covariance)
+    span, _ = torch.linalg.qr(centered.mT)  # (B, d, N), orthonormal columns
+    projected = centered @ span  # (B, N, N): the rows in that basis
+    eigenvalues, eigenvectors = torch.linalg.eigh(projected.mT @ projected / counts[..., None])
+    return eigenvalues, span @ eigenvectors  # (B, N), (B, d, N)
 
 
 def subsample_rows(
