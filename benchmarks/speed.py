@@ -19,6 +19,7 @@ scikit-learn measured in the same run (machines here are noisy; ratios travel be
     python benchmarks/speed.py --quick      # small batches, 100,000 points: about a minute
     python benchmarks/speed.py --device cuda --only throughput --batches 1000 10000 100000
     python benchmarks/speed.py --only throughput --batches 1000 10000 --checkpoint none
+    python benchmarks/speed.py --only wide       # n = 50, d = 2,000: diag and full
 
 Prints a table and writes benchmarks/results/speed.csv.
 """
@@ -89,6 +90,34 @@ def latency(checkpoint, device, repeats, seed=0):
         error = mean_error(make().fit(task.X).means_, task.means)
         rows.append(dict(measure="latency N=128 d=8 K=4", method=name, value=ms, unit="ms",
                          error=error, mfu=np.nan))
+    return rows
+
+
+def wide(checkpoint, device, repeats, seed=0):
+    """Fewer rows than features (n = 50, d = 2,000, K = 2, two separated halves): the fit
+    costs what the rows' rank costs, not d^3, for diagonal and full covariances; the
+    median of ``repeats`` fits against GaussianMixture's, interleaved."""
+    rng = np.random.default_rng(seed + 3)
+    X = rng.normal(size=(50, 2000))
+    X[:25] += 3.0
+    rows = []
+    for covariance in ("diag", "full"):
+        candidates = {
+            "TransformerGMM": lambda cov=covariance: TransformerGMM(
+                2, covariance_type=cov, checkpoint=checkpoint, device=device, random_state=0),
+            "GMM n_init=1": lambda cov=covariance: GaussianMixture(
+                2, covariance_type=cov, random_state=0),
+        }
+        times = {name: [] for name in candidates}
+        for _ in range(repeats):
+            for name, make in candidates.items():
+                start = time.perf_counter()
+                make().fit(X)
+                times[name].append(1e3 * (time.perf_counter() - start))
+        for name, values in times.items():
+            rows.append(dict(measure=f"wide n=50 d=2000 K=2 {covariance}", method=name,
+                             value=float(np.median(values)), unit="ms", error=np.nan,
+                             mfu=np.nan))
     return rows
 
 
@@ -204,7 +233,7 @@ def large_n_in_fresh_processes(checkpoint, device, n_samples, seed=0):
     return rows
 
 
-MEASUREMENTS = ("latency", "throughput", "large_n")
+MEASUREMENTS = ("latency", "throughput", "large_n", "wide")
 
 
 def main(argv=None):
@@ -238,6 +267,8 @@ def main(argv=None):
             rows += latency(checkpoint, args.device, 5 if args.quick else 30, args.seed)
         if "throughput" in args.only:
             rows += throughput(checkpoint, args.device, batches, args.peak_tflops, args.seed)
+        if "wide" in args.only:
+            rows += wide(checkpoint, args.device, 1 if args.quick else 3, args.seed)
         if "large_n" in args.only:
             n_samples = 100_000 if args.quick else 1_000_000
             rows += large_n_in_fresh_processes(checkpoint, args.device, n_samples, args.seed)

@@ -402,3 +402,42 @@ def test_cluster_centers_come_two_per_view():
     assert len(three) == 6
     for alone, batched in zip(one, three[:2], strict=True):  # float32 backbone: rounding
         torch.testing.assert_close(alone, batched, rtol=1e-5, atol=1e-6)
+
+
+def test_wide_data_axes_come_from_the_rows_span():
+    """Fewer rows than features: the principal axes from a thin QR of the rows are those of
+    the d x d covariance (to rounding), padding included; and a fit of 40 x 600 data needs
+    no d x d eigendecomposition."""
+    from transformer_gmm.engine import standardize
+
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.normal(size=(2, 40, 600)))
+    x[:, :20] += 3.0
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, 30:] = False
+    wide = standardize.fit_standardization(x, mask, 9, 3, 1)
+    centered = []
+    for b in range(2):
+        rows = x[b, mask[b]]
+        centered.append(rows - rows.mean(0))
+    for b, rows in enumerate(centered):
+        eigenvalues, eigenvectors = torch.linalg.eigh(rows.T @ rows / len(rows))
+        basis = eigenvectors.flip(-1)[:, : wide.basis.shape[-1]]
+        signs = basis.gather(0, basis.abs().argmax(0, keepdim=True)).sign()
+        torch.testing.assert_close(wide.basis[b], basis * signs, atol=1e-10, rtol=0)
+        variances = eigenvalues.flip(-1)[: wide.basis.shape[-1]]
+        torch.testing.assert_close(wide.scale[b], variances.mean().sqrt(), atol=1e-10, rtol=0)
+    calls = []
+    eigh = torch.linalg.eigh
+
+    def counted(matrix, *args, **kwargs):
+        calls.append(matrix.shape[-1])
+        return eigh(matrix, *args, **kwargs)
+
+    from unittest import mock
+
+    from transformer_gmm import TransformerGMM
+
+    with mock.patch.object(torch.linalg, "eigh", counted):
+        TransformerGMM(2, covariance_type="diag", random_state=0).fit(x[0].numpy())
+    assert calls and max(calls) <= 40
