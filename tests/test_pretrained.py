@@ -153,11 +153,13 @@ def test_the_bundled_checkpoint_reads_p_of_k():
         ),
         (
             # Full covariances from 30 points a cluster in 20 dimensions: near-singular
-            # components lift the likelihood more than BIC's penalty costs, so BIC takes
-            # every candidate up to the largest; the posterior (the default) and X-means
-            # find the four.
+            # components lift the likelihood more than BIC's penalty costs, so BIC took
+            # the largest candidate. It now passes over candidates with collapsed
+            # components, and among the others a full covariance in 20 dimensions costs
+            # more than four clusters of 30 points buy: it takes one. The posterior (the
+            # default) and X-means find the four.
             four_blobs_in_20d,
-            10,
+            1,
             4,
             4,
             [4.9276e-12, 6.3057e-12, 3.6893e-06, 9.9944e-01, 5.5158e-04,

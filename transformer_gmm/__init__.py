@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # type checkers and IDEs see the names; the runtime imports them lazily
     from ._base import FallbackWarning
+    from ._collapsed import CollapsedComponentWarning
     from .batch import FittedMixtures, fit_many
     from .cluster import TransformerClusterer
     from .engine.backend import DeviceMemoryError, clear_model_cache
@@ -35,6 +36,7 @@ __version__ = "0.1.0"
 # Each public name and the module that defines it, imported on first access.
 _LAZY_NAMES = {
     "CheckpointError": ".storage.format",
+    "CollapsedComponentWarning": "._collapsed",
     "DeviceMemoryError": ".engine.backend",
     "FallbackWarning": "._base",
     "FittedMixtures": ".batch",
@@ -49,6 +51,7 @@ _LAZY_SUBMODULES = {"batch", "cluster", "engine", "gmm", "nn", "storage"}
 
 __all__ = [
     "CheckpointError",
+    "CollapsedComponentWarning",
     "DeviceMemoryError",
     "FallbackWarning",
     "FittedMixtures",

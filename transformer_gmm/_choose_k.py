@@ -20,6 +20,7 @@ P(K | X) is also reported where the checkpoint reads it.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from numbers import Integral
 from typing import TYPE_CHECKING
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ._base import draw_seed, is_missing_default
+from ._collapsed import CollapsedComponentWarning
 from .engine import backend
 from .engine.k_posterior import read_k_unknown
 
@@ -127,11 +129,19 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
         )
         posterior = p[0, ks - 1] / p[0, ks - 1].sum()
     if criterion == "bic":
-        fits = [
-            _fit_candidate(estimator, params, k_name, K, X, sample_weight, reading) for K in ks
-        ]
+        with warnings.catch_warnings():
+            # The chosen candidate's collapse is the estimator's to report, not each one's.
+            warnings.simplefilter("ignore", CollapsedComponentWarning)
+            fits = [
+                _fit_candidate(estimator, params, k_name, K, X, sample_weight, reading)
+                for K in ks
+            ]
         values = np.array([_bic(fitted, X, sample_weight) for fitted in fits])
-        best = int(np.argmin(values))
+        # A candidate with collapsed components wins on the likelihood of a handful of
+        # points: it is chosen only where every candidate has one (and then it warns).
+        collapsed = np.array([np.any(getattr(f, "collapsed_components_", False)) for f in fits])
+        eligible = np.where(collapsed.all(), values, np.where(collapsed, np.inf, values))
+        best = int(np.argmin(eligible))
         return Choice(int(ks[best]), ks, "bic", values, posterior, fits[best])
     with np.errstate(divide="ignore"):
         values = -np.log(posterior)

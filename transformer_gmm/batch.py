@@ -14,6 +14,7 @@ from sklearn.utils import check_random_state
 
 from . import _fitting
 from ._base import warn_user
+from ._collapsed import CollapsedComponentWarning, collapsed_components
 from .engine import fit
 from .gmm import TransformerGMM
 
@@ -41,6 +42,9 @@ class FittedMixtures:
     converged : ndarray of shape (n_datasets,)
     init_method : ndarray of shape (n_datasets,)
         ``"transformer"`` or ``"k-means++"``: where each kept estimate started.
+    collapsed : ndarray of bool, shape (n_datasets, n_components)
+        The collapsed components of each mixture, as
+        :attr:`TransformerGMM.collapsed_components_`.
     covariance_type : str
     device : str
         The device the fit ran on.
@@ -54,6 +58,7 @@ class FittedMixtures:
     n_iter: np.ndarray
     converged: np.ndarray
     init_method: np.ndarray
+    collapsed: np.ndarray
     covariance_type: str
     device: str
 
@@ -174,6 +179,19 @@ random_state
             "max_iter or tol, or check those datasets for degenerate (collapsed) samples.",
             ConvergenceWarning,
         )
+    n_samples = np.array([X.shape[0] for X in Xs], dtype=np.float64)  # (B,)
+    collapsed = collapsed_components(
+        fits.weights, fits.covariances, covariance_type, n_samples, reg_covar
+    )  # (B, K)
+    n_collapsed = int(collapsed.any(axis=-1).sum())
+    if n_collapsed:
+        warn_user(
+            f"{n_collapsed} of {len(collapsed)} mixtures have collapsed components: each "
+            "holds too few points for its covariance or has a variance at the reg_covar "
+            "floor (collapsed_components_, or FittedMixtures.collapsed, marks them). Use "
+            "covariance_type='diag' or 'tied', a larger reg_covar, or fewer components.",
+            CollapsedComponentWarning,
+        )
     if estimators is None:
         dtype = Xs.dtype if isinstance(Xs, np.ndarray) else np.result_type(*{X.dtype for X in Xs})
         # As wide as "transformer" whichever starts ran, as np.where made them.
@@ -187,12 +205,14 @@ random_state
             n_iter=fits.n_iter,
             converged=fits.converged,
             init_method=init_method,
+            collapsed=collapsed,
             covariance_type=covariance_type,
             device=plan.device,
         )
     for i, estimator in enumerate(estimators):
         dtype = Xs.dtype if isinstance(Xs, np.ndarray) else Xs[i].dtype
         _fitting.store_mixture(estimator, fits, i, plan, dtype)
+        estimator.collapsed_components_ = collapsed[i]
     return estimators
 
 

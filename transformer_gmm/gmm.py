@@ -12,6 +12,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from . import _choose_k, _dask, _fitting, _initialization, _verbose
 from ._base import TransformerMixtureBase, warn_user
+from ._collapsed import collapsed_components, warn_collapsed
 from ._mixture_methods import FittedMixtureMixin
 from .engine.plan import FitPlan
 
@@ -148,6 +149,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         Cholesky factors of the precisions, of the same shape (as in scikit-learn).
     converged_ : bool
         Whether EM converged (False when ``max_iter=0``).
+    collapsed_components_ : ndarray of bool, shape (n_components,)
+        Components that collapsed: fewer points than their covariance needs (d + 1 for
+        ``"full"``, 2 for a variance) or a variance within 10 times ``reg_covar``. A fit
+        that returns one warns (:class:`~transformer_gmm.CollapsedComponentWarning`), and
+        the choice of K by BIC passes over candidates that have one.
     n_iter_ : int
         EM iterations run for the kept initialisation. Above 8,192 samples, where the
         initialisations are compared on a subsample, those there plus those on all of X.
@@ -364,9 +370,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             _choose_k.store_choice(self, None)
         else:
             n_components, reading = self._choose_n_components(X, sample_weight)
-            if n_components is None:  # BIC fitted every candidate: the chosen one is kept
-                return X
-        self._fit_k(X, sample_weight, n_components, reading)
+        if n_components is not None:  # else BIC fitted every candidate: the chosen one is kept
+            self._fit_k(X, sample_weight, n_components, reading)
+        warn_collapsed(self.collapsed_components_, self.covariance_type, X.shape[1])
         return X
 
     def _fit_k(self, X, sample_weight, n_components: int, reading=None) -> None:
@@ -379,6 +385,10 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         plan = self._plan(X, sample_weight, random_state, n_components, reading)
         fits = _fitting.run(plan, X, sample_weight)
         _fitting.store_mixture(self, fits, 0, plan, X.dtype)
+        n_samples = X.shape[0] if sample_weight is None else float(np.sum(sample_weight))
+        self.collapsed_components_ = collapsed_components(
+            self.weights_, self.covariances_, self.covariance_type, n_samples, self.reg_covar
+        )
         if self.verbose and fits.lower_bounds is not None:
             _verbose.report(
                 fits.lower_bounds[0],

@@ -1,0 +1,77 @@
+"""Collapsed components: found after every fit, said in a warning, and passed over by the
+choice of K with BIC."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_wine
+from sklearn.preprocessing import StandardScaler
+
+from transformer_gmm import CollapsedComponentWarning, TransformerGMM, fit_many
+from transformer_gmm._collapsed import collapsed_components
+
+
+@pytest.fixture(scope="module")
+def wine() -> np.ndarray:
+    return StandardScaler().fit_transform(load_wine().data)
+
+
+def test_the_rule_on_each_covariance_type():
+    weights = np.array([0.5, 0.45, 0.05])  # of 100 points: 50, 45 and 5
+    full = np.stack([np.eye(3), np.diag([1.0, 1.0, 5e-6]), np.eye(3)])
+    # A variance at 5 x reg_covar is at the floor; 5 points suffice for d = 3 (4 needed).
+    assert collapsed_components(weights, full, "full", 100, 1e-6).tolist() == [False, True, False]
+    assert collapsed_components(weights, full, "full", 60, 1e-6).tolist() == [False, True, True]
+    diag = np.array([[1.0, 1.0], [1.0, 5e-6], [1.0, 1.0]])
+    assert collapsed_components(weights, diag, "diag", 100, 1e-6).tolist() == [False, True, False]
+    spherical = np.array([1.0, 5e-6, 1.0])
+    assert collapsed_components(weights, spherical, "spherical", 20, 1e-6).tolist() == [
+        False, True, True  # 20 * 0.05 = 1 point: a variance needs 2
+    ]
+    tied = np.diag([1.0, 1e-6])
+    assert collapsed_components(weights, tied, "tied", 100, 1e-6).tolist() == [True] * 3
+    batch = collapsed_components(np.stack([weights] * 2), np.stack([diag] * 2), "diag",
+                                 np.array([100.0, 100.0]), 1e-6)
+    assert batch.shape == (2, 3)
+
+
+def test_a_fit_with_a_collapsed_component_says_so(wine):
+    with pytest.warns(CollapsedComponentWarning, match=r"components \[2\].*fewer than 14"):
+        gmm = TransformerGMM(4, random_state=0).fit(wine)
+    assert gmm.collapsed_components_.tolist() == [False, False, True, False]
+    smallest = np.linalg.eigvalsh(gmm.covariances_[2])[0]
+    assert smallest <= 10 * gmm.reg_covar and gmm.weights_[2] * len(wine) < 14
+
+
+def test_a_clean_fit_is_silent(wine):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CollapsedComponentWarning)
+        gmm = TransformerGMM(3, random_state=0).fit(wine)
+    assert not gmm.collapsed_components_.any()
+    diag = TransformerGMM(4, covariance_type="diag", random_state=0).fit(wine)
+    assert diag.collapsed_components_.shape == (4,)
+
+
+def test_bic_passes_over_collapsed_candidates(wine):
+    """On standardized wine, BIC used to choose K = 10, six components collapsed; it now
+    chooses among clean candidates, within one of the three cultivars."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CollapsedComponentWarning)
+        gmm = TransformerGMM(n_components="auto", criterion="bic", random_state=0).fit(wine)
+    assert abs(len(gmm.weights_) - 3) <= 1 and not gmm.collapsed_components_.any()
+    # ... and BIC would have chosen a collapsed candidate: the rule made the difference.
+    best = gmm.candidates_[np.argmin(gmm.criterion_)]
+    assert best > len(gmm.weights_)
+
+
+def test_fit_many_marks_and_warns_once(wine):
+    with pytest.warns(CollapsedComponentWarning, match="1 of 2 mixtures") as record:
+        fits = fit_many([wine, wine[:60]], 4, random_state=0, output="arrays")
+    assert len([w for w in record if w.category is CollapsedComponentWarning]) == 1
+    assert fits.collapsed.shape == (2, 4)
+    estimators = fit_many([wine, wine[:60]], 4, random_state=0)
+    for i, estimator in enumerate(estimators):
+        np.testing.assert_array_equal(estimator.collapsed_components_, fits.collapsed[i])

@@ -1,0 +1,97 @@
+"""Collapsed components: what a fitted mixture, ``fit_many`` and the choice of K by BIC
+share to find them and to say so.
+
+A component collapses when it holds too few points for its covariance: the covariance is
+then singular but for ``reg_covar``, and the component's likelihood on its handful of
+points grows without bound as ``reg_covar`` shrinks. Such optima win on likelihood and
+lose on everything else (new data, agreement with classes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._base import warn_user
+
+# A variance within this factor of reg_covar is at the floor.
+FLOOR_FACTOR = 10.0
+
+
+class CollapsedComponentWarning(UserWarning):
+    """A fitted mixture has collapsed components (see ``collapsed_components_``).
+
+    Each holds fewer points than its covariance needs, or has a variance at the
+    ``reg_covar`` floor: it fits a handful of points and inflates the likelihood.
+    """
+
+
+def points_needed(covariance_type: str, n_features: int) -> int:
+    """The fewest points whose covariance of ``covariance_type`` is not singular: d + 1 for
+    a full covariance, 2 for a variance; a tied covariance is shared, so none per
+    component."""
+    return {"full": n_features + 1, "diag": 2, "spherical": 2, "tied": 0}[covariance_type]
+
+
+def collapsed_components(
+    weights: np.ndarray,
+    covariances: np.ndarray,
+    covariance_type: str,
+    n_samples,
+    reg_covar: float,
+) -> np.ndarray:
+    """Which components collapsed: bool of ``weights``' shape (..., K).
+
+    Parameters
+    ----------
+    weights : ndarray of shape (..., K)
+    covariances : ndarray
+        Shaped as ``GaussianMixture.covariances_`` for ``covariance_type``, with the same
+        leading axes as ``weights``.
+    covariance_type : {"full", "tied", "diag", "spherical"}
+    n_samples : float or ndarray of shape (...)
+        The points (or the total weight) each mixture was fitted on.
+    reg_covar : float
+
+    Returns
+    -------
+    collapsed : ndarray of bool, shape (..., K)
+        True where a component's smallest variance is within ``FLOOR_FACTOR`` of
+        ``reg_covar``, or where it holds fewer points than :func:`points_needed`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm._collapsed import collapsed_components
+    >>> covariances = np.array([[1.0, 0.5], [1e-6, 2.0]])  # diag, K = 2, d = 2
+    >>> collapsed_components(np.array([0.5, 0.5]), covariances, "diag", 100, 1e-6).tolist()
+    [False, True]
+    """
+    covariances = np.asarray(covariances, dtype=np.float64)
+    if covariance_type == "full":
+        smallest = np.linalg.eigvalsh(covariances)[..., 0]  # (..., K)
+    elif covariance_type == "tied":  # one covariance for all: each component shares it
+        smallest = np.linalg.eigvalsh(covariances)[..., :1] * np.ones_like(weights)
+    elif covariance_type == "diag":
+        smallest = covariances.min(axis=-1)
+    else:
+        smallest = covariances
+    n_features = covariances.shape[-1] if covariance_type != "spherical" else 1
+    needed = points_needed(covariance_type, n_features)
+    points = np.asarray(weights) * np.asarray(n_samples, dtype=np.float64)[..., None]
+    return (smallest <= FLOOR_FACTOR * reg_covar) | (points < needed)
+
+
+def warn_collapsed(collapsed: np.ndarray, covariance_type: str, n_features: int) -> None:
+    """Warn, as scikit-learn warns of convergence, if a component of one fit collapsed."""
+    if not collapsed.any():
+        return
+    which = np.flatnonzero(collapsed).tolist()
+    needed = points_needed(covariance_type, n_features)
+    why = f"holds fewer than {needed} points or " if needed else ""
+    warn_user(
+        f"{len(which)} of {collapsed.size} mixture components collapsed (components "
+        f"{which}): each {why}has a variance at the reg_covar floor, so it fits a handful "
+        "of points and inflates the likelihood. Use covariance_type='diag' or 'tied', a "
+        "larger reg_covar, or fewer components; collapsed_components_ marks them.",
+        CollapsedComponentWarning,
+    )
