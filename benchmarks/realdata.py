@@ -68,6 +68,7 @@ from common import (  # noqa: E402
 from real_datasets import DATASETS, Dataset, load_dataset  # noqa: E402
 
 from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM  # noqa: E402
+from transformer_gmm._collapsed import collapsed_components  # noqa: E402
 
 AT_BEST = 0.01  # nats per point: an LL this close to the best found reaches it
 AS_GOOD = 0.01  # nats per point: "as good as GMM n_init=1" allows this much below it
@@ -151,8 +152,8 @@ def fit_one(model, X: np.ndarray, silenced: tuple) -> tuple[object, float, list[
     return fitted, ms, sorted({w.category.__name__ for w in caught}), error
 
 
-def _row(dataset: Dataset, covariance: str, seed: int, method: str, model, ms: float,
-         caught: list[str], error: str) -> dict:
+def _row(dataset: Dataset, held_out: np.ndarray | None, covariance: str, seed: int,
+         method: str, model, ms: float, caught: list[str], error: str) -> dict:
     X, mixture = dataset.X, covariance != "-"
     ok = model is not None
     labels = (model.predict(X) if mixture else model.labels_) if ok else None
@@ -162,6 +163,11 @@ def _row(dataset: Dataset, covariance: str, seed: int, method: str, model, ms: f
         dataset=dataset.name, n=X.shape[0], d=X.shape[1], K=dataset.n_components,
         covariance=covariance, seed=seed, method=method,
         ll=float(model.score(X)) if ok and mixture else np.nan,
+        heldout_ll=(float(model.score(held_out)) if ok and mixture and held_out is not None
+                    else np.nan),
+        collapsed=int(collapsed_components(
+            model.weights_, model.covariances_, covariance, len(X), model.reg_covar
+        ).sum()) if ok and mixture else 0,
         bic=float(model.bic(X)) if ok and mixture else np.nan,
         ari=float(ari), ms=ms,
         init=getattr(model, "init_method_", ""),
@@ -182,24 +188,40 @@ def warm_up(checkpoint, baseline, em_steps=(), bfloat16=False) -> None:
             make(2, 0).fit(X)
 
 
+def split(dataset: Dataset, seed: int, held_out: float) -> tuple[Dataset, np.ndarray | None]:
+    """The rows to fit and the rows held out (a uniform draw of that fraction, by seed), or
+    the whole dataset and None."""
+    if held_out == 0:
+        return dataset, None
+    rng = np.random.default_rng([seed, len(dataset.X)])
+    out = np.zeros(len(dataset.X), dtype=bool)
+    out[rng.choice(len(dataset.X), round(held_out * len(dataset.X)), replace=False)] = True
+    labels = None if dataset.labels is None else dataset.labels[~out]
+    kept = Dataset(dataset.name, dataset.X[~out], labels, dataset.n_components)
+    return kept, dataset.X[out]
+
+
 def run(datasets: list[Dataset], covariances, seeds, checkpoint, baseline=None,
-        em_steps=(), bfloat16=False) -> list[dict]:
-    """One row per fit, with the derived columns (time ratio, gap to the best, at best)."""
+        em_steps=(), bfloat16=False, held_out: float = 0.0) -> list[dict]:
+    """One row per fit, with the derived columns (time ratio, gap to the best, at best).
+    With ``held_out``, every method fits the same rows of each (dataset, seed) and is also
+    scored on the rest."""
     mixtures = mixture_methods(checkpoint, baseline, em_steps, bfloat16)
     clusterers = clustering_methods(checkpoint, bfloat16)
     rows = []
-    for dataset in datasets:
-        k = dataset.n_components
+    for whole in datasets:
+        k = whole.n_components
         for seed in seeds:
+            dataset, held = split(whole, seed, held_out)
             for method, (make, silenced) in clusterers.items():
-                rows.append(_row(dataset, "-", seed, method,
+                rows.append(_row(dataset, held, "-", seed, method,
                                  *fit_one(make(k, seed), dataset.X, silenced)))
             for covariance in covariances:
                 for method, (make, silenced) in mixtures.items():
-                    rows.append(_row(dataset, covariance, seed, method,
+                    rows.append(_row(dataset, held, covariance, seed, method,
                                      *fit_one(make(k, covariance, seed), dataset.X, silenced)))
-        done = [r for r in rows if r["dataset"] == dataset.name]
-        print(f"{dataset.name}: {len(done)} fits, {np.nansum([r['ms'] for r in done]) / 1000:.1f}"
+        done = [r for r in rows if r["dataset"] == whole.name]
+        print(f"{whole.name}: {len(done)} fits, {np.nansum([r['ms'] for r in done]) / 1000:.1f}"
               " s fitting", flush=True)
     add_derived(rows)
     return rows
@@ -208,17 +230,22 @@ def run(datasets: list[Dataset], covariances, seeds, checkpoint, baseline=None,
 def add_derived(rows: list[dict]) -> None:
     """time_ratio (to GMM n_init=1 on the same dataset, covariance and seed; for the
     clusterers, to KMeans n_init=10 on the same dataset and seed), ll_gap (to the best LL
-    of the (dataset, covariance)) and at_best."""
+    of the (dataset, covariance), and seed where rows are held out) and at_best."""
     reference = {(r["dataset"], r["covariance"], r["seed"]): r["ms"] for r in rows
                  if r["method"] == (KMEANS if r["covariance"] == "-" else GMM1)}
+    # With rows held out, each seed fits other rows: the best is the seed's own.
+    by_seed = any(np.isfinite(r["heldout_ll"]) for r in rows)
+
+    def setting(r):
+        return (r["dataset"], r["covariance"]) + ((r["seed"],) if by_seed else ())
+
     best: dict[tuple, float] = {}
     for r in rows:
         if np.isfinite(r["ll"]):
-            key = r["dataset"], r["covariance"]
-            best[key] = max(best.get(key, -np.inf), r["ll"])
+            best[setting(r)] = max(best.get(setting(r), -np.inf), r["ll"])
     for r in rows:
         r["time_ratio"] = r["ms"] / reference[r["dataset"], r["covariance"], r["seed"]]
-        top = best.get((r["dataset"], r["covariance"]), np.nan)
+        top = best.get(setting(r), np.nan)
         r["ll_gap"] = top - r["ll"]
         r["at_best"] = float(r["ll_gap"] <= AT_BEST) if np.isfinite(r["ll"]) else np.nan
 
@@ -354,10 +381,15 @@ def per_dataset(rows: list[dict]) -> list[dict]:
     for key in sorted(keys, key=lambda key: order[key[1]]):
         mine = [r for r in rows if (r["dataset"], r["covariance"], r["method"]) == key]
         row = dict(dataset=key[0], covariance=key[1], method=key[2], n_fits=len(mine))
-        for metric in ("ll", "ari", "ll_gap", "at_best"):
+        for metric in ("ll", "heldout_ll", "ari", "ll_gap", "at_best"):
             values = [r[metric] for r in mine if np.isfinite(r[metric])]
             row[metric], row[metric + "_se"] = _mean_se(values)
         row["ms"] = _median([r["ms"] for r in mine])
+        # The optima reached over the seeds: LLs more than AT_BEST apart count apart.
+        lls = sorted(r["ll"] for r in mine if np.isfinite(r["ll"]))
+        steps = zip([-np.inf, *lls], lls, strict=False)
+        row["distinct_optima"] = sum(1 for a, b in steps if b - a > AT_BEST)
+        row["collapsed_fits"] = sum(r["collapsed"] > 0 for r in mine)
         out.append(row)
     return out
 
@@ -447,6 +479,48 @@ def print_paired(rows: list[dict], get, pairs: list[tuple[str, str]]) -> None:
                   f"time ratio {ms:.2f}")
 
 
+def print_spread(by_dataset: list[dict]) -> None:
+    """How many distinct optima each method reached over the seeds, per dataset."""
+    for covariance in [c for c in _covariances(by_dataset) if c != "-"]:
+        part = [r for r in by_dataset if r["covariance"] == covariance]
+        methods = list(dict.fromkeys(r["method"] for r in part))
+        print(f"\nDistinct optima over the seeds ({covariance}; LLs more than {AT_BEST} "
+              "nats per point apart):")
+        print(f"{'dataset':>14} " + " ".join(f"{_short(m)[:12]:>12}" for m in methods))
+        for name in dict.fromkeys(r["dataset"] for r in part):
+            counts = {r["method"]: r["distinct_optima"] for r in part if r["dataset"] == name}
+            print(f"{name:>14} " + " ".join(f"{counts.get(m, 0):>12}" for m in methods))
+
+
+def print_collapsed(rows: list[dict]) -> None:
+    """Fits with a collapsed component, and whether each of ours warned."""
+    mixtures = [r for r in rows if r["covariance"] != "-" and np.isfinite(r["ll"])]
+    counts = Counter(r["method"] for r in mixtures if r["collapsed"])
+    silent = [r for r in mixtures if r["collapsed"] and r["method"].startswith("TGMM")
+              and r["init"] and "CollapsedComponentWarning" not in r["warnings"]]
+    print("\nFits with a collapsed component: " + (", ".join(
+        f"{m} {c} of {sum(r['method'] == m for r in mixtures)}" for m, c in counts.items())
+        or "none"))
+    print(f"  of ours, returned without CollapsedComponentWarning: {len(silent)}")
+
+
+def print_held_out(rows: list[dict]) -> None:
+    """The held-out LL of each mixture method, paired against GMM n_init=10 and 1."""
+    for covariance in [c for c in _covariances(rows) if c != "-"]:
+        print(f"\nHeld-out LL per point ({covariance}), paired on the same fits:")
+        for method in dict.fromkeys(r["method"] for r in rows if r["covariance"] == covariance):
+            mine = [r for r in rows if r["covariance"] == covariance]
+            line = f"  {method:<28}"
+            for other in (GMM10, GMM1):
+                diffs = paired(mine, method, other, "heldout_ll")
+                if len(diffs):
+                    mean, se = _mean_se(list(diffs))
+                    line += f" vs {_short(other)}: {mean:+.4f} +- {se:.4f}"
+            mean, _ = _mean_se([r["heldout_ll"] for r in mine if r["method"] == method
+                                and np.isfinite(r["heldout_ll"])])
+            print(f"{line}   mean {mean:.4f}")
+
+
 def print_problems(rows: list[dict]) -> None:
     failed = [r for r in rows if r["error"]]
     warned = Counter((r["method"], w) for r in rows for w in r["warnings"].split())
@@ -515,6 +589,9 @@ def main(argv=None):
                              "with --checkpoint on the same seeds")
     parser.add_argument("--em-steps", nargs="+", type=int, default=(),
                         help="add TGMM n_init=1 stopped after this many EM steps (each)")
+    parser.add_argument("--held-out", type=float, default=0.0,
+                        help="a fraction of each dataset's rows (drawn by seed) that every "
+                             "method leaves out of its fit and is scored on (0: none)")
     parser.add_argument("--bfloat16", action="store_true",
                         help="add the transformer's methods fitted under "
                              "torch.set_float32_matmul_precision('medium')")
@@ -541,7 +618,7 @@ def main(argv=None):
         with single_threaded():
             warm_up(args.checkpoint, args.baseline_checkpoint, args.em_steps, args.bfloat16)
             rows = run(datasets, covariances, seeds, args.checkpoint,
-                       args.baseline_checkpoint, args.em_steps, args.bfloat16)
+                       args.baseline_checkpoint, args.em_steps, args.bfloat16, args.held_out)
     finally:
         torch.set_num_threads(threads)
 
@@ -558,6 +635,11 @@ def main(argv=None):
     oracle = oracle_rows(datasets, covariances, rows)
     print_oracle(oracle)
     print_targets(rows, table, args.baseline_checkpoint is not None, args.bfloat16)
+    print_collapsed(rows)
+    if args.held_out:  # each seed fits other rows: their optima are not comparable
+        print_held_out(rows)
+    else:
+        print_spread(by_dataset)
     print_problems(rows)
 
     fits_path = write_csv(rows, args.results / f"{args.out}_fits.csv")
