@@ -166,7 +166,8 @@ def _row(dataset: Dataset, held_out: np.ndarray | None, covariance: str, seed: i
         heldout_ll=(float(model.score(held_out)) if ok and mixture and held_out is not None
                     else np.nan),
         collapsed=int(collapsed_components(
-            model.weights_, model.covariances_, covariance, len(X), model.reg_covar
+            model.weights_, model.means_, model.covariances_, covariance, len(X),
+            model.reg_covar
         ).sum()) if ok and mixture else 0,
         bic=float(model.bic(X)) if ok and mixture else np.nan,
         ari=float(ari), ms=ms,

@@ -21,21 +21,45 @@ def wine() -> np.ndarray:
 
 def test_the_rule_on_each_covariance_type():
     weights = np.array([0.5, 0.45, 0.05])  # of 100 points: 50, 45 and 5
+    means = np.array([[0.0, 0.0, 0.0], [4.0, 0.0, 0.0], [0.0, 4.0, 0.0]])
     full = np.stack([np.eye(3), np.diag([1.0, 1.0, 5e-6]), np.eye(3)])
     # A variance at 5 x reg_covar is at the floor; 5 points suffice for d = 3 (4 needed).
-    assert collapsed_components(weights, full, "full", 100, 1e-6).tolist() == [False, True, False]
-    assert collapsed_components(weights, full, "full", 60, 1e-6).tolist() == [False, True, True]
+    assert collapsed_components(weights, means, full, "full", 100, 1e-6).tolist() == [
+        False, True, False]
+    assert collapsed_components(weights, means, full, "full", 60, 1e-6).tolist() == [
+        False, True, True]
     diag = np.array([[1.0, 1.0], [1.0, 5e-6], [1.0, 1.0]])
-    assert collapsed_components(weights, diag, "diag", 100, 1e-6).tolist() == [False, True, False]
+    assert collapsed_components(weights, means[:, :2], diag, "diag", 100, 1e-6).tolist() == [
+        False, True, False]
     spherical = np.array([1.0, 5e-6, 1.0])
-    assert collapsed_components(weights, spherical, "spherical", 20, 1e-6).tolist() == [
+    assert collapsed_components(weights, means, spherical, "spherical", 20, 1e-6).tolist() == [
         False, True, True  # 20 * 0.05 = 1 point: a variance needs 2
     ]
     tied = np.diag([1.0, 1e-6])
-    assert collapsed_components(weights, tied, "tied", 100, 1e-6).tolist() == [True] * 3
-    batch = collapsed_components(np.stack([weights] * 2), np.stack([diag] * 2), "diag",
-                                 np.array([100.0, 100.0]), 1e-6)
+    assert collapsed_components(weights, means[:, :2], tied, "tied", 100, 1e-6).tolist() == [
+        True] * 3
+    batch = collapsed_components(np.stack([weights] * 2), np.stack([means[:, :2]] * 2),
+                                 np.stack([diag] * 2), "diag", np.array([100.0, 100.0]), 1e-6)
     assert batch.shape == (2, 3)
+
+
+def test_data_whose_variances_are_near_reg_covar_have_nothing_collapsed():
+    """Every variance near reg_covar is no collapse where the data vary no more than that:
+    the floor is judged against the mixture's own variance."""
+    weights, means = np.array([0.5, 0.5]), np.array([[0.0, 0.0], [3e-3, 3e-3]])
+    tiny = np.array([[2e-6, 3e-6], [4e-6, 2e-6]])  # diag
+    assert not collapsed_components(weights, means, tiny, "diag", 100, 1e-6).any()
+    scaled = np.array([[2.0, 3.0], [4.0, 2e-6]])  # the same shape, a million times wider
+    assert collapsed_components(weights, means * 1e3, scaled, "diag", 100, 1e-6).tolist() == [
+        False, True]
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_the_same_collapse_at_every_scale(wine, scale):
+    """wine with K = 4: component 2 holds 5 points in 13 dimensions whatever the units."""
+    with pytest.warns(CollapsedComponentWarning):
+        gmm = TransformerGMM(4, random_state=0).fit(wine * scale)
+    assert gmm.collapsed_components_.sum() == 1
 
 
 def test_a_fit_with_a_collapsed_component_says_so(wine):

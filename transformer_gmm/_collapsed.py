@@ -13,8 +13,11 @@ import numpy as np
 
 from ._base import warn_user
 
-# A variance within this factor of reg_covar is at the floor.
+# A variance within this factor of reg_covar is at the floor ...
 FLOOR_FACTOR = 10.0
+# ... where the data vary far more: for data whose variances are themselves near reg_covar,
+# every component sits there and none has collapsed onto a handful of points.
+RELATIVE_FLOOR = 1e-4
 
 
 class CollapsedComponentWarning(UserWarning):
@@ -34,6 +37,7 @@ def points_needed(covariance_type: str, n_features: int) -> int:
 
 def collapsed_components(
     weights: np.ndarray,
+    means: np.ndarray,
     covariances: np.ndarray,
     covariance_type: str,
     n_samples,
@@ -44,6 +48,7 @@ def collapsed_components(
     Parameters
     ----------
     weights : ndarray of shape (..., K)
+    means : ndarray of shape (..., K, d)
     covariances : ndarray
         Shaped as ``GaussianMixture.covariances_`` for ``covariance_type``, with the same
         leading axes as ``weights``.
@@ -55,30 +60,44 @@ def collapsed_components(
     Returns
     -------
     collapsed : ndarray of bool, shape (..., K)
-        True where a component's smallest variance is within ``FLOOR_FACTOR`` of
-        ``reg_covar``, or where it holds fewer points than :func:`points_needed`.
+        True where a component holds fewer points than :func:`points_needed`, or where its
+        smallest variance is within ``FLOOR_FACTOR`` of ``reg_covar`` and below
+        ``RELATIVE_FLOOR`` times the mixture's mean variance per feature (the data's, as
+        the fitted mixture describes it: no pass over the data).
 
     Examples
     --------
     >>> import numpy as np
     >>> from transformer_gmm._collapsed import collapsed_components
+    >>> means = np.array([[0.0, 0.0], [5.0, 5.0]])
     >>> covariances = np.array([[1.0, 0.5], [1e-6, 2.0]])  # diag, K = 2, d = 2
-    >>> collapsed_components(np.array([0.5, 0.5]), covariances, "diag", 100, 1e-6).tolist()
+    >>> weights = np.array([0.5, 0.5])
+    >>> collapsed_components(weights, means, covariances, "diag", 100, 1e-6).tolist()
     [False, True]
     """
+    weights = np.asarray(weights, dtype=np.float64)
+    means = np.asarray(means, dtype=np.float64)
     covariances = np.asarray(covariances, dtype=np.float64)
+    n_features = means.shape[-1]
     if covariance_type == "full":
         smallest = np.linalg.eigvalsh(covariances)[..., 0]  # (..., K)
+        variances = np.diagonal(covariances, axis1=-2, axis2=-1)  # (..., K, d)
     elif covariance_type == "tied":  # one covariance for all: each component shares it
         smallest = np.linalg.eigvalsh(covariances)[..., :1] * np.ones_like(weights)
+        variances = np.diagonal(covariances, axis1=-2, axis2=-1)[..., None, :]
     elif covariance_type == "diag":
-        smallest = covariances.min(axis=-1)
+        smallest, variances = covariances.min(axis=-1), covariances
     else:
-        smallest = covariances
-    n_features = covariances.shape[-1] if covariance_type != "spherical" else 1
-    needed = points_needed(covariance_type, n_features)
-    points = np.asarray(weights) * np.asarray(n_samples, dtype=np.float64)[..., None]
-    return (smallest <= FLOOR_FACTOR * reg_covar) | (points < needed)
+        smallest, variances = covariances, covariances[..., None]
+    # The mixture's variance per feature: within components plus between their means.
+    center = np.einsum("...k,...kd->...d", weights, means)
+    spread = variances + (means - center[..., None, :]) ** 2  # (..., K, d)
+    data_variance = np.einsum("...k,...kd->...", weights, spread) / n_features  # (...)
+    at_floor = (smallest <= FLOOR_FACTOR * reg_covar) & (
+        smallest <= RELATIVE_FLOOR * data_variance[..., None]
+    )
+    points = weights * np.asarray(n_samples, dtype=np.float64)[..., None]
+    return at_floor | (points < points_needed(covariance_type, n_features))
 
 
 def warn_collapsed(collapsed: np.ndarray, covariance_type: str, n_features: int) -> None:

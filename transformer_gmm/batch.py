@@ -181,7 +181,7 @@ random_state
         )
     n_samples = np.array([X.shape[0] for X in Xs], dtype=np.float64)  # (B,)
     collapsed = collapsed_components(
-        fits.weights, fits.covariances, covariance_type, n_samples, reg_covar
+        fits.weights, fits.means, fits.covariances, covariance_type, n_samples, reg_covar
     )  # (B, K)
     n_collapsed = int(collapsed.any(axis=-1).sum())
     if n_collapsed:

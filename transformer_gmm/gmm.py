@@ -151,7 +151,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         Whether EM converged (False when ``max_iter=0``).
     collapsed_components_ : ndarray of bool, shape (n_components,)
         Components that collapsed: fewer points than their covariance needs (d + 1 for
-        ``"full"``, 2 for a variance) or a variance within 10 times ``reg_covar``. A fit
+        ``"full"``, 2 for a variance), or a variance within 10 times ``reg_covar`` where
+        the data vary far more. A fit
         that returns one warns (:class:`~transformer_gmm.CollapsedComponentWarning`), and
         the choice of K by BIC passes over candidates that have one.
     n_iter_ : int
@@ -387,7 +388,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         _fitting.store_mixture(self, fits, 0, plan, X.dtype)
         n_samples = X.shape[0] if sample_weight is None else float(np.sum(sample_weight))
         self.collapsed_components_ = collapsed_components(
-            self.weights_, self.covariances_, self.covariance_type, n_samples, self.reg_covar
+            self.weights_, self.means_, self.covariances_, self.covariance_type, n_samples,
+            self.reg_covar,
         )
         if self.verbose and fits.lower_bounds is not None:
             _verbose.report(
