@@ -65,26 +65,25 @@ def canonical_order_on_device(
     >>> canonical_order_on_device(torch.from_numpy(X)).tolist() == canonical_order(X).tolist()
     True
     """
-    columns = [X[..., j] for j in range(X.shape[-1])]
-    if sample_weight is not None:
-        columns.append(sample_weight)
     h = torch.full(X.shape[:-1], _signed(_KEY), dtype=torch.int64, device=X.device)
-    for column in columns:
-        words = (column.to(torch.float64) + 0.0).view(torch.int64)  # -0.0 -> 0.0
+    for j in range(X.shape[-1]):
+        words = (X[..., j].to(torch.float64) + 0.0).view(torch.int64)  # -0.0 -> 0.0
         h = _mix_on_device((h + _signed(_GAMMA)) ^ words)
-    # Flipping the sign bit orders int64 as their bits order as uint64.
-    return torch.argsort(h ^ (-(1 << 63)), dim=-1)
+    h = h ^ (-(1 << 63))  # flipping the sign bit orders int64 as their bits order as uint64
+    if sample_weight is None:
+        return torch.argsort(h, dim=-1)
+    # numpy's lexsort by (hash, weight): by weight, then stably by hash.
+    by_weight = torch.argsort(sample_weight, dim=-1, stable=True)
+    by_hash = torch.argsort(h.gather(-1, by_weight), dim=-1, stable=True)
+    return by_weight.gather(-1, by_hash)
 
 
-def row_hashes(X: np.ndarray, sample_weight: np.ndarray | None = None) -> np.ndarray:
-    """A 64-bit hash (..., n) of each row of ``X`` (..., n, d) and of its weight, equal for rows
-    equal in value whatever their dtype or the signs of their zeros.
+def row_hashes(X: np.ndarray) -> np.ndarray:
+    """A 64-bit hash (..., n) of each row of ``X`` (..., n, d), equal for rows equal in value
+    whatever their dtype or the signs of their zeros.
     """
-    columns = [X[..., j] for j in range(X.shape[-1])]
-    if sample_weight is not None:
-        columns.append(sample_weight)
     h = np.full(X.shape[:-1], _KEY, dtype=np.uint64)
-    for column in columns:
+    for column in (X[..., j] for j in range(X.shape[-1])):
         # + 0.0 turns -0.0 into 0.0 (and leaves every other number as it is); the result
         # is a fresh float64 array, so the view below may be mixed in place.
         words = (np.asarray(column, dtype=np.float64) + 0.0).view(np.uint64)
@@ -110,7 +109,11 @@ def canonical_order(X: np.ndarray, sample_weight: np.ndarray | None = None) -> n
     # Not a stable sort, which is 5 times slower on 64-bit keys and would buy nothing:
     # rows whose hashes tie are equal, the same to every fit in any order, or (rarely)
     # collide, and then a stable sort too would leave them in the input's order.
-    return np.argsort(row_hashes(X, sample_weight), axis=-1)
+    if sample_weight is None:
+        return np.argsort(row_hashes(X), axis=-1)
+    # Equal rows of different weights, by weight: an order that scaling every weight by
+    # one constant keeps (a hash of the weights would not), so the fit keeps it too.
+    return np.lexsort((np.asarray(sample_weight), row_hashes(X)), axis=-1)
 
 
 def canonical_orders(
@@ -123,7 +126,11 @@ def canonical_orders(
     real = np.arange(lengths.max())[None] < lengths[:, None]  # (B, n_max)
     # Padding sorts last, and is dropped below wherever it lands among ties.
     hashes = np.full(real.shape, np.iinfo(np.uint64).max, dtype=np.uint64)
-    weights = None if sample_weight is None else np.concatenate(sample_weight)
-    hashes[real] = row_hashes(np.concatenate(Xs), weights)  # row-major: dataset by dataset
-    order = np.argsort(hashes, axis=-1)
+    hashes[real] = row_hashes(np.concatenate(Xs))  # row-major: dataset by dataset
+    if sample_weight is None:
+        order = np.argsort(hashes, axis=-1)
+    else:
+        weights = np.full(real.shape, np.inf)
+        weights[real] = np.concatenate(sample_weight)
+        order = np.lexsort((weights, hashes), axis=-1)
     return np.split(order[order < lengths[:, None]], np.cumsum(lengths)[:-1])

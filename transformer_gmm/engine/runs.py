@@ -33,11 +33,28 @@ def choose(
     lower_bound = torch.nan_to_num(lower_bound, nan=-math.inf)
     n_t = n_transformer_inits
     if n_t == 0 or n_t == lower_bound.shape[1]:
-        return lower_bound.argmax(dim=1)
-    transformer_bound, transformer_best = lower_bound[:, :n_t].max(dim=1)
-    kmeans_bound, kmeans_best = lower_bound[:, n_t:].max(dim=1)
+        return _first_best(lower_bound)[1]
+    transformer_bound, transformer_best = _first_best(lower_bound[:, :n_t])
+    kmeans_bound, kmeans_best = _first_best(lower_bound[:, n_t:])
     gain = (kmeans_bound - transformer_bound) * n_rows  # nats; NaN when both are -inf
     return torch.where(gain > KMEANS_MARGIN_NATS, kmeans_best + n_t, transformer_best)
+
+
+# Runs whose bounds differ by less than this (relative) reached one optimum: rounding, not
+# the data, tells them apart.
+TIED = 1e-12
+
+
+def _first_best(lower_bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best bound (B,) of the (B, R) bounds and the first run (B,) within ``TIED`` of it.
+
+    Two runs that reach one optimum may hold its components in different orders; taking
+    the first of them, not whichever rounding favours, keeps the labels of a fit the same
+    when the data change only in ways that move the last bits (weights scaled by a
+    constant, say)."""
+    best = lower_bound.max(dim=1).values  # (B,)
+    near = lower_bound >= (best - TIED * (1.0 + best.abs()))[:, None]  # (B, R)
+    return best, near.int().argmax(dim=1)  # argmax: the first True
 
 
 def repeat(tensor: torch.Tensor, n_runs: int, run_major: bool = False) -> torch.Tensor:
