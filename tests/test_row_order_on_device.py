@@ -59,3 +59,17 @@ def test_fits_are_the_hosts(hashed_on_device, checkpoint, monkeypatch):
     np.testing.assert_array_equal(on_device[1].cluster_centers_, on_host[1].cluster_centers_)
     np.testing.assert_array_equal(on_device[1].labels_, on_host[1].labels_)
     np.testing.assert_array_equal(many_on_device.means, many_on_host.means)
+
+
+def test_equal_rows_are_ordered_by_weight_alike():
+    """Equal rows of different weights: by weight on both paths, and the same order when
+    every weight is scaled by one constant."""
+    rng = np.random.default_rng(3)
+    X = np.repeat(rng.normal(size=(20, 3)), 3, axis=0)  # each row three times
+    weights = rng.uniform(0.5, 2.0, size=len(X))
+    on_host = row_order.canonical_order(X, weights)
+    on_device = row_order.canonical_order_on_device(torch.from_numpy(X), torch.from_numpy(weights))
+    np.testing.assert_array_equal(on_device.numpy(), on_host)
+    np.testing.assert_array_equal(row_order.canonical_order(X, 0.37 * weights), on_host)
+    ordered = weights[on_host].reshape(20, 3)  # equal rows are adjacent, by weight
+    assert (np.diff(ordered, axis=1) > 0).all()

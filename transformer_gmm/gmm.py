@@ -299,7 +299,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             counts as the same sample twice (the fit equals the one on repeated rows from
             the same start). The transformer reads samples drawn in proportion to their
             weights, the k-means++ starts and EM are weighted, and ``lower_bound_`` is the
-            weighted mean log-likelihood. Equal weights give the unweighted fit.
+            weighted mean log-likelihood. Equal weights give the unweighted fit, and weights
+            scaled by one constant the same fit.
 
         Returns
         -------
