@@ -2,7 +2,7 @@
 on the same GPU, the backbone's FLOP rate as a fraction of the card's peak, and a short
 training run. One command, made for a machine lent for a few minutes:
 
-    python benchmarks/gpu.py                    # on a CUDA machine: about 8 minutes
+    python benchmarks/gpu.py                    # on a CUDA machine: about 5 minutes (an H200)
     python benchmarks/gpu.py --dry-run          # every section at toy sizes, CPU allowed
     python benchmarks/gpu.py --only mfu large   # some sections
 
