@@ -108,6 +108,19 @@ def test_info_default_prints_its_model_card(capsys, bundled):
     assert "K = 2..4" in out and "Trained on X." in out
 
 
+def test_info_is_short_and_full_gives_the_whole_card(capsys, bundled):
+    model = MixtureTransformer(config_from_preset("tiny"))
+    card = "# The default\n\nTrained on X. Then on Y. Then on Z.\n\n"
+    card += "## Runs\n\nmany lines\n" * 50
+    save_checkpoint(model, bundled / "default", model_card=card)
+    code, out, _ = run(capsys, "info", "default")
+    assert code == 0 and "Trained on X. Then on Y." in out and "Then on Z." not in out
+    assert "many lines" not in out and "`transformer-gmm info default --full`" in out
+    assert len(out.splitlines()) < 20
+    code, out, _ = run(capsys, "info", "default", "--full")
+    assert code == 0 and out.count("many lines") == 50 and "Then on Z." in out
+
+
 def test_info_folder(capsys, tmp_path):
     folder = make_tiny_checkpoint(tmp_path / "mine")
     code, out, _ = run(capsys, "info", str(folder))

@@ -88,8 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     list_.add_argument("--cache-dir", help="Hugging Face cache to list (default: HF_HUB_CACHE)")
     list_.set_defaults(run=_list)
 
-    info = commands.add_parser("info", help="a checkpoint's summary and model card")
+    info = commands.add_parser("info", help="a checkpoint's summary (--full: its model card)")
     info.add_argument("checkpoint", help="bundled name, local folder, or Hub id org/name[@rev]")
+    info.add_argument("--full", action="store_true", help="print the whole model card")
     info.set_defaults(run=_info)
 
     download = commands.add_parser(
@@ -241,11 +242,29 @@ def _info(args: argparse.Namespace) -> int:
         return 1
     card = folder / CARD_FILE
     print()
-    if card.is_file():
+    if not card.is_file():
+        print(f"(no model card: {card} is missing)")
+    elif args.full:
         print(card.read_text(encoding="utf-8").rstrip())
     else:
-        print(f"(no model card: {card} is missing)")
+        text = card.read_text(encoding="utf-8")
+        print(_card_summary(text))
+        print(f"\nThe whole model card ({len(text.splitlines())} lines): {card}, or "
+              f"`transformer-gmm info {name} --full`.")
     return 0
+
+
+def _card_summary(card: str, sentences: int = 2) -> str:
+    """A model card's title and the first sentences of its first paragraph, wrapped."""
+    lines = card.splitlines()
+    if lines and lines[0].strip() == "---":  # YAML front matter, for the Hub
+        end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), 0)
+        lines = lines[end + 1 :]
+    paragraphs = [p.strip() for p in "\n".join(lines).split("\n\n") if p.strip()]
+    title = next((p for p in paragraphs if p.startswith("#")), "")
+    prose = next((p for p in paragraphs if not p.startswith(("#", "|", "```"))), "")
+    first = " ".join(re.split(r"(?<=[.!?])\s+", " ".join(prose.split()))[:sentences])
+    return "\n".join(part for part in (title, _wrap(first) if first else "") if part)
 
 
 def _summary(name: str, folder: Path, source: str) -> str:
