@@ -16,7 +16,8 @@ runs on the same (dataset, K, covariance, seed), one after the other, one thread
 Per fit: the mean log-likelihood per point on all rows (LL), the ARI of ``predict``
 against the classes (NaN where there are none), the EM iterations on all rows
 (``n_iter_``), and the time of ``fit`` as a ratio to ``GaussianMixture(n_init=1)``'s on the
-same (dataset, K, covariance, seed). "At best": an LL within 0.01 nats per point of the
+same (dataset, K, covariance, seed); "collapsed": the share of fits with a collapsed
+component (``collapsed_components_``). "At best": an LL within 0.01 nats per point of the
 best any method reached on that (dataset, K, covariance) with any seed. The transformer's
 start against k-means++'s, paired: at least as likely means an LL no more than 0.001 nats
 per point below.
@@ -47,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import shared_parser, single_threaded, write_csv  # noqa: E402
 from large_datasets import LARGE_DATASETS  # noqa: E402
 
-from transformer_gmm import FallbackWarning, TransformerGMM  # noqa: E402
+from transformer_gmm import CollapsedComponentWarning, FallbackWarning, TransformerGMM  # noqa: E402
+from transformer_gmm._collapsed import collapsed_components  # noqa: E402
 
 AT_BEST, AS_LIKELY = 0.01, 0.001  # nats per point
 GMM1, GMM3 = "GMM n_init=1", "GMM n_init=3"
@@ -119,19 +121,26 @@ def fit_rows(dataset, K: int, covariance: str, seed: int, found: dict) -> list[d
     for name, make in found.items():
         model = make(K, covariance, seed)
         with warnings.catch_warnings():
-            # Recorded in the row instead: a run that stops at max_iter, and the warning
-            # that checkpoint=None falls back to EM.
-            warnings.simplefilter("ignore", (ConvergenceWarning, FallbackWarning))
+            # Recorded in the row instead: a run that stops at max_iter, collapsed
+            # components, and the warning that checkpoint=None falls back to EM.
+            warnings.simplefilter(
+                "ignore", (ConvergenceWarning, FallbackWarning, CollapsedComponentWarning)
+            )
             start = time.perf_counter()
             model.fit(dataset.X)
             seconds = time.perf_counter() - start
         labels = None if dataset.labels is None else model.predict(dataset.X)
+        fitted = getattr(model, "best_", model)  # BestOf: the fit it kept
         rows.append(dict(
             dataset=dataset.name, n=len(dataset.X), d=dataset.X.shape[1], K=K,
             covariance=covariance, seed=seed, method=name, ll=float(model.score(dataset.X)),
             ari=np.nan if labels is None else adjusted_rand_score(dataset.labels, labels),
             n_iter=int(model.n_iter_), converged=bool(model.converged_), seconds=seconds,
             init=getattr(model, "init_method_", "k-means"),
+            collapsed=int(collapsed_components(
+                fitted.weights_, fitted.means_, fitted.covariances_, covariance,
+                len(dataset.X), fitted.reg_covar,
+            ).sum()),
         ))
     reference = next(r["seconds"] for r in rows if r["method"] == GMM1)
     for row in rows:
@@ -175,6 +184,7 @@ def summary(rows: list[dict]) -> list[dict]:
             line = dict(
                 covariance=covariance, method=method, fits=len(own),
                 at_best=float(np.mean([r["at_best"] for r in own])),
+                collapsed=float(np.mean([r["collapsed"] > 0 for r in own])),
                 mean_ari=float(np.mean(aris)) if aris else np.nan,
                 median_iterations=float(np.median([r["n_iter"] for r in own])),
                 median_time_ratio=float(np.median([r["time_ratio"] for r in own])),
@@ -186,14 +196,15 @@ def summary(rows: list[dict]) -> list[dict]:
 
 
 def print_summary(table: list[dict]) -> None:
-    print(f"\n{'cov':5} {'method':40} {'fits':>4} {'at best':>8} {'ARI':>6} {'iters':>6} "
+    print(f"\n{'cov':5} {'method':40} {'fits':>4} {'at best':>8} {'collapsed':>9} {'ARI':>6} "
+          f"{'iters':>6} "
           f"{'time':>6} | vs k-means++ start: {'>= LL':>6} {'med dLL':>8} {'iter ratio':>10}")
     for r in table:
         start = (f"{r['vs_kmeans_pp_as_likely']:6.0%} {r['vs_kmeans_pp_median_gap']:+8.4f} "
                  f"{r['vs_kmeans_pp_median_iterations']:10.2f}"
                  if "vs_kmeans_pp_as_likely" in r else "")
         print(f"{r['covariance']:5} {r['method']:40} {r['fits']:4d} {r['at_best']:8.0%} "
-              f"{r['mean_ari']:6.3f} {r['median_iterations']:6.0f} "
+              f"{r['collapsed']:9.0%} {r['mean_ari']:6.3f} {r['median_iterations']:6.0f} "
               f"{r['median_time_ratio']:6.2f} | {'':19}{start}")
 
 
