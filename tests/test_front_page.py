@@ -48,3 +48,32 @@ def test_fit_many_against_a_loop_is_speed_csvs():
     loop = next(float(r["value"]) for r in rows if r["measure"] == "loop of fits")
     batched = [float(r["value"]) for r in rows if r["method"] == "fit_many"]
     assert batched and _as_quoted(max(batched) / loop, quoted) == quoted
+
+
+README = (ROOT / "README.md").read_text()
+
+
+def _readme(pattern: str) -> tuple[str, ...]:
+    match = re.search(pattern, " ".join(README.split()))  # the prose, whatever its wrapping
+    assert match, f"the README no longer says {pattern!r}: update this test with it"
+    return match.groups()
+
+
+def test_the_readmes_accuracy_figures_are_accuracy_csvs():
+    errors = {(r["d"], r["K"], r["method"]): float(r["error"]) for r in _rows("accuracy.csv")}
+    cells = sorted({(d, k) for d, k, _ in errors})
+
+    def ratios(method, reference, cells=cells):
+        return [errors[c + (method,)] / errors[c + (reference,)] for c in cells]
+
+    (mean,) = _readme(r"\(([\d.]+) times its error on average\)")
+    assert _as_quoted(statistics.mean(ratios("TransformerGMM", "GMM n_init=10")), mean) == mean
+    low, high = _readme(r"cell with K >= 3 \(error ratio ([\d.]+) to ([\d.]+)\)")
+    against_one = ratios("TransformerGMM", "GMM n_init=1", [c for c in cells if int(c[1]) >= 3])
+    assert (_as_quoted(min(against_one), low), _as_quoted(max(against_one), high)) == (low, high)
+    pairs = _readme(r"beats them at d = 2, K = 3, 4 and 5 \(([\d.]+) against ([\d.]+), "
+                    r"([\d.]+) against ([\d.]+), ([\d.]+) against ([\d.]+)\)")
+    for K, (alone, restarts) in zip("345", zip(pairs[::2], pairs[1::2], strict=True),
+                                    strict=True):
+        assert _as_quoted(errors["2", K, "transformer alone"], alone) == alone
+        assert _as_quoted(errors["2", K, "GMM n_init=10"], restarts) == restarts
