@@ -77,3 +77,17 @@ def test_the_readmes_accuracy_figures_are_accuracy_csvs():
                                     strict=True):
         assert _as_quoted(errors["2", K, "transformer alone"], alone) == alone
         assert _as_quoted(errors["2", K, "GMM n_init=10"], restarts) == restarts
+
+
+def test_the_readmes_real_data_figures_are_realdata_csvs():
+    full = {r["method"]: r for r in _rows("realdata.csv") if r["covariance"] == "full"}
+    (as_good,) = _readme(r"`TransformerGMM\(n_init=1\)` ends at least as likely as one EM run "
+                         r"in (\d+) % of fits")
+    assert f"{100 * float(full['TGMM n_init=1']['as_good']):.0f}" == as_good
+    start, restarts, default = _readme(r"more often than ten restarts \((\d+) % against (\d+) %\),"
+                                       r" and the default in (\d+) %")
+    for quoted, method in ((start, "TGMM n_init=1"), (restarts, "GMM n_init=10"),
+                           (default, "TGMM")):
+        assert f"{100 * float(full[method]['at_best']):.0f}" == quoted, method
+    (gap,) = _readme(r"a median ([\d.]+) nats per point below one EM run")
+    assert _as_quoted(-float(full["transformer alone"]["ll_diff_median"]), gap) == gap
