@@ -171,67 +171,75 @@ def run_training(args) -> list[dict]:
                  command=" ".join(command[1:]))]
 
 
-def run_mfu(args) -> list[dict]:
-    """The backbone's forward pass on a batch of datasets of 128 rows (K = 4), in float32,
-    TF32, bfloat16 autocast and bfloat16 weights, and compiled in bfloat16; FLOPs from the
-    model's config (benchmarks/common.py), as a fraction of the card's dense peak."""
-    device = args.device
-    name, peaks = card_peaks(device)
-    # A private copy: load_model's model is shared by every fit in this process.
-    model = copy.deepcopy(load_model("default")).to(device)
-    config = model.config
-    batch = 8 if args.dry_run else args.mfu_batch
-    x = torch.randn(batch, 128, config.d_max, device=device)
-    flops = batch * backbone_flops(config, 128, 4)
-    repeats = 2 if args.dry_run else 20
-    rows = []
+class ForwardPass:
+    """The shipped backbone on the device and a batch of datasets of 128 rows (K = 4), and
+    the rate of each way of running it: FLOPs from the model's config
+    (benchmarks/common.py), as a fraction of the card's dense peak."""
 
-    def measure(label: str, precision: str, network, inputs, autocast: bool = False):
+    def __init__(self, args) -> None:
+        self.device = args.device
+        self.card, self.peaks = card_peaks(self.device)
+        # A private copy: load_model's model is shared by every fit in this process.
+        self.model = copy.deepcopy(load_model("default")).to(self.device)
+        self.batch = 8 if args.dry_run else args.mfu_batch
+        self.x = torch.randn(self.batch, 128, self.model.config.d_max, device=self.device)
+        self.repeats = 2 if args.dry_run else 20
+
+    def row(self, label: str, precision: str, flops: float, seconds: float) -> dict:
+        """The row of ``flops`` done in ``seconds``, printed."""
+        tflops, peak = flops / seconds / 1e12, self.peaks.get(precision)
+        print(f"  {label:<34} {1e3 * seconds:8.2f} ms  {tflops:8.2f} TFLOP/s"
+              + (f"  MFU {tflops / peak:.3f}" if peak else ""))
+        return dict(what=label, batch=self.batch, ms=1e3 * seconds, tflops=tflops,
+                    peak_tflops=peak or "", mfu=tflops / peak if peak else "",
+                    device=self.card)
+
+    def measure(self, label: str, precision: str, network, inputs,
+                autocast: bool = False) -> dict:
+        """One forward pass of ``network`` on ``inputs``, after three warm-ups (and any
+        compilation), averaged over the repeats."""
         def call():
             with torch.inference_mode(), torch.autocast(
-                device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=autocast
+                device_type=self.device.split(":")[0], dtype=torch.bfloat16, enabled=autocast
             ):
                 return network(inputs, 4, None)
 
         for _ in range(3):
-            call()  # warm-up (and compilation)
-        _, seconds = timed(lambda: [call() for _ in range(repeats)], device)
-        tflops = flops * repeats / seconds / 1e12
-        peak = peaks.get(precision)
-        rows.append(dict(what=label, batch=batch, ms=1e3 * seconds / repeats,
-                         tflops=tflops, peak_tflops=peak or "",
-                         mfu=tflops / peak if peak else "", device=name))
-        print(f"  {label:<34} {1e3 * seconds / repeats:8.2f} ms  {tflops:8.2f} TFLOP/s"
-              + (f"  MFU {tflops / peak:.3f}" if peak else ""))
+            call()
+        _, seconds = timed(lambda: [call() for _ in range(self.repeats)], self.device)
+        flops = self.batch * backbone_flops(self.model.config, 128, 4)
+        return self.row(label, precision, flops, seconds / self.repeats)
 
+    def bfloat16(self):
+        """The model with bfloat16 weights, and the batch in bfloat16."""
+        return copy.deepcopy(self.model).to(torch.bfloat16), self.x.bfloat16()
+
+
+def run_mfu(args) -> list[dict]:
+    """The forward pass in float32, TF32, bfloat16 autocast and bfloat16 weights, and the
+    rate the backbone's largest product reaches alone: its ceiling on this card."""
+    forward = ForwardPass(args)
+    model, x = forward.model, forward.x
     previous = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")
-        measure("forward, float32", "float32", model, x)
+        rows = [forward.measure("forward, float32", "float32", model, x)]
         torch.set_float32_matmul_precision("high")
-        measure("forward, TF32", "tf32", model, x)
+        rows.append(forward.measure("forward, TF32", "tf32", model, x))
         torch.set_float32_matmul_precision("highest")
-        measure("forward, bfloat16 autocast", "bfloat16", model, x, autocast=True)
-        bf16 = copy.deepcopy(model).to(torch.bfloat16)
-        measure("forward, bfloat16 weights", "bfloat16", bf16, x.bfloat16())
-        if args.compiled:
-            measure("forward, bfloat16 weights, compiled", "bfloat16", torch.compile(bf16),
-                    x.bfloat16())
-            return rows
-        # The rate the backbone's largest product reaches alone: its ceiling on this card.
-        a = torch.randn(batch * 128, config.d_model, device=device, dtype=torch.bfloat16)
-        b = torch.randn(config.d_model, 4 * config.d_model, device=device,
-                        dtype=torch.bfloat16)
-        _, seconds = timed(lambda: [a @ b for _ in range(repeats * 10)], device)
-        tflops = 2 * a.shape[0] * b.shape[0] * b.shape[1] * repeats * 10 / seconds / 1e12
-        peak = peaks.get("bfloat16")
-        rows.append(dict(what=f"matmul ({batch * 128} x {config.d_model}) @ "
-                              f"({config.d_model} x {4 * config.d_model}), bfloat16",
-                         batch=batch, ms=1e3 * seconds / (repeats * 10), tflops=tflops,
-                         peak_tflops=peak or "", mfu=tflops / peak if peak else "",
-                         device=name))
+        rows.append(forward.measure("forward, bfloat16 autocast", "bfloat16", model, x,
+                                    autocast=True))
+        rows.append(forward.measure("forward, bfloat16 weights", "bfloat16",
+                                    *forward.bfloat16()))
     finally:
         torch.set_float32_matmul_precision(previous)
+    width, calls = model.config.d_model, 10 * forward.repeats
+    a = torch.randn(forward.batch * 128, width, device=args.device, dtype=torch.bfloat16)
+    b = torch.randn(width, 4 * width, device=args.device, dtype=torch.bfloat16)
+    _, seconds = timed(lambda: [a @ b for _ in range(calls)], args.device)
+    rows.append(forward.row(f"matmul ({a.shape[0]} x {width}) @ ({width} x {4 * width}), "
+                            "bfloat16", "bfloat16", 2 * a.shape[0] * width * 4 * width,
+                            seconds / calls))
     return rows
 
 
@@ -384,8 +392,10 @@ def run_compiled(args) -> list[dict]:
     minute. Not on a CPU, whose backend is not what is measured."""
     if not args.device.startswith("cuda"):
         return []
-    args.compiled = True
-    return run_mfu(args)
+    forward = ForwardPass(args)
+    model, x = forward.bfloat16()
+    return [forward.measure("forward, bfloat16 weights, compiled", "bfloat16",
+                            torch.compile(model), x)]
 
 
 RUNNERS = {"tests": run_tests, "train": run_training, "mfu": run_mfu, "large": run_large,
@@ -412,7 +422,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict]]:
                         help="EM steps before the likelihood the training loss weighs (1: the "
                              "one-M-step estimate, the control)")
     args = parser.parse_args(argv)
-    args.dry_run, args.compiled = args.dry_run or args.quick, False
+    args.dry_run = args.dry_run or args.quick
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() or not args.dry_run else "cpu"
     if args.device.startswith("cuda") and not torch.cuda.is_available():

@@ -10,6 +10,7 @@ lose on everything else (new data, agreement with classes).
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from ._base import warn_user
 
@@ -80,24 +81,33 @@ def collapsed_components(
     covariances = np.asarray(covariances, dtype=np.float64)
     n_features = means.shape[-1]
     if covariance_type == "full":
-        smallest = np.linalg.eigvalsh(covariances)[..., 0]  # (..., K)
         variances = np.diagonal(covariances, axis1=-2, axis2=-1)  # (..., K, d)
-    elif covariance_type == "tied":  # one covariance for all: each component shares it
-        smallest = np.linalg.eigvalsh(covariances)[..., :1] * np.ones_like(weights)
+    elif covariance_type == "tied":
         variances = np.diagonal(covariances, axis1=-2, axis2=-1)[..., None, :]
-    elif covariance_type == "diag":
-        smallest, variances = covariances.min(axis=-1), covariances
     else:
-        smallest, variances = covariances, covariances[..., None]
+        variances = covariances if covariance_type == "diag" else covariances[..., None]
     # The mixture's variance per feature: within components plus between their means.
     center = np.einsum("...k,...kd->...d", weights, means)
     spread = variances + (means - center[..., None, :]) ** 2  # (..., K, d)
     data_variance = np.einsum("...k,...kd->...", weights, spread) / n_features  # (...)
-    at_floor = (smallest <= FLOOR_FACTOR * reg_covar) & (
-        smallest <= RELATIVE_FLOOR * data_variance[..., None]
-    )
+    floor = np.minimum(FLOOR_FACTOR * reg_covar, RELATIVE_FLOOR * data_variance)  # (...)
+    if covariance_type == "full":
+        at_floor = _reaches(covariances, floor[..., None])  # (..., K)
+    elif covariance_type == "tied":  # one covariance for all: each component shares it
+        at_floor = _reaches(covariances, floor)[..., None] & np.ones_like(weights, dtype=bool)
+    else:
+        at_floor = variances.min(axis=-1) <= floor[..., None]
     points = weights * np.asarray(n_samples, dtype=np.float64)[..., None]
     return at_floor | (points < points_needed(covariance_type, n_features))
+
+
+def _reaches(matrices: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """Whether each symmetric matrix (..., d, d) has an eigenvalue at or below its
+    ``floor`` (...): the matrix less ``floor`` times the identity is then not positive
+    definite, which one Cholesky factorization tells, several times cheaper than the
+    eigenvalues (fit_many checks every component of every dataset)."""
+    shifted = matrices - floor[..., None, None] * np.eye(matrices.shape[-1])
+    return torch.linalg.cholesky_ex(torch.from_numpy(shifted)).info.numpy() > 0
 
 
 def warn_collapsed(collapsed: np.ndarray, covariance_type: str, n_features: int) -> None:

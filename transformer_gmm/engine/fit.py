@@ -85,11 +85,13 @@ def fit(
     frequencies.
     """
     if hash_on_device(plan.device) and (isinstance(Xs, np.ndarray) or len(Xs) == 1):
-        Xs, sample_weight, given, orders = _in_canonical_order_on_device(
-            Xs, sample_weight, plan.given, plan.device
-        )
+        Xs, sample_weight, orders = _in_canonical_order_on_device(Xs, sample_weight, plan.device)
     else:
-        Xs, sample_weight, given, orders = _in_canonical_order(Xs, sample_weight, plan.given)
+        Xs, sample_weight, orders = _in_canonical_order(Xs, sample_weight)
+    given = plan.given
+    if isinstance(given, starts.GivenStarts) and given.resp is not None:
+        # (R, n, K), for the one dataset: its rows in their order too.
+        given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
     if backend.dtype_for(plan.device) == torch.float32:  # on a GPU
         try:
             on_device = _on_device(plan, Xs, sample_weight, torch.float32)
@@ -132,13 +134,10 @@ def _fit_on_device(plan: FitPlan, x, mask, weights_all, given, orders):
 
 
 def _in_canonical_order(
-    Xs: list[np.ndarray] | np.ndarray,
-    sample_weight: list[np.ndarray] | np.ndarray | None,
-    given: starts.GivenStarts | np.ndarray | None,
+    Xs: list[np.ndarray] | np.ndarray, sample_weight: list[np.ndarray] | np.ndarray | None
 ) -> tuple:
     """Each dataset's rows in the canonical order of :mod:`transformer_gmm.engine.row_order`,
-    each with its weight and, for ``given``'s one dataset, its responsibilities; and
-    each dataset's order (n_i,)."""
+    each with its weight; and each dataset's order (n_i,)."""
     if isinstance(Xs, np.ndarray):  # (B, n, d): one batched hash and sort
         n_datasets, n_rows, n_features = Xs.shape
         weights = None if sample_weight is None else np.asarray(sample_weight)
@@ -154,17 +153,12 @@ def _in_canonical_order(
         Xs = [np.take(X, o, axis=0) for X, o in zip(Xs, orders, strict=True)]  # faster than X[o]
         if sample_weight is not None:
             sample_weight = [np.asarray(w)[o] for w, o in zip(sample_weight, orders, strict=True)]
-    if (
-        isinstance(given, starts.GivenStarts) and given.resp is not None
-    ):  # (R, n, K), for the one dataset
-        given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
-    return Xs, sample_weight, given, orders
+    return Xs, sample_weight, orders
 
 
 def _in_canonical_order_on_device(
     Xs: list[np.ndarray] | np.ndarray,
     sample_weight: list[np.ndarray] | np.ndarray | None,
-    given: starts.GivenStarts | np.ndarray | None,
     device: str,
 ) -> tuple:
     """:func:`_in_canonical_order` for datasets of one size, hashed, sorted and reordered
@@ -181,10 +175,7 @@ def _in_canonical_order_on_device(
     X = X.gather(1, order[..., None].expand_as(X))
     if weights is not None:
         weights = weights.gather(1, order)
-    orders = list(order.cpu().numpy())
-    if isinstance(given, starts.GivenStarts) and given.resp is not None:  # (R, n, K)
-        given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
-    return X, weights, given, orders
+    return X, weights, list(order.cpu().numpy())
 
 
 def _selection_rows(
