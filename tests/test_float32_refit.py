@@ -29,8 +29,8 @@ def float32_fits(monkeypatch):
 def test_float32_alone_cannot_fit_it(float32_fits, checkpoint, monkeypatch):
     """The premise: with no float64 to fall back on, the float32 fit fails."""
     on_device = fit._on_device
-    monkeypatch.setattr(fit, "_on_device", lambda plan, Xs, sample_weight, dtype: on_device(
-        plan, Xs, sample_weight, torch.float32))
+    monkeypatch.setattr(fit, "_on_device", lambda plan, Xs, sample_weight, dtype, dtypes: (
+        on_device(plan, Xs, sample_weight, torch.float32, dtypes)))
     with pytest.raises(IllDefinedCovariance, match="float64 data"):
         TransformerGMM(4, checkpoint=checkpoint, random_state=0).fit(_near_singular(1))
 

@@ -124,3 +124,96 @@ def warn_collapsed(collapsed: np.ndarray, covariance_type: str, n_features: int)
         "larger reg_covar, or fewer components; collapsed_components_ marks them.",
         CollapsedComponentWarning,
     )
+
+
+# Two components are copies of one another when their means are closer than this many of
+# the first one's standard deviations (in its metric) and their covariances agree to this
+# relative tolerance: their densities then differ by about this fraction, and the mixture
+# has fewer distinct components than it was asked for.
+IDENTICAL = 1e-3
+
+
+def identical_components(
+    means: np.ndarray,
+    covariances: np.ndarray,
+    precisions_cholesky: np.ndarray,
+    covariance_type: str,
+) -> np.ndarray:
+    """Which components repeat an earlier one: bool of shape (..., K).
+
+    EM cannot tell such components apart, and keeps them equal: it happens where the data
+    vary far less than ``reg_covar`` (the floor then swamps every covariance, and every
+    point is as likely under each component), or where several points are one.
+
+    Parameters
+    ----------
+    means : ndarray of shape (..., K, d)
+    covariances, precisions_cholesky : ndarray
+        Shaped as ``GaussianMixture``'s for ``covariance_type``, with the leading axes of
+        ``means``.
+    covariance_type : {"full", "tied", "diag", "spherical"}
+
+    Returns
+    -------
+    identical : ndarray of bool, shape (..., K)
+        True where a component's mean is within ``IDENTICAL`` standard deviations of an
+        earlier component's, and its covariance within ``IDENTICAL`` of that one's
+        (relative).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm._collapsed import identical_components
+    >>> means = np.array([[0.0, 0.0], [0.0, 1e-12], [5.0, 5.0]])
+    >>> covariances = np.full((3, 2), 1e-6)  # diag, K = 3, d = 2
+    >>> identical_components(means, covariances, 1 / np.sqrt(covariances), "diag").tolist()
+    [False, True, False]
+    """
+    means = np.asarray(means, dtype=np.float64)
+    covariances = np.asarray(covariances, dtype=np.float64)
+    factors = np.asarray(precisions_cholesky, dtype=np.float64)
+    n_components = means.shape[-2]
+    difference = means[..., None, :, :] - means[..., :, None, :]  # (..., K_j, K_k, d)
+    # The difference whitened by component j's precision: its Mahalanobis distance.
+    if covariance_type == "full":  # (K_k, d) @ (d, d) for each j: one batched product
+        whitened = difference @ factors
+    elif covariance_type == "tied":
+        whitened = difference @ factors[..., None, :, :]
+    elif covariance_type == "diag":
+        whitened = difference * factors[..., :, None, :]
+    else:
+        whitened = difference * factors[..., :, None, None]
+    close_means = np.sum(whitened**2, axis=-1) <= IDENTICAL**2  # (..., K_j, K_k)
+    if covariance_type == "tied":  # one covariance for all
+        close = close_means
+    else:
+        flat = covariances.reshape(*covariances.shape[: means.ndim - 1], -1)  # (..., K, c)
+        gap = np.linalg.norm(flat[..., :, None, :] - flat[..., None, :, :], axis=-1)
+        norm = np.linalg.norm(flat, axis=-1)  # (..., K)
+        scale = np.maximum(norm[..., :, None], norm[..., None, :])
+        close = close_means & (gap <= IDENTICAL * scale)
+    earlier = np.tri(n_components, k=-1, dtype=bool).T  # j < k: component k repeats j
+    return np.any(close & earlier, axis=-2)
+
+
+def warn_identical(identical: np.ndarray, covariances: np.ndarray, reg_covar: float) -> None:
+    """Warn if components of one fit (``identical``, (K,)) repeat others, and say why where
+    the fitted ``covariances`` tell (they sit at the ``reg_covar`` floor)."""
+    if not identical.any():
+        return
+    which = np.flatnonzero(identical).tolist()
+    at_floor = float(np.max(np.abs(covariances))) <= FLOOR_FACTOR * reg_covar
+    if at_floor:
+        why = (
+            "X varies far less than reg_covar, which then swamps every covariance: every "
+            f"point is as likely under each component. Rescale X (by a constant, or with "
+            f"sklearn.preprocessing.StandardScaler) or lower reg_covar (now {reg_covar:g})."
+        )
+    else:
+        why = "Fit fewer components, or check X for repeated points."
+    warn_user(
+        f"{len(which)} of {identical.size} mixture components (components {which}) repeat "
+        "others: their means and covariances are the same, so the mixture has "
+        f"{identical.size - len(which)} distinct components. {why}",
+        CollapsedComponentWarning,
+    )

@@ -199,7 +199,7 @@ def fit_plan(plan, X) -> fit.MixtureFits | fit.KMeansFit:
     fit's ``labels`` are None (the estimator labels lazily)."""
     name = "TransformerGMM" if plan.is_mixture else "TransformerClusterer"
     summary = _summarize(X, plan.seed, name)
-    backend.check_range(summary.highest, summary.lowest, summary.n_rows)
+    backend.check_range(summary.highest, summary.lowest, summary.n_rows, X.dtype)
     if plan.is_mixture:
         return fit_by_blocks.fit_mixtures_by_blocks(
             _reducer(X), summary.sample, summary.n_rows, plan

@@ -14,7 +14,7 @@ from sklearn.utils import check_random_state
 
 from . import _fitting
 from ._base import warn_user
-from ._collapsed import CollapsedComponentWarning, collapsed_components
+from ._collapsed import CollapsedComponentWarning, collapsed_components, identical_components
 from .engine import fit
 from .gmm import TransformerGMM
 
@@ -190,6 +190,18 @@ random_state
             "holds too few points for its covariance or has a variance at the reg_covar "
             "floor (collapsed_components_, or FittedMixtures.collapsed, marks them). Use "
             "covariance_type='diag' or 'tied', a larger reg_covar, or fewer components.",
+            CollapsedComponentWarning,
+        )
+    identical = identical_components(
+        fits.means, fits.covariances, fits.precisions_cholesky, covariance_type
+    )  # (B, K)
+    n_identical = int(identical.any(axis=-1).sum())
+    if n_identical:
+        warn_user(
+            f"{n_identical} of {len(identical)} mixtures have components that repeat others "
+            "(the same mean and covariance), so they have fewer distinct components than "
+            "asked for: their data vary far less than reg_covar, or hold repeated points. "
+            "Rescale those datasets (or lower reg_covar), or fit fewer components.",
             CollapsedComponentWarning,
         )
     if estimators is None:

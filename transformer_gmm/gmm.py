@@ -12,7 +12,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 
 from . import _choose_k, _dask, _fitting, _initialization, _verbose
 from ._base import TransformerMixtureBase, warn_user
-from ._collapsed import collapsed_components, warn_collapsed
+from ._collapsed import collapsed_components, identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
 from .engine.plan import FitPlan
 
@@ -154,7 +154,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         ``"full"``, 2 for a variance), or a variance within 10 times ``reg_covar`` where
         the data vary far more. A fit
         that returns one warns (:class:`~transformer_gmm.CollapsedComponentWarning`), and
-        the choice of K by BIC passes over candidates that have one.
+        the choice of K by BIC passes over candidates that have one. A fit whose
+        components repeat others (the same mean and covariance: where X varies far less
+        than ``reg_covar``, say) warns too.
     n_iter_ : int
         EM iterations run for the kept initialisation. Above 8,192 samples, where the
         initialisations are compared on a subsample, those there plus those on all of X.
@@ -375,6 +377,10 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         if n_components is not None:  # else BIC fitted every candidate: the chosen one is kept
             self._fit_k(X, sample_weight, n_components, reading)
         warn_collapsed(self.collapsed_components_, self.covariance_type, X.shape[1])
+        identical = identical_components(
+            self.means_, self.covariances_, self.precisions_cholesky_, self.covariance_type
+        )
+        warn_identical(identical, self.covariances_, self.reg_covar)
         return X
 
     def _fit_k(self, X, sample_weight, n_components: int, reading=None) -> None:

@@ -84,6 +84,8 @@ def fit(
     uniform subsample and only the best runs on every row. ``sample_weight`` weighs rows as
     frequencies.
     """
+    # Each dataset's own dtype, whose range it is held to (backend.check_magnitude).
+    dtypes = [Xs.dtype] * len(Xs) if isinstance(Xs, np.ndarray) else [X.dtype for X in Xs]
     if hash_on_device(plan.device) and (isinstance(Xs, np.ndarray) or len(Xs) == 1):
         Xs, sample_weight, orders = _in_canonical_order_on_device(Xs, sample_weight, plan.device)
     else:
@@ -94,24 +96,25 @@ def fit(
         given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
     if backend.dtype_for(plan.device) == torch.float32:  # on a GPU
         try:
-            on_device = _on_device(plan, Xs, sample_weight, torch.float32)
+            on_device = _on_device(plan, Xs, sample_weight, torch.float32, dtypes)
             return _fit_on_device(plan, *on_device, given, orders)
         except IllDefinedCovariance:
             # float32 cannot hold a covariance this close to the reg_covar floor, where
             # float64 can: the same fit in float64 on the same device, below (out of this
             # block, so that the float32 tensors are freed first).
             pass
-    on_device = _on_device(plan, Xs, sample_weight, torch.float64)
+    on_device = _on_device(plan, Xs, sample_weight, torch.float64, dtypes)
     del Xs, sample_weight  # the reordered copies, before EM's own memory
     return _fit_on_device(plan, *on_device, given, orders)
 
 
-def _on_device(plan: FitPlan, Xs, sample_weight, dtype: torch.dtype) -> tuple:
+def _on_device(plan: FitPlan, Xs, sample_weight, dtype: torch.dtype, dtypes: list) -> tuple:
     """The datasets padded on the plan's device in ``dtype``: (B, N, d), the mask (B, N) or
-    None, and the weights (B, N) or None; each dataset checked against ``dtype``'s range."""
+    None, and the weights (B, N) or None; each dataset checked against the range of the
+    narrower of ``dtype`` and its own (``dtypes``)."""
     x, mask = backend.pad(Xs, plan.device, dtype)  # (B, N, d), (B, N) or None
     weights = None if sample_weight is None else backend.pad(sample_weight, plan.device, dtype)[0]
-    backend.check_magnitude(x, mask)
+    backend.check_magnitude(x, mask, dtypes)
     return x, mask, weights
 
 
