@@ -13,6 +13,11 @@ files. After that, :func:`~transformer_gmm.storage.time_limits.time_limits` boun
 wait, a stalled download included, by
 ``HF_HUB_DOWNLOAD_TIMEOUT`` (10 s by default), and gives up on a request that stays silent
 twice in a row, where ``huggingface_hub`` alone would retry it five times or wait forever.
+Timeouts bound each silence, not a whole request, so one overall deadline
+(:func:`~transformer_gmm.storage.time_limits.deadline`: ``TRANSFORMER_GMM_HUB_DEADLINE``,
+23 s by default) bounds everything a download asks of the Hub, against a server that
+answers one byte at a time too. With a cached copy, the wait ends there and the copy serves,
+with a warning that says so.
 
 A Hub checkpoint is resolved once per process: the first :func:`resolve` downloads (or
 finds in the cache) and verifies the files, later calls reuse that folder with no request.
@@ -29,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .format import CARD_FILE, CHECKPOINT_FILES, WEIGHTS_FILE, CheckpointError
-from .time_limits import no_answer, request_timeout, time_limits
+from .time_limits import DeadlinePassed, before_deadline, deadline, no_answer, request_timeout
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")  # the Hub's ETag of an LFS file: its sha256
 _GIT_SHA1 = re.compile(r"^[0-9a-f]{40}$")  # the ETag of a file kept in git: its blob sha1
@@ -87,8 +92,6 @@ def cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-
-
 # --- downloading -------------------------------------------------------------------------
 
 
@@ -106,9 +109,10 @@ def download(
     Into the Hugging Face cache by default (a file already there is not downloaded
     again, and a commit hash that is cached needs no request at all), or into
     ``local_dir``. The downloaded files are checked against the hashes the Hub advertised.
-    Offline (``HF_HUB_OFFLINE=1``) only the cache is read; so it is when the Hub does not
-    answer within :func:`request_timeout` seconds. Every failure is a
-    :class:`~transformer_gmm.CheckpointError` that says what to do.
+    Offline (``HF_HUB_OFFLINE=1``) only the cache is read; so it is, with a warning, when
+    the Hub does not answer within :func:`request_timeout` seconds or the download does not
+    finish within :func:`~transformer_gmm.storage.time_limits.deadline` seconds. Every
+    failure is a :class:`~transformer_gmm.CheckpointError` that says what to do.
 
     Parameters
     ----------
@@ -201,14 +205,11 @@ def _fetch(
     token: str | bool | None,
     force_download: bool,
 ) -> Path:
-    """``snapshot(local_files_only, headers)`` online, never waiting long on a silent Hub:
-    ``snapshot_download``'s first request has no timeout, so one timed request asks first,
-    and the download runs under :func:`time_limits`; without an answer, the cache serves.
+    """``snapshot(local_files_only, headers)`` online, never waiting on the Hub longer than
+    :func:`~transformer_gmm.storage.time_limits.deadline` in all; without an answer in
+    time, the cached copy serves, with a warning.
     """
-    import huggingface_hub
     from huggingface_hub import constants
-
-    from .. import __version__
 
     if not force_download and _GIT_SHA1.match(revision or ""):
         # A commit never changes: once it is cached, no request is needed.
@@ -218,33 +219,84 @@ def _fetch(
             folder = None
         if folder is not None and not _missing(folder, files):
             return folder
+    seconds = deadline()
+    try:
+        return before_deadline(
+            lambda headers: _ask_hub(snapshot, repo_id, revision, token, headers), seconds
+        )
+    except (_NoAnswer, DeadlinePassed) as error:
+        if isinstance(error, DeadlinePassed):
+            error = _NoAnswer(error, constants.ENDPOINT, seconds, str(error))
+        if force_download:  # a forced download must not settle for the cache
+            raise error.cause from None
+        try:
+            folder = snapshot(True)
+        except Exception:
+            folder = None
+        if folder is None or _missing(folder, files):
+            raise error from error.cause
+        _warn_cached(repo_id, revision, folder, error.why or _why_no_answer(error))
+        return folder
+
+
+def _ask_hub(
+    snapshot: Callable[..., Path],
+    repo_id: str,
+    revision: str | None,
+    token: str | bool | None,
+    headers: dict[str, str],
+) -> Path:
+    """Ask the Hub for the revision, then download what the cache lacks; a failure to get
+    an answer is a :class:`_NoAnswer`, the Hub's own answers are raised as they are.
+
+    ``snapshot_download``'s first request has no timeout, so one timed request asks first.
+    """
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from .. import __version__
+
     timeout = request_timeout()
     api = huggingface_hub.HfApi(
-        token=token, library_name="transformer_gmm", library_version=__version__
+        token=token,
+        library_name="transformer_gmm",
+        library_version=__version__,
+        headers=headers or None,
     )
     try:
         api.model_info(repo_id, revision=revision or constants.DEFAULT_REVISION, timeout=timeout)
     except Exception as error:
-        if force_download or _hub_answered(error):
+        if _hub_answered(error):
             # The Hub's own answer (no such repository or revision, no access) says what
-            # is wrong; a forced download must not settle for the cache.
+            # is wrong.
             raise
-        try:
-            return snapshot(True)
-        except Exception:
-            raise _NoAnswer(error, constants.ENDPOINT, timeout) from error
+        raise _NoAnswer(error, constants.ENDPOINT, timeout) from error
     try:
-        with time_limits() as headers:
-            return snapshot(False, headers)
+        return snapshot(False, headers)
     except Exception as error:
-        if force_download or no_answer(error) is None:
+        if no_answer(error) is None:
             raise
         # Unfinished files never count: huggingface_hub writes each one to a temporary
         # name and deletes it when the transfer fails.
-        try:
-            return snapshot(True)
-        except Exception:
-            raise _NoAnswer(error, constants.ENDPOINT, timeout, no_answer(error)) from error
+        raise _NoAnswer(error, constants.ENDPOINT, timeout, no_answer(error)) from error
+
+
+def _warn_cached(repo_id: str, revision: str | None, folder: Path, why: str) -> None:
+    """Say that the cached copy serves, because the Hub gave no answer."""
+    from .._base import warn_user
+
+    warn_user(
+        f"Using the cached copy of Hub checkpoint {spec(repo_id, revision)!r} ({folder}): "
+        f"the Hub at {_endpoint()} {why}, so whether it has a newer revision is unknown. "
+        "Set HF_HUB_OFFLINE=1 to use the cache without asking the Hub.",
+        UserWarning,
+    )
+
+
+def _endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
 
 
 def _hub_answered(error: Exception) -> bool:
@@ -287,17 +339,17 @@ def _download_error(repo_id: str, revision: str | None, error: Exception, offlin
             "a tag or a full 40-character commit hash after '@'."
         )
     if isinstance(error, _NoAnswer):
-        reason, detail = type(error.cause).__name__, str(error.cause)
-        if error.why:
-            why = error.why
-        elif "timeout" in reason.lower() or "timed out" in detail.lower():
-            why = f"did not answer within {error.timeout:g} s (HF_HUB_ETAG_TIMEOUT)"
-        else:
-            why = f"could not be reached ({reason}: {detail.splitlines()[0] if detail else ''})"
+        why = error.why or _why_no_answer(error)
         return (
             f"Hub checkpoint {name} is not in the Hugging Face cache ({cache_dir()}) and the "
-            f"Hub at {error.endpoint} {why}. Check the connection and try again. "
+            f"Hub at {error.endpoint} {why}. Check the connection and try again"
+            f"{_SLOW_CONNECTION if isinstance(error.cause, DeadlinePassed) else ''}. "
             f"{_how_to_get(repo_id, revision)}"
+        )
+    if isinstance(error, DeadlinePassed):  # a forced download
+        return (
+            f"Could not download Hub checkpoint {name}: the Hub at {_endpoint()} {error}. "
+            f"Check the connection and try again{_SLOW_CONNECTION}."
         )
     if offline or isinstance(error, LocalEntryNotFoundError):
         # Offline, huggingface_hub's own message (about local_files_only) would mislead.
@@ -310,6 +362,19 @@ def _download_error(repo_id: str, revision: str | None, error: Exception, offlin
         f"Could not download Hub checkpoint {name} {cause}. Check the connection and try "
         f"again. Without internet access: {_how_to_get(repo_id, revision)}"
     )
+
+
+_SLOW_CONNECTION = (
+    " (on a slow connection, allow more time: TRANSFORMER_GMM_HUB_DEADLINE=120, in seconds)"
+)
+
+
+def _why_no_answer(error: _NoAnswer) -> str:
+    """Why the Hub's first request got no answer, for a message."""
+    reason, detail = type(error.cause).__name__, str(error.cause)
+    if "timeout" in reason.lower() or "timed out" in detail.lower():
+        return f"did not answer within {error.timeout:g} s (HF_HUB_ETAG_TIMEOUT)"
+    return f"could not be reached ({reason}: {detail.splitlines()[0] if detail else ''})"
 
 
 def _how_to_get(repo_id: str, revision: str | None) -> str:

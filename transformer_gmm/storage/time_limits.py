@@ -4,17 +4,32 @@
 listings a download makes, every request of an upload) with no timeout, so a server that
 accepts the connection and never answers makes them wait forever, and a file transfer
 that stalls is tried six times. :func:`time_limits` bounds them, for our requests only.
+
+Timeouts bound each silence, not a whole request: a server that sends one byte every
+half second never lets one expire. :func:`before_deadline` bounds the whole network part
+of a call by :func:`deadline` seconds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
+import math
+import os
 import re
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
+
+from .format import CheckpointError
+
+T = TypeVar("T")
+DEADLINE_VARIABLE = "TRANSFORMER_GMM_HUB_DEADLINE"
 
 
 def request_timeout() -> float:
@@ -24,13 +39,54 @@ def request_timeout() -> float:
     return float(getattr(constants, "HF_HUB_ETAG_TIMEOUT", 10))
 
 
-
 def download_timeout() -> float:
     """Seconds a Hub request may stay silent once under way: ``HF_HUB_DOWNLOAD_TIMEOUT`` (10)."""
     from huggingface_hub import constants
 
     return float(getattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 10))
 
+
+def deadline() -> float:
+    """Seconds one fit, load, ``info`` or ``download`` may spend on the Hub in all.
+
+    ``TRANSFORMER_GMM_HUB_DEADLINE`` when set (read at each call), else twice the longer of
+    :func:`download_timeout` and :func:`request_timeout`, plus 3 s: 23 s by default, the
+    time a Hub that stops answering takes to end a download.
+
+    Raises
+    ------
+    CheckpointError
+        When the variable is not a positive, finite number of seconds.
+
+    Examples
+    --------
+    >>> import os
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"TRANSFORMER_GMM_HUB_DEADLINE": "60"}):
+    ...     print(deadline())
+    60.0
+    """
+    raw = os.environ.get(DEADLINE_VARIABLE, "").strip()
+    if not raw:
+        return 2 * max(download_timeout(), request_timeout()) + 3
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise CheckpointError(
+            f"{DEADLINE_VARIABLE} must be a positive number of seconds, got {raw!r}. Set it "
+            f"to, say, 60 for a slow connection, or unset it for the default (23 s)."
+        )
+    return seconds
+
+
+class DeadlinePassed(Exception):
+    """The network part of a call did not finish within :func:`deadline` seconds."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"did not finish within {seconds:g} s ({DEADLINE_VARIABLE})")
+        self.seconds = seconds
 
 
 # huggingface_hub (1.x, on httpx) sends most API requests (the repository and file listings
@@ -65,12 +121,19 @@ class _Attempts:
 
 
 class _Scope:
-    """The Hub requests of one download or push: their time limit and their attempts."""
+    """The Hub requests of one download or push: their time limits and their attempts."""
 
-    def __init__(self, default: float, limit: float) -> None:
+    def __init__(self, default: float, limit: float, seconds: float | None = None) -> None:
         self.default, self.limit = default, limit  # for requests with no timeout; the most
+        self.seconds = seconds  # the deadline, from now; None: no deadline
+        self.expires = None if seconds is None else time.monotonic() + seconds
         self.attempts: dict[tuple[str, str], _Attempts] = {}
         self.lock = threading.Lock()  # huggingface_hub sends from several threads
+
+    def check_deadline(self) -> None:
+        """Raise :class:`DeadlinePassed` once the deadline has passed."""
+        if self.expires is not None and time.monotonic() >= self.expires:
+            raise DeadlinePassed(self.seconds)
 
     def attempt(self, method: str, url: str, start: int, timeout: float) -> None:
         with self.lock:
@@ -115,6 +178,7 @@ def _before_request(request) -> None:
     scope = _SCOPES.get(scope_id)
     if scope is None:  # the block has ended
         return
+    scope.check_deadline()  # a request left behind by a caller that stopped waiting
     request.extensions[_SCOPE_KEY] = scope_id
     timeouts = request.extensions.get("timeout") or {}
     timeouts = {
@@ -128,11 +192,47 @@ def _before_request(request) -> None:
 
 
 def _after_response(response) -> None:
-    """httpx response hook: note that a request of a :func:`time_limits` block answered."""
+    """httpx response hook: note that a request of a :func:`time_limits` block answered,
+    and put the body it has still to read under the block's deadline."""
     request = response.request
     scope = _SCOPES.get(request.extensions.get(_SCOPE_KEY, ""))
-    if scope is not None:
-        scope.answered(request.method, str(request.url), response.status_code)
+    if scope is None:
+        return
+    scope.answered(request.method, str(request.url), response.status_code)
+    if scope.expires is not None:
+        # The hook runs once the headers are in, before the body is read, even for a
+        # request that is not streamed: each piece of the body is then checked.
+        base = _sync_stream_base(type(response.stream))
+        if base is not None:
+            response.stream = _deadline_stream_type(base)(response.stream, scope)
+
+
+def _sync_stream_base(stream_type: type) -> type | None:
+    """httpx's ``SyncByteStream`` (httpx or httpx2, whichever huggingface_hub uses) among
+    the bases of ``stream_type``; None for an async or unknown stream, left as it is."""
+    return next((cls for cls in stream_type.__mro__ if cls.__name__ == "SyncByteStream"), None)
+
+
+@functools.cache
+def _deadline_stream_type(base: type) -> type:
+    """A ``base`` stream that raises :class:`DeadlinePassed` at the first piece of the body
+    that arrives after the deadline: a body sent one byte at a time ends there, instead of
+    keeping a request left behind busy for as long as the server sends."""
+
+    class DeadlineStream(base):
+        def __init__(self, stream, scope: _Scope) -> None:
+            self.stream, self.scope = stream, scope
+
+        def __iter__(self) -> Iterator[bytes]:
+            self.scope.check_deadline()
+            for chunk in self.stream:
+                self.scope.check_deadline()
+                yield chunk
+
+        def close(self) -> None:
+            self.stream.close()
+
+    return DeadlineStream
 
 
 def _install_hooks() -> bool:
@@ -156,7 +256,7 @@ def _install_hooks() -> bool:
 
 
 @contextlib.contextmanager
-def time_limits() -> Iterator[dict[str, str]]:
+def time_limits(seconds: float | None = None) -> Iterator[dict[str, str]]:
     """Headers that put the Hub requests sent with them under time limits.
 
     Pass the headers to ``huggingface_hub`` (``HfApi(headers=...)``,
@@ -169,6 +269,16 @@ def time_limits() -> Iterator[dict[str, str]]:
     upload in about twice the limit. The other requests of the process are left as they
     are. With a ``huggingface_hub`` older than 1.0 the headers are empty and its own
     limits apply.
+
+    With ``seconds``, the requests also stop at the deadline that many seconds from now:
+    one that starts later, or reads a piece of its body later, raises
+    :class:`DeadlinePassed`. (A request still reading headers that trickle in ends with
+    its connection; :func:`before_deadline` does not wait for it.)
+
+    Parameters
+    ----------
+    seconds : float, optional
+        The deadline; by default none.
 
     Yields
     ------
@@ -184,7 +294,8 @@ def time_limits() -> Iterator[dict[str, str]]:
         yield {}
         return
     scope_id = uuid.uuid4().hex
-    _SCOPES[scope_id] = _Scope(download_timeout(), max(download_timeout(), request_timeout()))
+    limit = max(download_timeout(), request_timeout())
+    _SCOPES[scope_id] = _Scope(download_timeout(), limit, seconds)
     token = _CURRENT_SCOPE.set(scope_id)
     try:
         yield {_SCOPE_HEADER: scope_id}
@@ -202,6 +313,8 @@ def no_answer(error: BaseException) -> str | None:
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
         name = type(cause).__name__
+        if isinstance(cause, DeadlinePassed):
+            return str(cause)
         if isinstance(cause, _Stalled):
             return f"went silent ({cause})"
         if "timeout" in name.lower():
@@ -211,3 +324,55 @@ def no_answer(error: BaseException) -> str | None:
             return f"could not be reached ({name}: {detail})"
         cause = cause.__cause__ or cause.__context__
     return None
+
+
+def before_deadline(call: Callable[[dict[str, str]], T], seconds: float) -> T:
+    """``call(headers)`` under :func:`time_limits` with a deadline of ``seconds``: its
+    result, or :class:`DeadlinePassed` once the deadline has passed, whatever the Hub does.
+
+    The call runs in a daemon thread, and this thread waits for it at most ``seconds``:
+    timeouts bound each silence of a request, never a whole one, so only a wait of our
+    own bounds a server that answers one byte at a time. A call left behind stops at its
+    next request or its next piece of body; it holds none of the caller's locks, and it
+    never keeps the process from exiting. Nothing process-wide is changed.
+
+    Parameters
+    ----------
+    call : callable
+        Takes the headers of :func:`time_limits`; sends its requests with them.
+    seconds : float
+        The deadline, from now.
+
+    Returns
+    -------
+    result
+        What ``call`` returned.
+
+    Examples
+    --------
+    >>> before_deadline(lambda headers: "answered", 5.0)
+    'answered'
+    """
+    outcome: dict[str, object] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            with time_limits(seconds) as headers:
+                outcome["result"] = call(headers)
+        except BaseException as error:  # handed to the waiting thread, which raises it
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    # A copy of the caller's context: the call sees what the caller set (offline mode in a
+    # context variable, say), and what it sets stays in its own thread.
+    context = contextvars.copy_context()
+    worker = threading.Thread(target=context.run, args=(run,), daemon=True)
+    worker.name = "transformer_gmm-hub"
+    worker.start()
+    if not done.wait(seconds):
+        raise DeadlinePassed(seconds)
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["result"]  # type: ignore[return-value]
