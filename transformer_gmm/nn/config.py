@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,15 +75,21 @@ class ModelConfig:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.name == "scale_type":
-                if value not in SCALE_TYPES:
-                    raise ValueError(f"scale_type must be one of {SCALE_TYPES}, got {value!r}.")
+                if not isinstance(value, str) or value not in SCALE_TYPES:
+                    raise ValueError(
+                        f"scale_type must be one of {SCALE_TYPES}, got {shown(value)}."
+                    )
             # bool is an int subclass; a JSON 128.0 is not an int: both are rejected.
             elif not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{field.name} must be an int, got {value!r}.")
+                raise ValueError(f"{field.name} must be an int, got {shown(value)}.")
             elif value < _SMALLEST.get(field.name, 1):
                 smallest = _SMALLEST.get(field.name)
                 kind = "a positive int" if smallest is None else f">= {smallest}"
-                raise ValueError(f"{field.name} must be {kind}, got {value!r}.")
+                raise ValueError(f"{field.name} must be {kind}, got {shown(value)}.")
+            elif value > LARGEST[field.name]:
+                raise ValueError(
+                    f"{field.name} must be at most {LARGEST[field.name]}, got {shown(value)}."
+                )
         if self.k_min > self.k_max:
             raise ValueError(
                 f"k_min and k_max must satisfy 1 <= k_min <= k_max, "
@@ -131,13 +138,48 @@ class ModelConfig:
 _ADDED_LATER: dict[str, Any] = {"noise_directions": 0, "k_posterior_seeds": 0}
 # The int fields that may be 0; every other must be positive.
 _SMALLEST = {"noise_directions": 0, "k_posterior_seeds": 0}
+# The largest value of each int field. Far beyond any model that fits in memory, they keep
+# a config (a checkpoint's config.json is untrusted input) from asking for a million layers
+# or heads, or for sizes whose products overflow, before any weight is read.
+LARGEST: dict[str, int] = {
+    "d_max": 4096,
+    "k_min": 1024,
+    "k_max": 1024,
+    "context_size": 1 << 20,
+    "n_layer": 256,
+    "n_head": 1024,
+    "d_model": 16384,
+    "mlp_ratio": 64,
+    "noise_directions": 4096,
+    "k_posterior_seeds": 1024,
+}
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 2, 60, 60, 40
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut short: a value from a file may be a huge string, an int of
+    thousands of digits or a list nested a thousand deep, and a message shows only its
+    start.
+
+    Examples
+    --------
+    >>> shown(10**400)
+    '100000000000000000...0000000000000000000'
+    >>> shown([[[[1]]]])
+    '[[[...]]]'
+    """
+    return _SHOWN.repr(value)
 
 
 def _check_names(d: dict[str, Any], *, require_all: bool) -> None:
     names = [field.name for field in dataclasses.fields(ModelConfig)]
     unknown = sorted(set(d) - set(names))
     if unknown:
-        raise ValueError(f"Unknown ModelConfig field(s) {unknown}; the known fields are {names}.")
+        raise ValueError(
+            f"Unknown ModelConfig field(s) {shown(unknown)}; the known fields are {names}."
+        )
     missing = [name for name in names if name not in d]
     if require_all and missing:
         raise ValueError(f"Missing ModelConfig field(s) {missing}.")

@@ -3,12 +3,11 @@ list`` shows). Read from disk only: listing never touches the network."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .format import CONFIG_FILE, MODEL_TYPE
+from .format import CONFIG_FILE, MODEL_TYPE, CheckpointError, read_json
 from .hub import cache_dir, spec
 
 
@@ -108,6 +107,7 @@ def cached_checkpoints(cache: str | os.PathLike | None = None) -> list[CachedChe
 
 def _is_ours(config_path: Path) -> bool:
     try:
-        return json.loads(config_path.read_text()).get("model_type") == MODEL_TYPE
-    except (OSError, ValueError, AttributeError):
+        config = read_json(config_path)  # any file in the cache is untrusted input
+    except CheckpointError:
         return False
+    return isinstance(config, dict) and config.get("model_type") == MODEL_TYPE

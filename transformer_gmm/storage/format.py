@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from ..nn import MixtureTransformer, ModelConfig
+from ..nn.config import shown
+from ..nn.model import scale_width
 
 MODEL_TYPE = "transformer_gmm.MixtureTransformer"
 FORMAT_VERSION = 1
@@ -27,6 +30,11 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "README.md"
 CHECKPOINT_FILES = (CONFIG_FILE, WEIGHTS_FILE, CARD_FILE)
+# A config.json is a few hundred bytes; a larger one is not read into memory.
+MAX_CONFIG_BYTES = 1 << 16
+# The safetensors dtypes of floating point weights (the header's names for them).
+_FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+Header = dict[str, tuple[str, tuple[int, ...]]]  # a weights file's tensors: (dtype, shape)
 
 
 class CheckpointError(ValueError):
@@ -152,8 +160,11 @@ def default_model_card(config: ModelConfig, *, note: str = "") -> str:
 def read_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
     """Read the checkpoint in ``folder``: in eval mode, on CPU, in float32.
 
-    Strict: the config is validated before any tensor is built, and the weights must match
-    its shapes exactly. Every failure is a :class:`CheckpointError`.
+    Strict, for a checkpoint is untrusted input: before anything is built, the config is
+    validated (each field's type and bounds) and every size it gives is compared with the
+    tensor shapes in the weights file's header; then the weights must match the model's
+    shapes exactly, be of a floating point dtype, and be finite. Every failure is a
+    :class:`CheckpointError` that names the field or the tensor.
 
     Parameters
     ----------
@@ -180,13 +191,20 @@ def read_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
     if not folder.is_dir():
         raise CheckpointError(f"Checkpoint folder {str(folder)!r} does not exist.")
     config = _read_config(folder / CONFIG_FILE)
-    state = _read_weights(folder / WEIGHTS_FILE)
-    # On the meta device nothing is allocated: the expected names and shapes come for free,
-    # and load_state_dict(assign=True) then adopts the loaded tensors as the parameters.
+    weights = folder / WEIGHTS_FILE
+    header = _read_header(weights)
+    # Every size the config gives must match the weights file before anything is built: a
+    # config that lies (a million layers, say) is refused before the model it describes
+    # would use time and memory to build. The model is then built on the meta device,
+    # where nothing is allocated and the expected names and shapes come for free.
+    _check_sizes(weights, config, header)
     with torch.device("meta"):
         model = MixtureTransformer(config)
-    _check_weights(folder / WEIGHTS_FILE, state, model.state_dict())
+    _check_weights(weights, header, model.state_dict())
+    state = _read_weights(weights)
+    _check_finite(weights, state)
     state = {name: tensor.to(torch.float32) for name, tensor in state.items()}
+    # load_state_dict(assign=True) adopts the loaded tensors as the parameters.
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
 
@@ -225,67 +243,215 @@ def _read_config(path: Path) -> ModelConfig:
             f"{path} is missing: a checkpoint folder holds {CONFIG_FILE}, {WEIGHTS_FILE} and "
             f"{CARD_FILE}. Save one with transformer_gmm.storage.save_checkpoint."
         )
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path} is not readable JSON ({error}).") from error
+    d = read_json(path)
     if not isinstance(d, dict):
         raise CheckpointError(f"{path} must hold a JSON object, got {type(d).__name__}.")
     d = dict(d)
     model_type = d.pop("model_type", None)
-    if model_type != MODEL_TYPE:
+    if not isinstance(model_type, str) or model_type != MODEL_TYPE:
         raise CheckpointError(
-            f"{path}: field 'model_type' is {model_type!r}, expected {MODEL_TYPE!r}. "
+            f"{path}: field 'model_type' is {shown(model_type)}, expected {MODEL_TYPE!r}. "
             "This is not a transformer_gmm checkpoint."
         )
     version = d.pop("format_version", None)
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:  # not True, not 1.0
         raise CheckpointError(
-            f"{path}: field 'format_version' is {version!r}, but this version of "
+            f"{path}: field 'format_version' is {shown(version)}, but this version of "
             f"transformer_gmm reads format_version {FORMAT_VERSION}. A newer checkpoint needs "
             "a newer transformer_gmm: upgrade it (pip install -U transformer-gmm)."
         )
     try:
         return ModelConfig.from_dict(d)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, OverflowError, RecursionError) as error:
         raise CheckpointError(f"{path}: {error}") from error
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+def read_json(path: Path) -> object:
+    """The JSON in ``path``, which is untrusted: too large (over ``MAX_CONFIG_BYTES``), too
+    deeply nested or with an int too long to convert, it is a :class:`CheckpointError`,
+    never a crash.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     path = Path(tmp) / "config.json"
+    ...     _ = path.write_text("[" * 10_000 + "]" * 10_000)
+    ...     try:
+    ...         read_json(path)
+    ...     except CheckpointError as error:
+    ...         print("nested too deeply" in str(error))
+    True
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)  # never more, whatever the file's size
+        if len(data) > MAX_CONFIG_BYTES:
+            return _too_large(path)
+        return json.loads(data.decode("utf-8"))
+    except RecursionError as error:
+        raise CheckpointError(
+            f"{path} is not readable JSON (nested too deeply). This is not a transformer_gmm "
+            f"checkpoint's {CONFIG_FILE}."
+        ) from error
+    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError too
+        raise CheckpointError(f"{path} is not readable JSON ({shown(str(error))}).") from error
+
+
+def _too_large(path: Path) -> object:
+    raise CheckpointError(
+        f"{path} is larger than {MAX_CONFIG_BYTES} bytes, where a config is a few hundred. "
+        f"This is not a transformer_gmm checkpoint's {CONFIG_FILE}."
+    )
+
+
+def _read_header(path: Path) -> Header:
+    """The name, dtype and shape of each tensor in ``path``, from its header alone: no
+    tensor is read."""
     if not path.is_file():
         raise CheckpointError(
             f"{path} is missing: the checkpoint has no weights. Download or copy the whole "
             "checkpoint folder again."
         )
     try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            header = {}
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                tensor = f.get_slice(name)
+                header[name] = (tensor.get_dtype(), tuple(tensor.get_shape()))
+            return header
+    except (SafetensorError, OSError, ValueError) as error:
+        raise _corrupted(path, error) from error
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    try:
         return load_file(str(path), device="cpu")
-    except (SafetensorError, OSError) as error:
+    except (SafetensorError, OSError, ValueError) as error:
+        raise _corrupted(path, error) from error
+
+
+def _corrupted(path: Path, error: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is truncated or corrupted ({shown(str(error))}). Download or copy the "
+        "checkpoint folder again."
+    )
+
+
+def _check_sizes(path: Path, config: ModelConfig, header: Header) -> None:
+    """Raise a CheckpointError naming the first config field the weights contradict.
+
+    The tensors compared here fix every size that building the model depends on (how many
+    blocks and heads, how wide), so a model is built only when it fits the file;
+    :func:`_check_weights` then compares every tensor with the model's.
+    """
+    first = next(_size_problems(config, header), None)
+    if first is not None:
+        fields, problem = first
+        values = ", ".join(f"{name}={getattr(config, name)!r}" for name in fields)
         raise CheckpointError(
-            f"{path} is truncated or corrupted ({error}). Download or copy the checkpoint "
-            "folder again."
-        ) from error
+            f"{path} does not match {CONFIG_FILE}: {values} {problem}. The config and the "
+            "weights must come from the same save_checkpoint call."
+        )
 
 
-def _check_weights(
-    path: Path, state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
-) -> None:
+def _size_problems(config: ModelConfig, header: Header) -> Iterator[tuple[tuple[str, ...], str]]:
+    """(the fields, what is wrong) for each size of ``config`` the weights contradict."""
+    c, d = config, config.d_model
+    counts = [
+        (("n_layer",), "blocks", range(c.n_layer)),
+        (("k_min", "k_max"), "heads", range(c.k_min, c.k_max + 1)),
+    ]
+    for fields, prefix, implied in counts:
+        held = _indices(header, prefix)
+        if held != set(implied):
+            yield fields, _count_problem(header, prefix, implied, held)
+    scales = 1 + c.d_max + scale_width(c)
+    anchors = [
+        (("d_model", "d_max"), "readin.weight", (d, c.d_max)),
+        (("mlp_ratio",), "blocks.0.mlp.fc.weight", (c.mlp_ratio * d, d)),
+        (("scale_type",), f"heads.{c.k_min}.out.weight", (scales, d)),
+        (("k_posterior_seeds",), "k_posterior_head.seeds", (c.k_posterior_seeds, d)),
+    ]
+    for fields, name, shape in anchors:
+        held_shape = header[name][1] if name in header else None
+        if c.k_posterior_seeds == 0 and name == "k_posterior_head.seeds":
+            if held_shape is not None:
+                yield fields, f"implies no K-posterior head, but the weights hold {name}"
+        elif held_shape != shape:
+            held = "no such tensor" if held_shape is None else f"shape {held_shape}"
+            yield fields, f"implies {name} of shape {shape}, but the weights hold {held}"
+
+
+def _count_problem(header: Header, prefix: str, implied: range, held: set[int]) -> str:
+    """What differs between the blocks (or heads) the config implies and those held."""
+    extra = held - set(implied)
+    unexpected = sorted(name for name in header if _index(name, prefix) in extra)
+    missing = [f"{prefix}.{i}.*" for i in implied if i not in held][:3]
+    listed = "".join(
+        f": {kind} tensors {shown(names)}"
+        for kind, names in (("unexpected", unexpected), ("missing", missing))
+        if names
+    )
+    return (
+        f"implies {prefix} {_span(set(implied))}, but the weights hold {prefix} "
+        f"{_span(held)}{listed}"
+    )
+
+
+def _indices(header: Header, prefix: str) -> set[int]:
+    """The ``i`` of the tensors named ``{prefix}.{i}.*`` (the blocks, the heads)."""
+    return {i for i in (_index(name, prefix) for name in header) if i is not None}
+
+
+def _index(name: str, prefix: str) -> int | None:
+    """``i`` for a tensor named ``{prefix}.{i}.*``, else None."""
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == prefix and parts[1].isdigit() and len(parts[1]) < 9:
+        return int(parts[1])
+    return None
+
+
+def _span(indices: set[int]) -> str:
+    if not indices:
+        return "none"
+    if len(indices) == max(indices) - min(indices) + 1:
+        return f"{min(indices)}..{max(indices)}"
+    return shown(sorted(indices))
+
+
+def _check_weights(path: Path, header: Header, expected: dict[str, torch.Tensor]) -> None:
     """Raise a CheckpointError listing every missing, unexpected and misshapen tensor."""
     problems = []
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
+    missing = sorted(set(expected) - set(header))
+    unexpected = sorted(set(header) - set(expected))
     if missing:
-        problems.append(f"missing tensors {missing}")
+        problems.append(f"missing tensors {shown(missing)}")
     if unexpected:
-        problems.append(f"unexpected tensors {unexpected}")
-    for name in sorted(set(state) & set(expected)):
-        got, want = state[name], expected[name]
-        if got.shape != want.shape:
-            problems.append(f"{name} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
-        elif not got.is_floating_point():
-            problems.append(f"{name} has dtype {got.dtype}, expected a floating point dtype")
+        problems.append(f"unexpected tensors {shown(unexpected)}")
+    for name in sorted(set(header) & set(expected)):
+        (dtype, got), want = header[name], tuple(expected[name].shape)
+        if got != want:
+            problems.append(f"{name} has shape {got}, expected {want}")
+        elif dtype not in _FLOAT_DTYPES:
+            problems.append(f"{name} has dtype {dtype}, expected a floating point dtype")
     if problems:
         raise CheckpointError(
             f"{path} does not match the model described by {CONFIG_FILE}: "
-            + "; ".join(problems)
+            + "; ".join(problems[:10])
+            + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
             + ". The config and the weights must come from the same save_checkpoint call."
+        )
+
+
+def _check_finite(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Refuse weights that hold NaN or infinity: every estimate made from them would be
+    NaN, and the failure would seem to come from the data."""
+    bad = [name for name, tensor in sorted(state.items()) if not torch.isfinite(tensor).all()]
+    if bad:
+        raise CheckpointError(
+            f"{path} holds weights that are not finite (NaN or infinity) in {shown(bad)}. The "
+            "checkpoint is broken: retrain or download it again, or pass checkpoint=None to "
+            "fit with EM from k-means++."
         )
