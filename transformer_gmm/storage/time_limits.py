@@ -76,7 +76,7 @@ def deadline() -> float:
     if not (math.isfinite(seconds) and seconds > 0):
         raise CheckpointError(
             f"{DEADLINE_VARIABLE} must be a positive number of seconds, got {raw!r}. Set it "
-            f"to, say, 60 for a slow connection, or unset it for the default (23 s)."
+            "to, say, 120 for a slow connection, or unset it for the default."
         )
     return seconds
 
@@ -371,7 +371,7 @@ def before_deadline(call: Callable[[dict[str, str]], T], seconds: float) -> T:
     worker = threading.Thread(target=context.run, args=(run,), daemon=True)
     worker.name = "transformer_gmm-hub"
     worker.start()
-    if not done.wait(seconds):
+    if not done.wait(min(seconds, threading.TIMEOUT_MAX)):
         raise DeadlinePassed(seconds)
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
