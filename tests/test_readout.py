@@ -19,6 +19,7 @@ from transformer_gmm.engine.standardize import (
     fit_standardization,
     n_kept_directions,
     subsample_rows,
+    take_rows,
 )
 from transformer_gmm.nn.model import MixtureOutput
 
@@ -392,6 +393,35 @@ def test_each_view_reads_a_reflection_of_the_data():
             probs = out.point_logits.softmax(dim=-1).to(x.dtype).masked_fill(~mask[..., None], 0)
             torch.testing.assert_close(starts[3].resp, probs, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(starts[0].means, starts[2].means)  # the tiny model is unsure
+
+
+def test_views_of_large_data_read_other_rows():
+    """Where a dataset has more rows than the context, view v reads the v-th draw of the
+    fit's generator, reflected; a dataset that fits the context is read whole in each."""
+    backbone = backend.load_backbone(TINY_NOISE_CHECKPOINT)  # context: 64 rows
+    x, mask = padded(random_datasets([150, 40], 3, seed=8))
+    starts = readout.mixture_inits(
+        backbone.model, x, mask, 3, torch.Generator().manual_seed(1), n_starts=4
+    )
+    generator = torch.Generator().manual_seed(1)
+    draws = [subsample_rows((2, 150), mask, 64, generator) for _ in range(2)]
+    standardization = fit_standardization(x, mask, backbone.d_max, 3, backbone.noise_directions)
+    z = standardization.transform(x)
+    signs = readout.reflections(2, backbone.d_max)
+    for view, (index, read_mask) in enumerate(draws):
+        per_point = starts[2 * view + 1]  # the per-point start scores the rows it read
+        torch.testing.assert_close(per_point.x, take_rows(x, index))
+        with torch.no_grad():
+            out = backbone.model(take_rows(z, index) * signs[view], 3, read_mask)
+        probs = out.point_logits.softmax(dim=-1).to(x.dtype).masked_fill(~read_mask[..., None], 0)
+        torch.testing.assert_close(per_point.resp, probs, rtol=1e-5, atol=1e-7)
+    first, second = (index[0] for index, _ in draws)
+    assert not torch.equal(first, second)  # 150 rows: two draws of 64 differ
+    real = [index[1][read_mask[1]] for index, read_mask in draws]
+    assert real[0].tolist() == real[1].tolist() == list(range(40))  # 40 rows: all, twice
+    one_view = readout.mixture_inits(backbone.model, x, mask, 3, torch.Generator().manual_seed(1))
+    for alone, batched in zip(one_view, starts[:2], strict=True):  # view 0 is unchanged
+        torch.testing.assert_close(alone.means, batched.means, rtol=1e-5, atol=1e-6)
 
 
 def test_cluster_centers_come_two_per_view():

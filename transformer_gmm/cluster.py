@@ -108,9 +108,9 @@ class TransformerClusterer(
         but cannot be found or loaded raises an error. Used by ``init="transformer"``
         only.
     n_views : int, default=1
-        Readings of the data by the transformer, in one batch: the data, then
-        reflections of its principal axes. Each view costs a forward pass and gives two
-        more starts; see :class:`TransformerGMM`.
+        Readings of the data by the transformer, in one batch: other rows where there
+        are more than its context, and reflections of the principal axes. Each view
+        costs a forward pass and gives two more starts; see :class:`TransformerGMM`.
     device : str, default="auto"
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
 

@@ -101,11 +101,13 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         shape of ``precisions_``. Given all three, EM starts from them alone, without the
         transformer or ``init_params``, and ``n_init`` does not matter.
     n_views : int, default=1
-        Readings of the data by the transformer, in one batch: the data, then
-        reflections of its principal axes (every axis negated, then the odd ones, then
-        the even ones, and so on). A reflected mixture is a mixture, but the transformer
-        is not exactly equivariant, so where it is unsure each view gives other starts,
-        and the likeliest is kept. Each view costs a forward pass. More views lower the
+        Readings of the data by the transformer, in one batch. Where the data have more
+        rows than the transformer's context, each view reads another random draw of
+        rows; each view after the first also reflects the principal axes (every axis
+        negated, then the odd ones, then the even ones, and so on). A reflected mixture
+        is a mixture, but the transformer is not exactly equivariant, so where it is
+        unsure each view gives other starts, and the likeliest is kept. Each view costs
+        a forward pass. More views lower the
         error of the transformer's own estimate (``max_iter=0``) where components
         overlap; with EM, they give more optima to choose from by likelihood, which is
         not always the better estimate there, so the default reads the data once

@@ -16,7 +16,7 @@ import torch
 
 from . import backend, row_order
 from .readout import Reading, read_views
-from .standardize import take_rows, weighted_rows
+from .standardize import weighted_rows
 
 __all__ = ["k_posteriors", "read_k_unknown"]
 
@@ -76,6 +76,6 @@ def read_k_unknown(
         tokens, tokens_mask = model.k_unknown_tokens(read.views, read.views_mask)
         log_p = model.k_posterior_head(tokens, tokens_mask)  # (V * B, k_max)
     probs = log_p.exp().view(n_views, len(Xs), -1).mean(dim=0)  # (B, k_max)
-    rows = x if read.index is None else take_rows(x, read.index)  # (B, C, d)
-    reading = Reading(read.standardization, rows, read.read_mask, read.signs, tokens, tokens_mask)
+    rows = read.rows(x)  # (V * B, C, d)
+    reading = Reading(read.standardization, rows, read.rows_mask, read.signs, tokens, tokens_mask)
     return backend.to_numpy(probs / probs.sum(dim=-1, keepdim=True)), reading

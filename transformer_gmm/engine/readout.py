@@ -151,15 +151,21 @@ def reflections(n_views: int, width: int) -> Tensor:
 
 
 class ReadViews(NamedTuple):
-    """What the backbone reads of B datasets, and how it got there."""
+    """What the backbone reads of B datasets in V views, and how it got there."""
 
     standardization: Standardization
     z: Tensor  # (B, N, d_max) float32, every row in model space
-    index: Tensor | None  # (B, C) the rows read, or None: all
-    read_mask: Tensor | None  # (B, C) which rows read are real; None when all are
+    rows_index: Tensor | None  # (V * B, C) each view's rows, view-major; None: all rows
+    rows_mask: Tensor | None  # (V * B, C) which rows read are real; None when all are
     signs: Tensor  # (V, d_max) each view's reflection
     views: Tensor  # (V * B, C, d_max), view-major
     views_mask: Tensor | None  # (V * B, C)
+
+    def rows(self, x: Tensor) -> Tensor:
+        """The rows of ``x`` (B, N, d) each view read, in the user's space: (V * B, C, d)."""
+        if self.rows_index is None:
+            return x.repeat(self.signs.shape[0], 1, 1)
+        return _take_each_view(x, self.rows_index)
 
 
 @dataclass(frozen=True)
@@ -170,8 +176,8 @@ class Reading:
     of its own (:mod:`~transformer_gmm.engine.k_posterior`)."""
 
     standardization: Standardization  # as for the largest K: every direction up to d_max
-    rows: Tensor  # (B, C, d) the rows read, in the user's space
-    rows_mask: Tensor | None  # (B, C) which of them are real; None when all are
+    rows: Tensor  # (V * B, C, d) the rows each view read, in the user's space, view-major
+    rows_mask: Tensor | None  # (V * B, C) which of them are real; None when all are
     signs: Tensor  # (V, d_max) each view's reflection
     tokens: Tensor  # (V * B, C, D), view-major
     tokens_mask: Tensor | None  # (V * B, C)
@@ -184,18 +190,47 @@ class Reading:
 def read_views(
     config, x: Tensor, mask: Tensor | None, n_components: int, generator, n_views: int
 ) -> ReadViews:
-    """Standardize ``x`` (B, N, d) as for ``n_components``, draw the rows the backbone reads
-    (at most ``config.context_size``), and stack ``n_views`` reflections of them."""
+    """Standardize ``x`` (B, N, d) as for ``n_components`` and stack ``n_views`` views for
+    the backbone: view v reads its own draw of at most ``config.context_size`` rows (the
+    same rows in every view where all fit), reflected by :func:`reflections`.
+
+    Where a dataset has more rows than the context, each view reads other rows: a second
+    look at large data, which a reflection of the same rows is not.
+    """
     standardization = fit_standardization(
         x, mask, config.d_max, n_components, config.noise_directions
     )
-    index, read_mask = subsample_rows(tuple(x.shape[:2]), mask, config.context_size, generator)
+    shape = tuple(x.shape[:2])
     z = standardization.transform(x)  # (B, N, d_max) float32
-    z_read = z if index is None else take_rows(z, index)  # (B, C, d_max)
     signs = reflections(n_views, z.shape[-1]).to(z)  # (V, d_max)
-    views = (signs[:, None, None, :] * z_read).flatten(0, 1)  # (V * B, C, d_max), view-major
-    views_mask = None if read_mask is None else read_mask.repeat(n_views, 1)
-    return ReadViews(standardization, z, index, read_mask, signs, views, views_mask)
+    # View by view, so that view 0's draw is the same for any number of views.
+    draws = [subsample_rows(shape, mask, config.context_size, generator) for _ in range(n_views)]
+    if draws[0][0] is None:  # every row fits: each view reads them all
+        rows_index, z_read = None, z.repeat(n_views, 1, 1)  # (V * B, N, d_max)
+        rows_mask = None if mask is None else mask.repeat(n_views, 1)
+    else:
+        rows_index = torch.cat([index for index, _ in draws])  # (V * B, C), view-major
+        z_read = _take_each_view(z, rows_index)  # (V * B, C, d_max)
+        rows_mask = None
+        if any(read_mask is not None for _, read_mask in draws):
+            all_real = draws[0][0].new_ones(draws[0][0].shape, dtype=torch.bool)
+            rows_mask = torch.cat([all_real if m is None else m for _, m in draws])
+    views = signs.repeat_interleave(x.shape[0], dim=0)[:, None, :] * z_read  # (V * B, C, d_max)
+    return ReadViews(standardization, z, rows_index, rows_mask, signs, views, rows_mask)
+
+
+def _take_each_view(t: Tensor, rows_index: Tensor) -> Tensor:
+    """Each view's rows of ``t`` (B, N, F), for ``rows_index`` (V * B, C): (V * B, C, F)."""
+    per_view = rows_index.split(t.shape[0])
+    return torch.cat([take_rows(t, index) for index in per_view])
+
+
+class View(NamedTuple):
+    """One view's output, mapped back to the unreflected space, and the rows it read."""
+
+    out: MixtureOutput
+    rows: Tensor  # (B, C, d) in the user's space
+    rows_mask: Tensor | None  # (B, C) which are real; None when all are
 
 
 def _read(
@@ -206,19 +241,17 @@ def _read(
     generator,
     n_starts: int,
     reading: Reading | None = None,
-) -> tuple[Standardization, Tensor, Tensor, Tensor | None, list[MixtureOutput]]:
+) -> tuple[Standardization, Tensor, list[View]]:
     """Standardize, subsample, and run the backbone on every view ``n_starts`` needs in one
-    batch, or read K's head on ``reading``'s tokens; returns the standardization, rows in
-    model space, rows read, their mask, and each view's output mapped back to the
-    unreflected space.
+    batch, or read K's head on ``reading``'s tokens; returns the standardization, every row
+    in model space, and the views.
     """
     n_views, n_datasets = -(-n_starts // 2), x.shape[0]
     if reading is None:
         read = read_views(model.config, x, mask, n_components, generator, n_views)
         out = forward(model, read.views, n_components, read.views_mask)
         standardization, z, signs = read.standardization, read.z, read.signs
-        x_read = x if read.index is None else take_rows(x, read.index)  # (B, C, d)
-        read_mask = read.read_mask
+        rows, rows_mask = read.rows(x), read.rows_mask  # (V * B, C, d), (V * B, C)
     else:
         if n_views > reading.n_views:
             raise ValueError(f"{n_starts} starts need {n_views} views; the reading has fewer.")
@@ -227,12 +260,14 @@ def _read(
         with torch.inference_mode():
             out = model.read_out(reading.tokens[:n_tokens], n_components, tokens_mask)
         standardization, signs = reading.standardization, reading.signs[:n_views]
-        z, x_read, read_mask = standardization.transform(x), reading.rows, reading.rows_mask
-    outs = []
+        z, rows, rows_mask = standardization.transform(x), reading.rows, reading.rows_mask
+    views = []
     for v, sign in enumerate(signs):
-        view = MixtureOutput(*(field[v * n_datasets : (v + 1) * n_datasets] for field in out))
-        outs.append(view._replace(means=view.means * sign))
-    return standardization, z, x_read, read_mask, outs
+        part = slice(v * n_datasets, (v + 1) * n_datasets)
+        view = MixtureOutput(*(field[part] for field in out))
+        view_mask = None if rows_mask is None else rows_mask[part]
+        views.append(View(view._replace(means=view.means * sign), rows[part], view_mask))
+    return standardization, z, views
 
 
 def _mixture_start(
@@ -323,19 +358,17 @@ def _view_starts(
     the one from ``point_resp(out, read_mask, dtype)`` on the rows read (in that order, or
     the per-point one first); a start past ``n_starts`` is never built (the mixture start
     scores every row)."""
-    standardization, z, x_read, read_mask, outs = _read(
-        model, x, mask, n_components, generator, n_starts, reading
-    )
+    standardization, z, views = _read(model, x, mask, n_components, generator, n_starts, reading)
 
-    def mixture(out):
-        return _mixture_start(x, mask, z, standardization, out)
+    def mixture(view: View) -> MixtureInit:
+        return _mixture_start(x, mask, z, standardization, view.out)
 
-    def per_point(out):
-        resp = point_resp(out, read_mask, x.dtype)
-        return _start(x_read, read_mask, resp, standardization, out)
+    def per_point(view: View) -> MixtureInit:
+        resp = point_resp(view.out, view.rows_mask, x.dtype)
+        return _start(view.rows, view.rows_mask, resp, standardization, view.out)
 
     order = (mixture, per_point) if mixture_first else (per_point, mixture)
-    return tuple(islice((make(out) for out in outs for make in order), n_starts))
+    return tuple(islice((make(view) for view in views for make in order), n_starts))
 
 
 def cluster_centers(

@@ -24,9 +24,12 @@ if TYPE_CHECKING:
 
 def _weighted_draw(x, sample_weight, backbone, generator, plan: FitPlan) -> tuple:
     """The rows (B, C, d) the transformer reads of weighted data, drawn in proportion to
-    ``sample_weight``, and their mask; those the plan's reading drew, where it has one."""
+    ``sample_weight``, and their mask; those the plan's reading drew, where it has one
+    (every view of it read the same weighted draw: the first view's rows are all of them)."""
     if plan.reading is not None:
-        return plan.reading.rows, plan.reading.rows_mask
+        n_datasets = x.shape[0]
+        rows_mask = plan.reading.rows_mask
+        return plan.reading.rows[:n_datasets], None if rows_mask is None else rows_mask[:n_datasets]
     return weighted_rows(x, sample_weight, backbone.context_size, generator)
 
 
