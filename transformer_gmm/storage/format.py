@@ -287,23 +287,22 @@ def read_json(path: Path) -> object:
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)  # never more, whatever the file's size
-        if len(data) > MAX_CONFIG_BYTES:
-            return _too_large(path)
+    except OSError as error:
+        raise CheckpointError(f"{path} is not readable ({error}).") from error
+    if len(data) > MAX_CONFIG_BYTES:
+        raise CheckpointError(
+            f"{path} is larger than {MAX_CONFIG_BYTES} bytes, where a config is a few "
+            f"hundred. This is not a transformer_gmm checkpoint's {CONFIG_FILE}."
+        )
+    try:
         return json.loads(data.decode("utf-8"))
     except RecursionError as error:
         raise CheckpointError(
             f"{path} is not readable JSON (nested too deeply). This is not a transformer_gmm "
             f"checkpoint's {CONFIG_FILE}."
         ) from error
-    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError too
+    except ValueError as error:  # UnicodeDecodeError, JSONDecodeError, an int too long
         raise CheckpointError(f"{path} is not readable JSON ({shown(str(error))}).") from error
-
-
-def _too_large(path: Path) -> object:
-    raise CheckpointError(
-        f"{path} is larger than {MAX_CONFIG_BYTES} bytes, where a config is a few hundred. "
-        f"This is not a transformer_gmm checkpoint's {CONFIG_FILE}."
-    )
 
 
 def _read_header(path: Path) -> Header:
