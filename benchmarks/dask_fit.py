@@ -260,7 +260,8 @@ def counted_passes(passes: list):
     iteration), as (start, stop) pairs, by wrapping the functions that run them."""
     from transformer_gmm import _dask
 
-    originals = {name: getattr(_dask, name) for name in ("_summarize", "_sum_over_blocks")}
+    passes_by = ("_summarize", "_sum_over_blocks", "_stack_blocks")
+    originals = {name: getattr(_dask, name) for name in passes_by}
 
     def timed(function):
         def wrapper(*args, **kwargs):

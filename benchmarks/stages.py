@@ -60,7 +60,7 @@ from transformer_gmm.storage import load_model  # noqa: E402
 STAGES = [
     ("parameter validation", _base.TransformerMixtureBase, "_validate_params"),
     ("input validation", _fitting, "validate_data"),
-    ("checkpoint lookup", _fitting, "load_backbone"),
+    ("checkpoint lookup", _fitting, "backbone_or_fallback"),
     ("forward pass", readout, "forward"),
     ("readout (responsibilities, one M-step)", readout, "mixture_inits"),
     ("covariances of the transformer's starts", m_step, "estimate_gaussian_parameters"),

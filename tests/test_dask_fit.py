@@ -17,10 +17,11 @@ from conftest import make_blobs  # noqa: E402
 from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.utils import check_random_state  # noqa: E402
 
-from transformer_gmm import TransformerClusterer, TransformerGMM, _dask  # noqa: E402
+from transformer_gmm import TransformerClusterer, TransformerGMM, _dask, _initialization  # noqa: E402
 from transformer_gmm._base import draw_seed  # noqa: E402
-from transformer_gmm.engine import em, fit, m_step, runs  # noqa: E402
+from transformer_gmm.engine import em, fit, gaussian, kmeans, m_step, runs  # noqa: E402
 from transformer_gmm.engine.plan import FitPlan  # noqa: E402
+from transformer_gmm.engine.starts import GivenStarts  # noqa: E402
 
 K = 3
 CENTERS = [[-5.0, 0.0, 1.0], [0.0, 5.0, -1.0], [4.0, -1.0, 0.0]]
@@ -129,6 +130,100 @@ def test_large_array_matches_in_memory_em_from_its_start():
     np.testing.assert_allclose(gmm.means_, result.params.means[0].numpy(), atol=1e-6)
     np.testing.assert_allclose(gmm.covariances_, result.params.covariances[0].numpy(), atol=1e-6)
     assert gmm.n_iter_ == int(chosen.n_iter[0] + result.n_iter[0])
+
+
+# --- empty components and clusters follow the in-memory rules ---------------------------
+# From a start of the plan's own, a Dask fit and an in-memory fit run from the same
+# parameters, so they must agree also where a component or a cluster empties on the way.
+
+FAR = [40.0, 40.0, 40.0]  # no row comes near: whatever starts here empties at once
+
+
+def given_mixture_plan(covariance_type: str, means, weights=None, max_iter: int = 100):
+    """A mixture plan that starts EM from ``means``, unit precisions and ``weights``."""
+    n_components, n_features = np.shape(means)
+    shape = {
+        "full": (n_components, n_features, n_features),
+        "tied": (n_features, n_features),
+        "diag": (n_components, n_features),
+        "spherical": (n_components,),
+    }[covariance_type]
+    precisions = np.ones(shape)
+    if covariance_type in ("full", "tied"):
+        precisions = np.broadcast_to(np.eye(n_features), shape).copy()
+    given = GivenStarts(
+        weights=np.full(n_components, 1.0 / n_components)
+        if weights is None
+        else np.asarray(weights),
+        means=np.asarray(means, dtype=float),
+        precisions_cholesky=_initialization.precisions_cholesky(precisions, covariance_type),
+    )
+    return FitPlan(
+        n_components=n_components,
+        max_iter=max_iter,
+        tol=1e-3,
+        device="cpu",
+        seed=0,
+        covariance_type=covariance_type,
+        reg_covar=1e-6,
+        given=given,
+        start_names=("user",),
+    )
+
+
+def assert_same_fits(by_chunks: fit.MixtureFits, in_memory: fit.MixtureFits):
+    for name in ["weights", "means", "covariances", "precisions_cholesky", "lower_bound"]:
+        np.testing.assert_allclose(
+            getattr(by_chunks, name), getattr(in_memory, name), rtol=1e-9, atol=1e-9, err_msg=name
+        )
+    assert (by_chunks.n_iter, by_chunks.converged) == (in_memory.n_iter, in_memory.converged)
+
+
+def counting(monkeypatch, module, name: str) -> list:
+    """Count the calls of ``module.name``."""
+    calls, original = [], getattr(module, name)
+
+    def counted(*args):
+        calls.append(name)
+        return original(*args)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+@pytest.mark.parametrize("covariance_type", gaussian.COVARIANCE_TYPES)
+def test_emptied_component_is_reseeded_as_in_memory(X, X_dask, covariance_type, monkeypatch):
+    plan = given_mixture_plan(covariance_type, [CENTERS[0], CENTERS[1], FAR])
+    reseeds = counting(monkeypatch, em, "_reseed")
+    in_memory = fit.fit(plan, [X])
+    assert reseeds, "the far component empties, and is re-seeded, in memory"
+    with dask.config.set(scheduler="threads"):
+        by_chunks = _dask.fit_plan(plan, X_dask)
+    assert_same_fits(by_chunks, in_memory)
+
+
+def test_empty_start_is_reseeded_as_in_memory(scheduler, X, X_dask, monkeypatch):
+    # max_iter=0 returns the start, its empty component re-seeded.
+    plan = given_mixture_plan("diag", [CENTERS[0], CENTERS[1], CENTERS[2]], [0.5, 0.5, 0.0], 0)
+    reseeds = counting(monkeypatch, em, "_reseed")
+    in_memory = fit.fit(plan, [X])
+    assert reseeds
+    assert_same_fits(_dask.fit_plan(plan, X_dask), in_memory)
+
+
+@pytest.mark.parametrize("start", ["far", "twice"])
+def test_emptied_cluster_is_relocated_as_in_memory(scheduler, X, X_dask, start, monkeypatch):
+    # A centre far from every row, or one that another at the same place takes every row from.
+    centers = {"far": [CENTERS[0], CENTERS[1], FAR], "twice": [CENTERS[0], CENTERS[0], FAR]}
+    given = np.asarray(centers[start], dtype=float)[None]  # (1 run, K, d)
+    plan = FitPlan(n_components=3, max_iter=300, tol=1e-4, device="cpu", seed=0, given=given)
+    relocations = counting(monkeypatch, kmeans, "_relocate_empty")
+    in_memory = fit.fit(plan, [X])
+    assert relocations, "a cluster empties, and is relocated, in memory"
+    by_chunks = _dask.fit_plan(plan, X_dask)
+    np.testing.assert_allclose(by_chunks.centers, in_memory.centers, rtol=0, atol=1e-9)
+    assert by_chunks.inertia == pytest.approx(in_memory.inertia, rel=1e-9)
+    assert (by_chunks.n_iter, by_chunks.n_distinct) == (in_memory.n_iter, in_memory.n_distinct)
 
 
 # --- lazy predictions ------------------------------------------------------------------

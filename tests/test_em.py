@@ -14,7 +14,7 @@ from sklearn.mixture._gaussian_mixture import (
     _estimate_log_gaussian_prob,
 )
 
-from transformer_gmm import TransformerGMM
+from transformer_gmm import TransformerGMM, _initialization
 from transformer_gmm.engine import batching, e_step, em, gaussian, kmeans, m_step
 
 COVARIANCE_TYPES = gaussian.COVARIANCE_TYPES
@@ -65,7 +65,7 @@ def t(array):
 
 def torch_params(weights, means, precisions, covariance_type):
     """Batch-1 MixtureParams from scikit-learn-style init arrays."""
-    precisions_chol = gaussian.precisions_cholesky_from_precisions(t(precisions), covariance_type)
+    precisions_chol = t(_initialization.precisions_cholesky(precisions, covariance_type))
     return m_step.MixtureParams(
         weights=t(weights)[None],
         means=t(means)[None],
@@ -331,7 +331,7 @@ def test_precision_conversions_match_sklearn(covariance_type):
     _, _, precisions = initial_parameters(centers, covariances, covariance_type, 0)
     expected = _compute_precision_cholesky_from_precisions(precisions, covariance_type, xp=np)
 
-    precisions_chol = gaussian.precisions_cholesky_from_precisions(t(precisions), covariance_type)
+    precisions_chol = t(_initialization.precisions_cholesky(precisions, covariance_type))
     np.testing.assert_allclose(precisions_chol, expected, rtol=1e-10, atol=1e-14)
     # Back to covariances, and forward again as scikit-learn computes it.
     recovered = gaussian.covariances_from_precisions_cholesky(

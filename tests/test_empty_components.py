@@ -1,4 +1,5 @@
-"""No fit keeps an empty component: EM re-seeds one that loses all its responsibility."""
+"""No fit keeps an empty component: EM re-seeds one that loses all its responsibility, in
+memory and by blocks of rows alike; Lloyd by blocks relocates an empty cluster as in memory."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from transformer_gmm import TransformerGMM
-from transformer_gmm.engine import e_step, em, gaussian, m_step
+from transformer_gmm.engine import e_step, em, gaussian, kmeans, m_step, sufficient_stats
 from transformer_gmm.training import PRIORS, sample_task
 
 COVARIANCE_TYPES = gaussian.COVARIANCE_TYPES
@@ -276,3 +277,89 @@ def test_tiny_component_above_the_threshold_is_kept(monkeypatch):
     counts = result.params.weights[0] * len(X)
     assert em.EMPTY_COUNT < float(counts[2]) < 1e-4
     assert reseeds == []
+
+
+# --- by blocks of rows, as in memory ----------------------------------------------------
+
+# Blocks of uneven sizes, two of them with fewer rows than the components.
+BLOCK_SIZES = [1, 25, 2, 32]
+
+
+def by_blocks(X: torch.Tensor, n: int, statistics, candidates, *, largest: bool):
+    """``statistics_of`` and the candidates' function that EM or Lloyd by blocks reads, over
+    blocks of the rows of ``X`` (1, N, d): each block's statistics summed, each block's ``n``
+    candidate rows merged by :func:`~transformer_gmm.engine.sufficient_stats.top_rows`."""
+    blocks = X.split(BLOCK_SIZES, 1)
+
+    def statistics_of(*args):
+        parts = [statistics(x, *args) for x in blocks]
+        return sum(parts[1:], parts[0])
+
+    def candidates_of(*args):
+        parts = [candidates(x, *args, n) for x in blocks]
+        return sufficient_stats.top_rows(torch.cat(parts, 1), n, largest=largest)
+
+    return statistics_of, candidates_of
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_em_by_blocks_reseeds_as_in_memory(covariance_type, monkeypatch):
+    X = two_blobs()[None]
+    # A run that keeps its components, one with a component far from every row, one with two.
+    means = ([[6.0, 0.0], [0.0, 0.0], [3.0, 1.0]], [[6.0, 0.0], [0.0, 0.0], [40.0, 0.0]])
+    means += ([[6.0, 0.0], [0.0, 40.0], [-40.0, 0.0]],)
+    starts = stack(*(start(m, covariance_type) for m in means))
+    statistics_of, worst_of = by_blocks(
+        X,
+        3,
+        lambda x, params: sufficient_stats.mixture_statistics(x, params, covariance_type),
+        lambda x, params, empty, n: sufficient_stats.worst_explained(
+            x, params, empty, covariance_type, n
+        ),
+        largest=False,
+    )
+    options = dict(covariance_type=covariance_type, reg_covar=1e-6, tol=1e-6)
+    reseeds = counting_reseeds(monkeypatch)
+    for max_iter in (1, 200):
+        in_memory = em.fit_em(X, starts, max_iter=max_iter, **options)
+        blocks = sufficient_stats.fit_em_from_statistics(
+            starts,
+            statistics_of,
+            lambda params, empty: worst_of(params, empty)[..., 1:],  # the rows alone
+            X.shape[1],
+            max_iter=max_iter,
+            **options,
+        )
+        for field in ("weights", "means", "covariances", "precisions_cholesky"):
+            expected = getattr(in_memory.params, field)
+            torch.testing.assert_close(
+                getattr(blocks.params, field), expected, rtol=1e-9, atol=1e-9
+            )
+        assert blocks.n_iter.tolist() == in_memory.n_iter.tolist()
+        assert blocks.converged.tolist() == in_memory.converged.tolist()
+    assert reseeds[0] == 3  # the second run's one component and the third's two
+
+
+def test_lloyd_by_blocks_relocates_as_in_memory():
+    X = two_blobs()[None]
+    # A run that keeps its clusters, one with a cluster far from every row, one with a centre
+    # twice (the second gets no row) and one far.
+    centers = [[[6.0, 0.0], [0.0, 0.0], [3.0, 1.0]], [[6.0, 0.0], [0.0, 0.0], [40.0, 0.0]]]
+    centers += [[[6.0, 0.0], [6.0, 0.0], [-40.0, 0.0]]]
+    centers = torch.tensor(centers, dtype=torch.float64)
+    offset = X.mean(1, keepdim=True)
+    statistics_of, farthest_of = by_blocks(
+        X,
+        3,
+        lambda x, c: sufficient_stats.lloyd_statistics(x, c, offset),
+        lambda x, c, n: sufficient_stats.farthest(x, c, offset, n),
+        largest=True,
+    )
+    threshold = 1e-4 * (X - offset).square().mean().item()
+    for max_iter in (1, 300):
+        expected, _, _, n_iter = kmeans.lloyd(X, centers, max_iter=max_iter)
+        fitted, blocks_n_iter = sufficient_stats.lloyd_from_statistics(
+            centers, statistics_of, farthest_of, offset, threshold, max_iter
+        )
+        torch.testing.assert_close(fitted, expected, rtol=0, atol=1e-12)
+        assert blocks_n_iter.tolist() == n_iter.tolist()

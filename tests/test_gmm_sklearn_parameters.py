@@ -123,7 +123,7 @@ def test_other_initialisations_skip_the_transformer(blobs, init_params, monkeypa
     def no_backbone(*args):
         raise AssertionError("the transformer was loaded")
 
-    monkeypatch.setattr(_fitting, "load_backbone", no_backbone)
+    monkeypatch.setattr(_fitting, "backbone_or_fallback", no_backbone)
     gmm = TransformerGMM(3, init_params=init_params, random_state=0).fit(blobs)
     assert gmm.init_method_ == init_params
     assert gmm.converged_

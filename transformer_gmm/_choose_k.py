@@ -90,7 +90,7 @@ def candidates(value, max_components, n_samples: int, backbone, k_name: str) -> 
     return ks
 
 
-def load_backbone(checkpoint) -> backend.Backbone | None:
+def named_backbone(checkpoint) -> backend.Backbone | None:
     """The backbone the estimator names, or None (checkpoint=None, or no default bundled)."""
     if checkpoint is None or is_missing_default(checkpoint):
         return None
@@ -100,7 +100,7 @@ def load_backbone(checkpoint) -> backend.Backbone | None:
 def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
     """Choose K for ``estimator`` (whose ``k_name`` is "auto" or candidates) on ``X``."""
     params = estimator.get_params(deep=False)
-    backbone = load_backbone(params["checkpoint"])
+    backbone = named_backbone(params["checkpoint"])
     ks = candidates(params[k_name], params[_max_name(k_name)], len(X), backbone, k_name)
     readable = backbone is not None and backbone.model.has_k_posterior
     covered = readable and ks.max() <= backbone.supported_n_components.stop - 1

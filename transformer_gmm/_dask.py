@@ -12,7 +12,8 @@ active (a ``dask.distributed.Client``, else dask's default):
 3. every EM or Lloyd iteration is one pass: each chunk's sufficient statistics
    (:mod:`transformer_gmm.engine.sufficient_stats`, computed by the ``block_*`` functions of
    :mod:`transformer_gmm.engine.fit_by_blocks` where the chunk lives) are summed, and this process
-   updates the parameters from the sums.
+   updates the parameters from the sums; an iteration where a component or a cluster
+   empties takes one more pass, which brings back each chunk's few candidate rows for it.
 
 Dask is imported here only when the input is a Dask array, so it stays optional.
 """
@@ -171,14 +172,14 @@ def _apply(block: np.ndarray, function, args: tuple) -> np.ndarray:
     return function(block, *args)
 
 
-def _sum_over_blocks(X, function, args: tuple, length: int) -> np.ndarray:
-    """``function(block, *args)`` (each of shape (1, length)) summed over the chunks of
-    ``X``: one Dask computation, a tree of sums, so only statistics travel."""
+def _per_block(X, function, args: tuple, length: int):
+    """``function(block, *args)`` (each of shape (1, length)) on each chunk of ``X``,
+    lazily: a Dask array of shape (n_chunks, length)."""
     import dask
 
     # One key that every chunk's task reads, rather than a copy of the parameters in each.
     shared = dask.delayed(args, pure=True, traverse=False)
-    partial = X.map_blocks(
+    return X.map_blocks(
         _apply,
         function,
         shared,
@@ -186,11 +187,25 @@ def _sum_over_blocks(X, function, args: tuple, length: int) -> np.ndarray:
         dtype=np.float64,
         meta=np.empty((0, 0)),
     )
-    return partial.sum(axis=0).compute()
 
 
-def _reducer(X) -> fit_by_blocks.ReduceBlocks:
-    return lambda function, args, length: _sum_over_blocks(X, function, args, length)
+def _sum_over_blocks(X, function, args: tuple, length: int) -> np.ndarray:
+    """``function(block, *args)`` summed over the chunks of ``X``: one Dask computation, a
+    tree of sums, so only statistics travel."""
+    return _per_block(X, function, args, length).sum(axis=0).compute()
+
+
+def _stack_blocks(X, function, args: tuple, length: int) -> np.ndarray:
+    """``function(block, *args)`` of each chunk of ``X``, (n_chunks, length): one Dask
+    computation, for the few rows each chunk offers an empty component or cluster."""
+    return _per_block(X, function, args, length).compute()
+
+
+def _reducer(X) -> fit_by_blocks.BlockReducer:
+    return fit_by_blocks.BlockReducer(
+        sum=lambda function, args, length: _sum_over_blocks(X, function, args, length),
+        stack=lambda function, args, length: _stack_blocks(X, function, args, length),
+    )
 
 
 def fit_plan(plan, X) -> fit.MixtureFits | fit.KMeansFit:

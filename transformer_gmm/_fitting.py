@@ -82,7 +82,7 @@ def n_starts(params: dict, uses_transformer: bool) -> tuple[int, int]:
     return n_transformer, n_init - n_transformer
 
 
-def load_backbone(checkpoint, n_components: int, fallback: str) -> backend.Backbone | None:
+def backbone_or_fallback(checkpoint, n_components: int, fallback: str) -> backend.Backbone | None:
     """The backbone that covers this request, or None (with a FallbackWarning when the
     user would expect the transformer). A checkpoint the user named that cannot be
     found or loaded raises CheckpointError: that is never silently replaced."""
@@ -117,7 +117,7 @@ def transformer_starts(params: dict, n_components: int, fallback: str, reading=N
     it falls back), the numbers of the transformer's and of k-means++'s starts, the
     name of each run's start, and ``reading``, the pass under the "K unknown" embedding
     that read P(K | X) (its starts read that pass; None: a pass of their own)."""
-    backbone = load_backbone(params["checkpoint"], n_components, fallback)
+    backbone = backbone_or_fallback(params["checkpoint"], n_components, fallback)
     n_transformer, n_kmeans = n_starts(params, backbone is not None)
     return dict(
         backbone=backbone,

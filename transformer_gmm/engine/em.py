@@ -16,7 +16,8 @@ The loop's two steps are :mod:`transformer_gmm.engine.e_step` and
 :mod:`transformer_gmm.engine.m_step` (with ``MixtureParams`` and the k-means
 initialisation); Gaussian densities and precision conversions are in
 :mod:`transformer_gmm.engine.gaussian`, k-means in :mod:`transformer_gmm.engine.kmeans`.
-Here: the loop, and the re-seeding of components that empty on the way.
+Here: the loop, and the re-seeding of components that empty on the way, whose rules
+EM by blocks of rows (:mod:`transformer_gmm.engine.sufficient_stats`) shares.
 """
 
 from __future__ import annotations
@@ -38,7 +39,17 @@ from .gaussian import (
 )
 from .m_step import MixtureParams, estimate_parameters_unchecked, pool_covariances
 
-__all__ = ["EMPTY_COUNT", "GUARD_MARGIN", "EMResult", "fit_em"]
+__all__ = [
+    "EMPTY_COUNT",
+    "GUARD_MARGIN",
+    "EMResult",
+    "as_tuple",
+    "empty_bound",
+    "fit_em",
+    "log_likelihood_without",
+    "reseed_means",
+    "reseed_weights_and_covariances",
+]
 
 
 @dataclass
@@ -97,7 +108,7 @@ EMPTY_COUNT = 1e-6
 GUARD_MARGIN = 1e3
 
 
-def _empty_bound(unit: Tensor | float, dtype: torch.dtype) -> Tensor | float:
+def empty_bound(unit: Tensor | float, dtype: torch.dtype) -> Tensor | float:
     """The weighted count (B|1, 1), or one for all, below which a component is empty."""
     guard = GUARD_MARGIN * 10 * torch.finfo(dtype).eps
     if isinstance(unit, float):
@@ -126,6 +137,31 @@ def _take_rows(t: Tensor | float, index: Tensor) -> Tensor | float:
     return t if isinstance(t, float) else take(t, index)
 
 
+def log_likelihood_without(
+    X: Tensor, params: MixtureParams, empty: Tensor, covariance_type: str
+) -> Tensor:
+    """log p(x_n) (B, N) under the mixture without its ``empty`` (B, K) components: how
+    well the others explain each point, which ranks the points re-seeding takes."""
+    others = MixtureParams(
+        params.weights.masked_fill(empty, 0.0),  # the empty components explain nothing
+        params.means,
+        params.covariances,
+        params.precisions_cholesky,
+    )
+    return estimate_weighted_log_prob(X, others, covariance_type).logsumexp(-1)
+
+
+def reseed_means(means: Tensor, empty: Tensor, worst: Tensor, n_points: Tensor) -> Tensor:
+    """``means`` (B, K, d) with the j-th ``empty`` (B, K) component moved onto ``worst[:, j]``
+    (as k-means relocates empty clusters): ``worst`` (B, M, d) are the points the others
+    explain worst, worst first, of which only the first ``n_points`` (B|1, 1) are points.
+    """
+    last = (n_points - 1).clamp(0, worst.shape[1] - 1)  # (B|1, 1)
+    rank = torch.minimum((empty.cumsum(1) - 1).clamp_min(0), last)  # (B, K)
+    seeds = worst.gather(1, rank[..., None].expand(-1, -1, worst.shape[-1]))  # (B, K, d)
+    return torch.where(empty[..., None], seeds, means)
+
+
 def _reseed_means(
     X: Tensor,
     params: MixtureParams,
@@ -134,38 +170,28 @@ def _reseed_means(
     covariance_type: str,
 ) -> Tensor:
     """``params.means`` with the j-th ``empty`` component moved onto the j-th point the others
-    explain worst (as k-means relocates empty clusters); only ``points`` are candidates.
+    explain worst; only ``points`` are candidates.
     """
-    others = MixtureParams(
-        params.weights.masked_fill(empty, 0.0),  # the empty components explain nothing
-        params.means,
-        params.covariances,
-        params.precisions_cholesky,
-    )
-    log_likelihood = estimate_weighted_log_prob(X, others, covariance_type).logsumexp(-1)
+    log_likelihood = log_likelihood_without(X, params, empty, covariance_type)
     log_likelihood = log_likelihood.masked_fill(~points, math.inf)  # (B, N)
     n_worst = min(empty.shape[1], X.shape[1])
     worst = log_likelihood.topk(n_worst, dim=1, largest=False).indices  # (B, n_worst)
-    last = (points.sum(-1, keepdim=True) - 1).clamp(0, n_worst - 1)  # (B|1, 1)
-    rank = torch.minimum((empty.cumsum(1) - 1).clamp_min(0), last)  # (B, K)
-    point = worst.gather(1, rank)  # (B, K) the point each component would take
     n_batch, n_features = empty.shape[0], X.shape[-1]
-    seeds = X.expand(n_batch, -1, -1).gather(1, point[..., None].expand(-1, -1, n_features))
-    return torch.where(empty[..., None], seeds, params.means)
+    rows = X.expand(n_batch, -1, -1).gather(1, worst[..., None].expand(-1, -1, n_features))
+    return reseed_means(params.means, empty, rows, points.sum(-1, keepdim=True))
 
 
-def _reseed(
-    X: Tensor,
+def reseed_weights_and_covariances(
     params: MixtureParams,
     counts: Tensor,
     empty: Tensor,
     unit: Tensor | float,
-    points: Tensor,
     covariance_type: str,
 ) -> tuple[MixtureParams, Tensor]:
-    """Re-seed the ``empty`` (B, K) components: the others' average covariance, one average
-    point's weight, a mean at a badly explained point; returns ``(params, failed)``, where
-    ``failed`` (B,) marks covariances that are not positive definite.
+    """Re-seed the ``empty`` (B, K) components but for their means (see
+    :func:`reseed_means`): the others' average covariance and one average point's weight
+    ``unit``; returns ``(params, failed)``, where ``failed`` (B,) marks covariances that
+    are not positive definite.
     """
     covariances = params.covariances
     if covariances is None:
@@ -181,8 +207,25 @@ def _reseed(
     reseeded = _select(
         rows, MixtureParams(weights, params.means, covariances, precisions_chol), params
     )
-    reseeded.means = _reseed_means(X, reseeded, empty, points, covariance_type)
     return reseeded, failed & rows
+
+
+def _reseed(
+    X: Tensor,
+    params: MixtureParams,
+    counts: Tensor,
+    empty: Tensor,
+    unit: Tensor | float,
+    points: Tensor,
+    covariance_type: str,
+) -> tuple[MixtureParams, Tensor]:
+    """Re-seed the ``empty`` (B, K) components: the others' average covariance, one average
+    point's weight, a mean at a badly explained point; returns ``(params, failed)``, where
+    ``failed`` (B,) marks covariances that are not positive definite.
+    """
+    reseeded, failed = reseed_weights_and_covariances(params, counts, empty, unit, covariance_type)
+    reseeded.means = _reseed_means(X, reseeded, empty, points, covariance_type)
+    return reseeded, failed
 
 
 # --- EM --------------------------------------------------------------------------------
@@ -196,11 +239,12 @@ def _select(active: Tensor, new: MixtureParams, old: MixtureParams) -> MixturePa
             return a
         return torch.where(active.view(-1, *[1] * (a.dim() - 1)), a, b)
 
-    return MixtureParams(*map(pick, _astuple(new), _astuple(old)))
+    return MixtureParams(*map(pick, as_tuple(new), as_tuple(old)))
 
 
-def _astuple(params: MixtureParams) -> tuple:
-    # dataclasses.astuple would deep-copy the tensors.
+def as_tuple(params: MixtureParams) -> tuple:
+    """The four fields of ``params``, in order (``dataclasses.astuple`` would deep-copy the
+    tensors)."""
     return (params.weights, params.means, params.covariances, params.precisions_cholesky)
 
 
@@ -271,7 +315,7 @@ def fit_em(
     """
     n_batch = check_params(X, params, covariance_type, mask, sample_weight)
     params = MixtureParams(  # parameters of batch 1 serve every dataset
-        *(None if t is None else t.expand(n_batch, *t.shape[1:]) for t in _astuple(params))
+        *(None if t is None else t.expand(n_batch, *t.shape[1:]) for t in as_tuple(params))
     )
     X, mask, sample_weight = compact(X), compact(mask), compact(sample_weight)
     X = zero_padding(X, mask)
@@ -279,7 +323,7 @@ def fit_em(
     converged = torch.zeros(n_batch, dtype=torch.bool, device=X.device)
     points = _points(mask, sample_weight, X)  # (B|1, N)
     unit = _point_weight(points, sample_weight, X)  # (B|1, 1) or 1.0
-    bound = _empty_bound(unit, X.dtype)  # see EMPTY_COUNT
+    bound = empty_bound(unit, X.dtype)  # see EMPTY_COUNT
     if max_iter == 0:
         # A start may hold an empty component too (a k-means cluster left empty): it is
         # re-seeded as EM would, so that no fit returns one.
@@ -353,15 +397,15 @@ def fit_em(
         if n_running == 0:
             break
         if iteration < max_iter and batch.should_shrink(n_running):
-            state = (*_astuple(params), lower_bound, n_iter, converged)
+            state = (*as_tuple(params), lower_bound, n_iter, converged)
             keep = batch.shrink(converged, n_running, state)
             X, mask, sample_weight = (take(t, keep) for t in (X, mask, sample_weight))
             points, unit, bound = (_take_rows(t, keep) for t in (points, unit, bound))
-            params = MixtureParams(*(take(t, keep) for t in _astuple(params)))
+            params = MixtureParams(*(take(t, keep) for t in as_tuple(params)))
             lower_bound, n_iter, converged = lower_bound[keep], n_iter[keep], converged[keep]
             fresh = fresh[keep]
     *fitted, lower_bound, n_iter, converged = batch.results(
-        (*_astuple(params), lower_bound, n_iter, converged)
+        (*as_tuple(params), lower_bound, n_iter, converged)
     )
     return EMResult(
         MixtureParams(*fitted),

@@ -23,7 +23,6 @@ __all__ = [
     "estimate_log_gaussian_prob",
     "lookup",
     "needs_grad",
-    "precisions_cholesky_from_precisions",
     "try_precision_cholesky",
 ]
 
@@ -138,52 +137,6 @@ def compute_precision_cholesky(covariances: Tensor, covariance_type: str) -> Ten
     if bool(failed.any()):
         raise IllDefinedCovariance(covariances.dtype)
     return precisions_chol
-
-
-def _from_precisions_matrix(precisions: Tensor) -> Tensor:
-    # The upper factor U with U U^T = precision is the flip of the lower Cholesky factor
-    # of the flipped matrix (scikit-learn's _compute_precision_cholesky_from_precisions).
-    lower, info = torch.linalg.cholesky_ex(precisions.flip(-2, -1))
-    if bool((info != 0).any()):
-        raise ValueError("precisions must be symmetric positive definite")
-    return lower.flip(-2, -1)
-
-
-_FROM_PRECISIONS = {
-    "full": _from_precisions_matrix,
-    "tied": _from_precisions_matrix,
-    "diag": torch.sqrt,
-    "spherical": torch.sqrt,
-}
-
-
-def precisions_cholesky_from_precisions(precisions: Tensor, covariance_type: str) -> Tensor:
-    """precisions_cholesky from precision matrices (for ``precisions_init``), as scikit-learn.
-
-    Any leading batch shape is accepted. Raises ValueError if a precision matrix is not
-    positive definite.
-
-    Parameters
-    ----------
-    precisions : Tensor
-        Precisions of ``covariance_type``'s shape, with any leading batch shape.
-    covariance_type : {"full", "tied", "diag", "spherical"}
-
-    Returns
-    -------
-    precisions_cholesky : Tensor
-        Of the same shape, such that ``precision = P @ P.T`` (full, tied) or ``P**2``.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.engine.gaussian import precisions_cholesky_from_precisions
-    >>> precisions = torch.tensor([[[2.0, 0.5], [0.5, 1.0]]], dtype=torch.float64)
-    >>> P = precisions_cholesky_from_precisions(precisions, "tied")
-    >>> torch.allclose(P @ P.mT, precisions)
-    True
-    """
-    return lookup(_FROM_PRECISIONS, covariance_type)(precisions)
 
 
 def _covariances_matrix(precisions_chol: Tensor) -> Tensor:

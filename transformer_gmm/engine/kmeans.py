@@ -5,8 +5,9 @@ The seeding and the Lloyd iterations follow scikit-learn's ``sklearn/cluster/_km
 datasets. ``X`` is (B, N, d), or (1, N, d) shared by all B runs; an optional bool
 ``mask`` (B or 1, N) marks real points, so datasets of different sizes can be padded
 into one batch (:mod:`transformer_gmm.engine.batching`). Padded points take no part in
-anything. :func:`assign` and :func:`inertia_of` are the kernels that Lloyd over blocks of
-rows (:mod:`transformer_gmm.engine.sufficient_stats`) shares.
+anything. :func:`assign`, :func:`inertia_of` and the rules of :func:`relocate_empty` and
+:func:`centers_from_sums` are what Lloyd over blocks of rows
+(:mod:`transformer_gmm.engine.sufficient_stats`) shares.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from .batching import ShrinkingBatch, check_batch, compact, point_weights, take,
 __all__ = [
     "LloydStep",
     "assign",
+    "centers_from_sums",
     "inertia_of",
     "kmeans_plusplus",
     "kmeans_plusplus_indices",
     "lloyd",
+    "relocate_empty",
 ]
 
 
@@ -211,6 +214,37 @@ def inertia_of(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor) -> T
     return inertia
 
 
+def relocate_empty(
+    counts: Tensor,
+    sums: Tensor,
+    far_distances: Tensor,
+    far_points: Tensor,
+    far_labels: Tensor,
+    far_weights: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """scikit-learn's relocation of empty clusters, batched: the j-th empty cluster takes the
+    j-th point farthest from its centre; returns ``counts`` (A, K, 1) and ``sums`` (A, K, d)
+    updated. The M farthest points come farthest first: their squared distances to their
+    centre (A, M), the points (A, M, d), their clusters (A, M) and weights (A, M).
+    """
+    n_clusters, n_far = counts.shape[1], far_distances.shape[1]
+    empty = counts[..., 0] == 0  # (A, K)
+    rank = (empty.cumsum(1) - 1).clamp_(0, n_far - 1)  # (A, K): j-th empty cluster -> j
+    movable = far_distances[:, :1] > 0  # (A, 1): not every point sits on its centre
+    moves = empty & movable & (empty.cumsum(1) <= n_far)  # (A, K)
+    weight = far_weights.gather(1, rank) * moves  # (A, K)
+    point = far_points.gather(1, rank[..., None].expand(-1, -1, far_points.shape[-1]))
+    moved = point * weight[..., None]  # (A, K, d) weighted
+    # What leaves each old cluster, summed by a matmul (deterministic on CUDA too).
+    old = torch.nn.functional.one_hot(far_labels.gather(1, rank), n_clusters).to(sums.dtype)
+    leaving = old * moves[..., None]  # (A, K new, K old)
+    sums = torch.where(moves[..., None], moved, sums - leaving.mT @ moved)
+    counts = torch.where(
+        moves[..., None], weight[..., None], counts - leaving.mT @ weight[..., None]
+    )
+    return counts, sums
+
+
 def _relocate_empty(
     X: Tensor,
     weights: Tensor,
@@ -220,31 +254,29 @@ def _relocate_empty(
     sums: Tensor,
     padded: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """scikit-learn's relocation of empty clusters, batched: the j-th empty cluster takes the
-    j-th point farthest from its centre; returns ``counts`` and ``sums`` updated.
-    """
+    """:func:`relocate_empty` over the points of ``X``: returns ``counts`` and ``sums``
+    updated."""
     n_batch, n_clusters = counts.shape[:2]
-    empty = counts[..., 0] == 0  # (A, K)
     nearest = centers.gather(1, labels[..., None].expand(-1, -1, X.shape[-1]))  # (A, N, d)
     distances = (X.expand(n_batch, -1, -1) - nearest).square().sum(-1)  # (A, N)
     distances = distances.masked_fill(padded, -1.0)
     n_far = min(n_clusters, X.shape[1])
-    far = distances.topk(n_far, dim=1).indices  # (A, n_far), farthest first
-    rank = (empty.cumsum(1) - 1).clamp_(0, n_far - 1)  # (A, K): j-th empty cluster -> j
-    point = far.gather(1, rank)  # (A, K) the point each empty cluster takes
-    movable = distances.amax(1, keepdim=True) > 0  # (A, 1)
-    moves = empty & movable & (empty.cumsum(1) <= n_far)  # (A, K)
+    far_distances, far = distances.topk(n_far, dim=1)  # (A, n_far), farthest first
     rows = torch.arange(n_batch, device=X.device)[:, None]
-    weight = weights.expand(n_batch, -1, -1)[rows, point, 0] * moves  # (A, K)
-    moved = X.expand(n_batch, -1, -1)[rows, point] * weight[..., None]  # (A, K, d) weighted
-    # What leaves each old cluster, summed by a matmul (deterministic on CUDA too).
-    old = torch.nn.functional.one_hot(labels.gather(1, point), n_clusters).to(X.dtype)
-    leaving = old * moves[..., None]  # (A, K new, K old)
-    sums = torch.where(moves[..., None], moved, sums - leaving.mT @ moved)
-    counts = torch.where(
-        moves[..., None], weight[..., None], counts - leaving.mT @ weight[..., None]
+    far_points = X.expand(n_batch, -1, -1)[rows, far]  # (A, n_far, d)
+    far_weights = weights.expand(n_batch, -1, -1)[rows, far, 0]  # (A, n_far)
+    return relocate_empty(
+        counts, sums, far_distances, far_points, labels.gather(1, far), far_weights
     )
-    return counts, sums
+
+
+def centers_from_sums(counts: Tensor, sums: Tensor, offset: Tensor) -> Tensor:
+    """Lloyd's new centres (A, K, d): each cluster's mean, from its (weighted) ``counts``
+    (A, K, 1) and ``sums`` (A, K, d) of points less ``offset``; a cluster still empty sits
+    on the heaviest one, as in scikit-learn."""
+    new_centers = sums / torch.where(counts > 0, counts, 1.0) + offset
+    heaviest = counts.argmax(1, keepdim=True).expand(-1, -1, sums.shape[-1])  # (A, 1, d)
+    return torch.where(counts > 0, new_centers, new_centers.gather(1, heaviest))
 
 
 def _lloyd_loop(
@@ -277,10 +309,7 @@ def _lloyd_loop(
         sums = one_hot.mT @ (X if weighted_X is None else weighted_X)  # (A, K, d)
         if bool((counts == 0).any()):
             counts, sums = _relocate_empty(X, weights, centered, labels, counts, sums, padded)
-        new_centers = sums / torch.where(counts > 0, counts, 1.0) + offset
-        # A cluster still empty sits on the heaviest one, as in scikit-learn.
-        heaviest = counts.argmax(1, keepdim=True).expand(-1, -1, X.shape[-1])  # (A, 1, d)
-        new_centers = torch.where(counts > 0, new_centers, new_centers.gather(1, heaviest))
+        new_centers = centers_from_sums(counts, sums, offset)
         shift = (new_centers - centers).square().sum((1, 2))  # (A,)
         strict = ((labels == labels_old) | padded).all(-1)  # (A,)
         if trace is not None:

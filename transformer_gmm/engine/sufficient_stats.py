@@ -8,10 +8,19 @@ The statistics come from the in-memory kernels and the loops keep
 :func:`~transformer_gmm.engine.em.fit_em`'s and :func:`~transformer_gmm.engine.kmeans.lloyd`'s
 rules, so from the same start they reach the in-memory fit to rounding. ``statistics_of``
 maps the parameters of the runs still going to their statistics summed over every block.
+
+A component or a cluster that empties follows the in-memory rule too: it takes one of the
+few rows its mixture explains worst (:func:`~transformer_gmm.engine.em.fit_em`) or that lie
+farthest from their centre (:func:`~transformer_gmm.engine.kmeans.lloyd`). Each block
+offers its own few, scored (:func:`worst_explained`, :func:`farthest`), and
+:func:`top_rows` keeps the best of all the blocks' offers: the top n of a union of rows is
+the top n of the parts' top n, so the rows chosen are those the in-memory fit chooses
+(ties aside).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -19,19 +28,29 @@ import torch
 from torch import Tensor
 
 from .e_step import e_step_unchecked
-from .em import EMResult
+from .em import (
+    EMResult,
+    as_tuple,
+    empty_bound,
+    log_likelihood_without,
+    reseed_means,
+    reseed_weights_and_covariances,
+)
 from .gaussian import PARAM_SHAPES, IllDefinedCovariance, lookup, try_precision_cholesky
-from .kmeans import assign, inertia_of
+from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty
 from .m_step import COVARIANCE_ESTIMATORS, MixtureParams
 
 __all__ = [
     "LloydStatistics",
     "MixtureStatistics",
+    "farthest",
     "fit_em_from_statistics",
     "lloyd_from_statistics",
     "lloyd_statistics",
     "mixture_statistics",
     "parameters_from_statistics",
+    "top_rows",
+    "worst_explained",
 ]
 
 
@@ -53,6 +72,32 @@ class _Summable:
         sizes = [torch.Size(shape).numel() for shape in shapes]
         parts = torch.split(vector, sizes)
         return cls(*(part.reshape(shape) for part, shape in zip(parts, shapes, strict=True)))
+
+
+def top_rows(scored: Tensor, n: int, *, largest: bool) -> Tensor:
+    """The ``n`` of B runs' scored rows (B, M, w), the score in column 0, with the highest
+    (``largest``) or lowest scores, best first: (B, n, w). Fewer than ``n`` rows are made
+    up with rows that rank last (zeros, of score -inf when ``largest``, else +inf), so that
+    a block with fewer rows offers ``n`` too.
+
+    Examples
+    --------
+    The best two of two blocks' best two are the best two of all the rows:
+
+    >>> import torch
+    >>> from transformer_gmm.engine import sufficient_stats
+    >>> scored = torch.tensor([[[3.0, 30.0], [1.0, 10.0], [4.0, 40.0], [2.0, 20.0]]])
+    >>> parts = [sufficient_stats.top_rows(part, 2, largest=True) for part in scored.split(2, 1)]
+    >>> sufficient_stats.top_rows(torch.cat(parts, 1), 2, largest=True).tolist()
+    [[[4.0, 40.0], [3.0, 30.0]]]
+    """
+    missing = n - scored.shape[1]
+    if missing > 0:
+        filler = scored.new_zeros(scored.shape[0], missing, scored.shape[2])
+        filler[..., 0] = -torch.inf if largest else torch.inf
+        scored = torch.cat([scored, filler], 1)
+    order = scored[..., 0].topk(n, dim=1, largest=largest).indices  # (B, n)
+    return scored.gather(1, order[..., None].expand(-1, -1, scored.shape[-1]))
 
 
 # --- Gaussian mixtures -----------------------------------------------------------------
@@ -246,16 +291,48 @@ def parameters_from_statistics(
 
 
 def _take_runs(params: MixtureParams, index: Tensor) -> MixtureParams:
-    return MixtureParams(*(None if t is None else t[index] for t in _params_tuple(params)))
+    return MixtureParams(*(None if t is None else t[index] for t in as_tuple(params)))
 
 
-def _params_tuple(params: MixtureParams) -> tuple:
-    return (params.weights, params.means, params.covariances, params.precisions_cholesky)
+def worst_explained(
+    X: Tensor, params: MixtureParams, empty: Tensor, covariance_type: str, n: int
+) -> Tensor:
+    """Of rows ``X`` (1, m, d), the ``n`` that each run of ``params`` explains worst without
+    its ``empty`` (B, K) components, worst first: (B, n, 1 + d), each row's log-likelihood
+    under the others, then the row; past ``m`` rows, rows of log-likelihood +inf.
+
+    What a block offers to the re-seeding of empty components (see :func:`top_rows`).
+    """
+    log_likelihood = log_likelihood_without(X, params, empty, covariance_type)  # (B, m)
+    rows = X.expand(log_likelihood.shape[0], -1, -1)
+    scored = torch.cat([log_likelihood[..., None], rows], -1)
+    return top_rows(scored, n, largest=False)
+
+
+def _reseed(
+    params: MixtureParams,
+    counts: Tensor,
+    empty: Tensor,
+    worst_explained_of: Callable[[MixtureParams, Tensor], Tensor],
+    n_rows: int,
+    covariance_type: str,
+) -> tuple[MixtureParams, Tensor]:
+    """:func:`~transformer_gmm.engine.em.fit_em`'s re-seeding of the ``empty`` (B, K)
+    components, with the rows explained worst read through ``worst_explained_of``;
+    returns ``(params, failed)``."""
+    reseeded, failed = reseed_weights_and_covariances(params, counts, empty, 1.0, covariance_type)
+    runs = empty.any(-1).nonzero().flatten()  # only these read the rows again
+    worst = worst_explained_of(_take_runs(reseeded, runs), empty[runs])
+    n_points = torch.full((1, 1), n_rows, device=counts.device)
+    means = reseed_means(reseeded.means[runs], empty[runs], worst, n_points)
+    reseeded.means = reseeded.means.index_copy(0, runs, means)
+    return reseeded, failed
 
 
 def fit_em_from_statistics(
     params: MixtureParams,
     statistics_of: Callable[[MixtureParams], MixtureStatistics],
+    worst_explained_of: Callable[[MixtureParams, Tensor], Tensor],
     n_rows: int,
     *,
     covariance_type: str,
@@ -264,13 +341,16 @@ def fit_em_from_statistics(
     tol: float,
 ) -> EMResult:
     """EM from ``params`` with :func:`~transformer_gmm.engine.em.fit_em`'s rules, on data seen
-    through ``statistics_of`` only.
+    through ``statistics_of`` and ``worst_explained_of`` only.
 
     Each iteration asks ``statistics_of`` once, for the runs still going: their
     statistics summed over the ``n_rows`` rows (one pass over the data). A run's lower
     bound is the mean log-likelihood of its E-step; it converges once that changes by less
-    than ``tol``, and then stops changing. ``max_iter=0`` asks once, for the lower bound
-    of ``params``.
+    than ``tol``, and then stops changing. A component that empties is re-seeded as in
+    memory, which takes one more pass, through ``worst_explained_of``; neither that
+    iteration nor the next counts towards convergence. ``max_iter=0`` asks
+    ``statistics_of`` once, for the lower bound of ``params`` (their empty components
+    re-seeded).
 
     Parameters
     ----------
@@ -279,6 +359,11 @@ def fit_em_from_statistics(
     statistics_of : callable
         ``statistics_of(params)`` returns the summed :class:`MixtureStatistics` of the
         runs of ``params``, for the scatter about ``params.means``.
+    worst_explained_of : callable
+        ``worst_explained_of(params, empty)`` returns, for each run of ``params``, the
+        ``min(K, n_rows)`` rows it explains worst without its ``empty`` (R, K)
+        components, worst first, (R, min(K, n_rows), d): :func:`top_rows` of every
+        block's :func:`worst_explained`, without the scores.
     n_rows : int
         The number of rows the statistics sum over.
     covariance_type, reg_covar, max_iter, tol : as in :func:`~transformer_gmm.engine.em.fit_em`
@@ -290,7 +375,7 @@ def fit_em_from_statistics(
 
     Examples
     --------
-    The same fit as :func:`~transformer_gmm.engine.em.fit_em`, from statistics of four blocks:
+    The same fit as :func:`~transformer_gmm.engine.em.fit_em`, from four blocks of rows:
 
     >>> import torch
     >>> from transformer_gmm.engine import em, m_step, sufficient_stats
@@ -298,13 +383,17 @@ def fit_em_from_statistics(
     >>> X[0, :100] += 4.0
     >>> start = m_step.initialize_kmeans(X, 2, covariance_type="tied", reg_covar=1e-6,
     ...                                  generator=torch.Generator().manual_seed(0))
+    >>> blocks = X.split(50, 1)
     >>> def statistics_of(params):
-    ...     blocks = [sufficient_stats.mixture_statistics(x, params, "tied")
-    ...               for x in X.split(50, 1)]
-    ...     return sum(blocks[1:], blocks[0])
+    ...     parts = [sufficient_stats.mixture_statistics(x, params, "tied") for x in blocks]
+    ...     return sum(parts[1:], parts[0])
+    >>> def worst_explained_of(params, empty):
+    ...     parts = [sufficient_stats.worst_explained(x, params, empty, "tied", 2)
+    ...              for x in blocks]
+    ...     return sufficient_stats.top_rows(torch.cat(parts, 1), 2, largest=False)[..., 1:]
     >>> by_blocks = sufficient_stats.fit_em_from_statistics(
-    ...     start, statistics_of, 200, covariance_type="tied", reg_covar=1e-6,
-    ...     max_iter=100, tol=1e-3)
+    ...     start, statistics_of, worst_explained_of, 200, covariance_type="tied",
+    ...     reg_covar=1e-6, max_iter=100, tol=1e-3)
     >>> in_memory = em.fit_em(X, start, covariance_type="tied", reg_covar=1e-6,
     ...                       max_iter=100, tol=1e-3)
     >>> torch.allclose(by_blocks.params.means, in_memory.params.means)
@@ -316,11 +405,27 @@ def fit_em_from_statistics(
     dtype, device = params.means.dtype, params.means.device
     n_iter = torch.zeros(n_runs, dtype=torch.long, device=device)
     converged = torch.zeros(n_runs, dtype=torch.bool, device=device)
+    bound = empty_bound(1.0, dtype)  # rows weigh one each
+    reseed = functools.partial(
+        _reseed,
+        worst_explained_of=worst_explained_of,
+        n_rows=n_rows,
+        covariance_type=covariance_type,
+    )
     if max_iter == 0:
+        # As in memory, a start's empty component (a k-means cluster left empty) is
+        # re-seeded, so that no fit returns one.
+        counts = params.weights * n_rows
+        empty = counts < bound
+        if bool(empty.any()):
+            params, failed = reseed(params, counts, empty)
+            if bool(failed.any()):
+                raise IllDefinedCovariance(dtype)
         lower_bound = statistics_of(params).log_likelihood / n_rows
         return EMResult(params, lower_bound, n_iter, converged)
     lower_bound = torch.full((n_runs,), -torch.inf, dtype=dtype, device=device)
-    fitted = list(_params_tuple(params))
+    fresh = torch.zeros(n_runs, dtype=torch.bool, device=device)  # re-seeded last iteration
+    fitted = list(as_tuple(params))
     for iteration in range(1, max_iter + 1):
         active = (~converged).nonzero().flatten()  # only these are read and updated
         current = _take_runs(MixtureParams(*fitted), active)
@@ -328,9 +433,17 @@ def fit_em_from_statistics(
         new, failed = parameters_from_statistics(
             statistics, current.means, covariance_type, reg_covar
         )
-        if bool(failed.any()):
+        counts = statistics.nk + 10 * torch.finfo(dtype).eps  # the M-step's, as in memory
+        empty = counts < bound  # (A, K)
+        reseeded = empty.any(-1)  # (A,)
+        # A run that re-seeds gets new covariances for its empty components.
+        if bool((failed & ~reseeded).any()):
             raise IllDefinedCovariance(dtype)
-        for i, value in enumerate(_params_tuple(new)):
+        if bool(reseeded.any()):
+            new, failed = reseed(new, counts, empty)
+            if bool(failed.any()):
+                raise IllDefinedCovariance(dtype)
+        for i, value in enumerate(as_tuple(new)):
             if fitted[i] is None:  # a start without covariances: every run is active now
                 fitted[i] = value
             else:
@@ -339,7 +452,10 @@ def fit_em_from_statistics(
         change = log_prob_norm - lower_bound[active]  # +inf on the first iteration
         lower_bound[active] = log_prob_norm
         n_iter[active] = iteration
-        converged[active] = change.abs() < tol
+        # As in memory: no convergence on the iteration that re-seeds, nor on the next.
+        steady = ~(reseeded | fresh[active])
+        converged[active] = steady & (change.abs() < tol)
+        fresh[active] = reseeded
         if bool(converged.all()):
             break
     return EMResult(MixtureParams(*fitted), lower_bound, n_iter, converged)
@@ -411,20 +527,52 @@ def lloyd_statistics(
     return LloydStatistics(one_hot.sum(1), one_hot.mT @ x, inertia)
 
 
+def farthest(X: Tensor, centers: Tensor, offset: Tensor, n: int) -> Tensor:
+    """Of rows ``X`` (1, m, d), the ``n`` farthest from the nearest of each run's ``centers``
+    (B, K, d), farthest first: (B, n, d + 2), each row's squared distance to its centre,
+    the row less ``offset`` (as :func:`lloyd_statistics`), its cluster; past ``m`` rows,
+    rows at distance -inf.
+
+    What a block offers to the relocation of empty clusters (see :func:`top_rows`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.engine import sufficient_stats
+    >>> X = torch.tensor([[[0.0], [1.0], [9.5], [12.0]]], dtype=torch.float64)
+    >>> centers = torch.tensor([[[0.0], [10.0]]], dtype=torch.float64)
+    >>> far = sufficient_stats.farthest(X, centers, torch.zeros(1, 1, 1, dtype=torch.float64), 2)
+    >>> far.tolist()  # distance, row, cluster
+    [[[4.0, 12.0, 1.0], [1.0, 1.0, 0.0]]]
+    """
+    x = X - offset
+    centred = centers - offset
+    labels = assign(x, centred)  # (B, m)
+    nearest = centred.gather(1, labels[..., None].expand(-1, -1, x.shape[-1]))  # (B, m, d)
+    distances = (x - nearest).square().sum(-1)  # (B, m), as kmeans.lloyd's
+    rows = x.expand(labels.shape[0], -1, -1)
+    scored = torch.cat([distances[..., None], rows, labels[..., None].to(x.dtype)], -1)
+    return top_rows(scored, n, largest=True)
+
+
 def lloyd_from_statistics(
     centers: Tensor,
     statistics_of: Callable[[Tensor], LloydStatistics],
+    farthest_of: Callable[[Tensor], Tensor],
     offset: Tensor,
     threshold: float,
     max_iter: int,
 ) -> tuple[Tensor, Tensor]:
     """Lloyd from ``centers`` (B, K, d) with :func:`~transformer_gmm.engine.kmeans.lloyd`'s rule,
-    on data seen through ``statistics_of`` only.
+    on data seen through ``statistics_of`` and ``farthest_of`` only.
 
     ``statistics_of(centers)`` returns the summed :class:`LloydStatistics` of the runs
     still going (one pass over the data). A run stops when the squared shift of its
-    centres is at most ``threshold`` (``tol`` times the mean variance of the features);
-    an empty cluster keeps its centre. Lloyd in memory also stops when no row changes
+    centres is at most ``threshold`` (``tol`` times the mean variance of the features).
+    An empty cluster takes a row farthest from its centre, as in memory, which takes one
+    more pass: ``farthest_of(centers)`` returns, for each run, the ``min(K, n_rows)`` rows
+    farthest from their centre, (R, min(K, n_rows), d + 2) as :func:`farthest` scores them
+    (:func:`top_rows` of every block's). Lloyd in memory also stops when no row changes
     cluster, but then the centres come out of the same sums again and do not move, so
     this rule stops on the same iteration without comparing labels. Returns the centres
     and the iterations run, (B,).
@@ -438,12 +586,15 @@ def lloyd_from_statistics(
     >>> start = X[:, [0, 1]]  # two points of the same cluster
     >>> offset = X.mean(1, keepdim=True)
     >>> threshold = 1e-4 * (X - offset).square().mean().item()
+    >>> blocks = X.split(50, 1)
     >>> def statistics_of(centers):
-    ...     blocks = [sufficient_stats.lloyd_statistics(x, centers, offset)
-    ...               for x in X.split(50, 1)]
-    ...     return sum(blocks[1:], blocks[0])
+    ...     parts = [sufficient_stats.lloyd_statistics(x, centers, offset) for x in blocks]
+    ...     return sum(parts[1:], parts[0])
+    >>> def farthest_of(centers):
+    ...     parts = [sufficient_stats.farthest(x, centers, offset, 2) for x in blocks]
+    ...     return sufficient_stats.top_rows(torch.cat(parts, 1), 2, largest=True)
     >>> centers, n_iter = sufficient_stats.lloyd_from_statistics(
-    ...     start, statistics_of, offset, threshold, 300)
+    ...     start, statistics_of, farthest_of, offset, threshold, 300)
     >>> expected, _, _, expected_n_iter = kmeans.lloyd(X, start, max_iter=300)
     >>> torch.allclose(centers, expected), n_iter.tolist() == expected_n_iter.tolist()
     (True, True)
@@ -455,8 +606,14 @@ def lloyd_from_statistics(
         active = (~converged).nonzero().flatten()
         current = centers[active]
         statistics = statistics_of(current)
-        counts = statistics.counts[..., None]  # (A, K, 1)
-        new = torch.where(counts > 0, statistics.sums / counts.clamp_min(1.0) + offset, current)
+        counts, sums = statistics.counts[..., None], statistics.sums  # (A, K, 1), (A, K, d)
+        if bool((counts == 0).any()):
+            far = farthest_of(current)  # (A, M, d + 2)
+            distances, rows, labels = far[..., 0], far[..., 1:-1], far[..., -1].long()
+            counts, sums = relocate_empty(
+                counts, sums, distances, rows, labels, torch.ones_like(distances)
+            )
+        new = centers_from_sums(counts, sums, offset)
         shift = (new - current).square().sum((1, 2))  # (A,)
         centers = centers.index_copy(0, active, new)
         n_iter[active] = iteration
