@@ -395,3 +395,15 @@ def test_realdata_large_quick_runs(tmp_path):
     transformer = next(r for r in table if r["method"] == "TGMM n_init=1")
     assert 0 <= float(transformer["vs_kmeans_pp_as_likely"]) <= 1
     assert transformer["vs_kmeans_pp_median_iterations"] != ""
+
+
+def test_memory_quick_runs_each_case_in_a_fresh_process(tmp_path):
+    memory = _load("memory")
+    cases = ["wide TransformerGMM()", "wide GaussianMixture()"]
+    rows = memory.main(["--quick", "--cases", *cases, "--results", str(tmp_path)])
+    assert [r["case"] for r in rows] == cases == [r["case"] for r in _csv(tmp_path / "memory.csv")]
+    for row in rows:
+        assert (row["rows"], row["columns"]) == (50, 200) and row["n_components"] == 5
+        assert 0 <= row["peak_growth_mib"] < 2000 and row["seconds"] > 0
+    # Ours is held against scikit-learn's figure, which has no target of its own.
+    assert rows[0]["target_mib"] == rows[1]["peak_growth_mib"] and "target_mib" not in rows[1]

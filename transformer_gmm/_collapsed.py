@@ -13,12 +13,18 @@ import numpy as np
 import torch
 
 from ._base import warn_user
+from .engine.collapse import FLOOR_FACTOR, RELATIVE_FLOOR, collapsed, points_needed
 
-# A variance within this factor of reg_covar is at the floor ...
-FLOOR_FACTOR = 10.0
-# ... where the data vary far more: for data whose variances are themselves near reg_covar,
-# every component sits there and none has collapsed onto a handful of points.
-RELATIVE_FLOOR = 1e-4
+__all__ = [
+    "FLOOR_FACTOR",
+    "RELATIVE_FLOOR",
+    "CollapsedComponentWarning",
+    "collapsed_components",
+    "identical_components",
+    "points_needed",
+    "warn_collapsed",
+    "warn_identical",
+]
 
 
 class CollapsedComponentWarning(UserWarning):
@@ -27,13 +33,6 @@ class CollapsedComponentWarning(UserWarning):
     Each holds fewer points than its covariance needs, or has a variance at the
     ``reg_covar`` floor: it fits a handful of points and inflates the likelihood.
     """
-
-
-def points_needed(covariance_type: str, n_features: int) -> int:
-    """The fewest points whose covariance of ``covariance_type`` is not singular: d + 1 for
-    a full covariance, 2 for a variance; a tied covariance is shared, so none per
-    component."""
-    return {"full": n_features + 1, "diag": 2, "spherical": 2, "tied": 0}[covariance_type]
 
 
 def collapsed_components(
@@ -76,38 +75,11 @@ def collapsed_components(
     >>> collapsed_components(weights, means, covariances, "diag", 100, 1e-6).tolist()
     [False, True]
     """
-    weights = np.asarray(weights, dtype=np.float64)
-    means = np.asarray(means, dtype=np.float64)
-    covariances = np.asarray(covariances, dtype=np.float64)
-    n_features = means.shape[-1]
-    if covariance_type == "full":
-        variances = np.diagonal(covariances, axis1=-2, axis2=-1)  # (..., K, d)
-    elif covariance_type == "tied":
-        variances = np.diagonal(covariances, axis1=-2, axis2=-1)[..., None, :]
-    else:
-        variances = covariances if covariance_type == "diag" else covariances[..., None]
-    # The mixture's variance per feature: within components plus between their means.
-    center = np.einsum("...k,...kd->...d", weights, means)
-    spread = variances + (means - center[..., None, :]) ** 2  # (..., K, d)
-    data_variance = np.einsum("...k,...kd->...", weights, spread) / n_features  # (...)
-    floor = np.minimum(FLOOR_FACTOR * reg_covar, RELATIVE_FLOOR * data_variance)  # (...)
-    if covariance_type == "full":
-        at_floor = _reaches(covariances, floor[..., None])  # (..., K)
-    elif covariance_type == "tied":  # one covariance for all: each component shares it
-        at_floor = _reaches(covariances, floor)[..., None] & np.ones_like(weights, dtype=bool)
-    else:
-        at_floor = variances.min(axis=-1) <= floor[..., None]
-    points = weights * np.asarray(n_samples, dtype=np.float64)[..., None]
-    return at_floor | (points < points_needed(covariance_type, n_features))
-
-
-def _reaches(matrices: np.ndarray, floor: np.ndarray) -> np.ndarray:
-    """Whether each symmetric matrix (..., d, d) has an eigenvalue at or below its
-    ``floor`` (...): the matrix less ``floor`` times the identity is then not positive
-    definite, which one Cholesky factorization tells, several times cheaper than the
-    eigenvalues (fit_many checks every component of every dataset)."""
-    shifted = matrices - floor[..., None, None] * np.eye(matrices.shape[-1])
-    return torch.linalg.cholesky_ex(torch.from_numpy(shifted)).info.numpy() > 0
+    weights, means, covariances, n_samples = (
+        torch.as_tensor(np.asarray(a, dtype=np.float64))
+        for a in (weights, means, covariances, n_samples)
+    )
+    return collapsed(weights, means, covariances, covariance_type, n_samples, reg_covar).numpy()
 
 
 def warn_collapsed(collapsed: np.ndarray, covariance_type: str, n_features: int) -> None:
@@ -183,17 +155,19 @@ def identical_components(
         whitened = difference * factors[..., :, None, :]
     else:
         whitened = difference * factors[..., :, None, None]
-    close_means = np.sum(whitened**2, axis=-1) <= IDENTICAL**2  # (..., K_j, K_k)
-    if covariance_type == "tied":  # one covariance for all
-        close = close_means
-    else:
+    close = np.sum(whitened**2, axis=-1) <= IDENTICAL**2  # (..., K_j, K_k), means
+    close &= np.tri(n_components, k=-1, dtype=bool).T  # j < k: component k repeats j
+    if covariance_type != "tied":  # else one covariance for all
+        # Pair by pair, and only where the means agree: a (K, K, d, d) difference of wide
+        # covariances would hold K^2 / 2 times the covariances.
         flat = covariances.reshape(*covariances.shape[: means.ndim - 1], -1)  # (..., K, c)
-        gap = np.linalg.norm(flat[..., :, None, :] - flat[..., None, :, :], axis=-1)
-        norm = np.linalg.norm(flat, axis=-1)  # (..., K)
-        scale = np.maximum(norm[..., :, None], norm[..., None, :])
-        close = close_means & (gap <= IDENTICAL * scale)
-    earlier = np.tri(n_components, k=-1, dtype=bool).T  # j < k: component k repeats j
-    return np.any(close & earlier, axis=-2)
+        squared_norm = np.einsum("...i,...i->...", flat, flat)  # (..., K)
+        pairs = np.nonzero(close.reshape(-1, n_components, n_components).any(axis=0))
+        for j, k in zip(*pairs, strict=True):
+            gap = flat[..., j, :] - flat[..., k, :]
+            scale = np.maximum(squared_norm[..., j], squared_norm[..., k])
+            close[..., j, k] &= np.einsum("...i,...i->...", gap, gap) <= IDENTICAL**2 * scale
+    return close.any(axis=-2)
 
 
 def warn_identical(identical: np.ndarray, covariances: np.ndarray, reg_covar: float) -> None:

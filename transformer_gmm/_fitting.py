@@ -230,15 +230,17 @@ def run(plan: FitPlan, X, sample_weight=None):
 
 def store_mixture(estimator, fits: fit.MixtureFits, i: int, plan: FitPlan, dtype) -> None:
     """Set ``estimator``'s fitted attributes from dataset ``i`` of the fits of ``plan``, in
-    the training data's ``dtype`` (as GaussianMixture keeps float32); copies, so that no
-    estimator keeps the whole batch's arrays alive."""
+    the training data's ``dtype`` (as GaussianMixture keeps float32); copies where the fits
+    are of several datasets, so that no estimator keeps the whole batch's arrays alive
+    (of one, the arrays are its own: a copy of wide full covariances would double them)."""
+    copy = len(fits.weights) > 1
     precisions_cholesky = fits.precisions_cholesky[i]
     # From the float64 factors: squaring float32 ones would double their rounding.
     precisions = precisions_from_cholesky(precisions_cholesky, plan.covariance_type)
-    estimator.weights_ = fits.weights[i].astype(dtype)
-    estimator.means_ = fits.means[i].astype(dtype)
-    estimator.covariances_ = fits.covariances[i].astype(dtype)
-    estimator.precisions_cholesky_ = precisions_cholesky.astype(dtype)
+    estimator.weights_ = fits.weights[i].astype(dtype, copy=copy)
+    estimator.means_ = fits.means[i].astype(dtype, copy=copy)
+    estimator.covariances_ = fits.covariances[i].astype(dtype, copy=copy)
+    estimator.precisions_cholesky_ = precisions_cholesky.astype(dtype, copy=copy)
     estimator.precisions_ = precisions.astype(dtype, copy=False)
     estimator.converged_ = bool(fits.converged[i])
     estimator.n_iter_ = int(fits.n_iter[i])

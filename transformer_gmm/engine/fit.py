@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import backend, em, kmeans, m_step, row_order, runs, starts
-from .gaussian import IllDefinedCovariance
+from .gaussian import IllDefinedCovariance, all_components_at_once
 from .plan import FitPlan
 from .standardize import subsample_rows, take_rows
 
@@ -219,18 +219,45 @@ class _Mixtures:
         )
 
     def solve(self, x, mask, weights, params) -> em.EMResult:
-        given = self.given
+        given, plan = self.given, self.plan
         extra = (
             {} if given is None else {"initial_lower_bound": x.new_full((1,), given.lower_bound)}
         )
-        return self._em(x, mask, weights, params, self.plan.n_runs, **extra)
+        if plan.max_iter > 0:
+            # EM reads a start's precisions, and its first M-step replaces the covariances
+            # of every run: they would only take memory (R K d^2 for wide full ones).
+            params = dataclasses.replace(params, covariances=None)
+        n_runs = plan.n_runs
+        per_chunk = runs_per_chunk(x, plan)
+        if per_chunk >= n_runs:
+            return self._em(x, mask, weights, params, n_runs, **extra)
+        # Wide data: each dataset's runs in chunks of per_chunk, one after the other. Each
+        # run's iterations are its own whatever the batch around it, so the result is the
+        # batch's, in a fraction of its memory.
+        n_datasets = x.shape[0]
+        results = []
+        for first in range(0, n_runs, per_chunk):
+            chunk = slice(first, min(first + per_chunk, n_runs))
+            runs_in_chunk = chunk.stop - chunk.start
+            params_in_chunk = m_step.MixtureParams(*(
+                None if t is None else t.unflatten(0, (n_datasets, n_runs))[:, chunk].flatten(0, 1)
+                for t in (getattr(params, f) for f in runs.FIELDS)
+            ))
+            results.append(self._em(x, mask, weights, params_in_chunk, runs_in_chunk, **extra))
+        return _joined(results, n_datasets)
 
     def choose(self, result: em.EMResult, x, mask, weights) -> torch.Tensor:
         n_rows = x.shape[1] if mask is None else mask.sum(dim=1)  # rows each bound is over
         if weights is not None:  # frequency weights: the bound is over their sum
             n_rows = weights.sum(dim=1)
-        lower_bound = result.lower_bound.view(x.shape[0], self.plan.n_runs)
-        return runs.choose(lower_bound, self.plan.n_transformer_inits, n_rows)  # (B,)
+        plan, n_datasets = self.plan, x.shape[0]
+        lower_bound = result.lower_bound.view(n_datasets, plan.n_runs)
+        collapsed = None
+        if plan.n_runs > 1:
+            collapsed = runs.collapsed_runs(
+                result.params, n_datasets, plan.covariance_type, n_rows, plan.reg_covar
+            )
+        return runs.choose(lower_bound, plan.n_transformer_inits, n_rows, collapsed)  # (B,)
 
     def _kept(self, best: torch.Tensor) -> torch.Tensor:  # the kept runs' rows of the batch
         return best + self.plan.n_runs * torch.arange(len(best), device=best.device)
@@ -244,6 +271,9 @@ class _Mixtures:
 
     def result(self, result: em.EMResult, best, order, first: em.EMResult | None = None):
         n_datasets = len(best)
+        # Where the result holds the kept runs alone, in order, its own tensors: a copy of
+        # wide full covariances would double them.
+        every_run_kept = first is not None or self.plan.n_runs == 1
         if first is None:
             kept = self._kept(best)
             lower_bounds, times = result.lower_bounds, result.iteration_times
@@ -257,13 +287,71 @@ class _Mixtures:
         fields = [result.params.weights, result.params.means, result.params.covariances]
         fields += [result.params.precisions_cholesky, result.lower_bound]
         return MixtureFits(
-            *(backend.to_numpy(t[kept]) for t in fields),
+            *(backend.to_numpy(t if every_run_kept else t[kept]) for t in fields),
             n_iter=result.n_iter[kept].cpu().numpy(),
             converged=result.converged[kept].cpu().numpy(),
             best_run=best.cpu().numpy(),
             lower_bounds=backend.to_numpy(lower_bounds),
             iteration_times=np.asarray(times, dtype=np.float64),
         )
+
+
+# The memory that EM's runs on wide data may take at once (their parameters and the
+# M-step's temporaries): above it, the runs of a fit go in chunks (see runs_per_chunk).
+MEMORY_BUDGET_BYTES = 256 * 2**20
+
+
+def runs_per_chunk(x: torch.Tensor, plan: FitPlan) -> int:
+    """How many runs of each dataset of ``x`` (B, N, d) EM takes at once: all of them,
+    unless they would take more than ``MEMORY_BUDGET_BYTES``, and only where even one run
+    is too large for EM to take every component at once (gaussian.all_components_at_once,
+    whose choice depends on the batch's size: chunks then change no rounding)."""
+    n_datasets, n_rows, n_features = x.shape
+    n_components, n_runs = plan.n_components, plan.n_runs
+    if n_runs == 1 or all_components_at_once(x[:1], x.new_empty((1, n_components, 1))):
+        return n_runs
+    covariance = {"full": n_features**2, "tied": n_features**2 / n_components}.get(
+        plan.covariance_type, n_features
+    )
+    # About what EM holds a run: the parameters of two iterations, the M-step's new
+    # covariances and their factors (covariance-sized, three times), and the E-step's and
+    # M-step's (N, K) and (N, d) arrays.
+    per_run = 8 * n_datasets * (
+        7 * n_components * covariance + 4 * n_rows * n_components + n_rows * n_features
+    )
+    return int(min(n_runs, max(1, MEMORY_BUDGET_BYTES // per_run)))
+
+
+def _joined(results: list[em.EMResult], n_datasets: int) -> em.EMResult:
+    """The EM results of chunks of each dataset's runs, as one result over all of them
+    (dataset-major); lower bounds past a chunk's last iteration are NaN, as EM leaves them."""
+    def join(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
+        if tensors[0] is None:
+            return None
+        return torch.cat([t.unflatten(0, (n_datasets, -1)) for t in tensors], dim=1).flatten(0, 1)
+
+    n_iterations = max(r.lower_bounds.shape[1] for r in results)
+    lower_bounds = [
+        torch.nn.functional.pad(r.lower_bounds, (0, n_iterations - r.lower_bounds.shape[1]),
+                                value=math.nan)
+        for r in results
+    ]
+    # The chunks ran one after another: iteration t ended when every chunk had run it.
+    times = [
+        sum(r.iteration_times[min(t, len(r.iteration_times) - 1)] for r in results
+            if r.iteration_times)
+        for t in range(n_iterations)
+    ]
+    params = m_step.MixtureParams(*(join([getattr(r.params, f) for r in results])
+                                    for f in runs.FIELDS))
+    return em.EMResult(
+        params,
+        join([r.lower_bound for r in results]),
+        join([r.n_iter for r in results]),
+        join([r.converged for r in results]),
+        lower_bounds=join(lower_bounds),
+        iteration_times=times,
+    )
 
 
 def _then(

@@ -221,7 +221,12 @@ def fit_mixtures_by_blocks(
     )
     kept = 0
     if best_run is None:
-        best = runs.choose(result.lower_bound[None], plan.n_transformer_inits, n_rows)  # (1,)
+        collapsed = runs.collapsed_runs(
+            result.params, 1, covariance_type, n_rows, plan.reg_covar
+        )  # (1, R), as the in-memory fit passes them over
+        best = runs.choose(
+            result.lower_bound[None], plan.n_transformer_inits, n_rows, collapsed
+        )  # (1,)
         kept, best_run = int(best[0]), best.numpy()
     one = slice(kept, kept + 1)  # a batch of one dataset, as fit.fit returns
     fields = [result.params.weights, result.params.means, result.params.covariances]

@@ -72,11 +72,29 @@ class IllDefinedCovariance(ValueError):
         self.dtype = dtype
 
 
+# From this many features, full covariances are factored and inverted one matrix at a
+# time: LAPACK works on each matrix alone either way, and a batch of wide matrices holds
+# column-major copies of all of them at once (inputs, factors and the identity broadcast
+# to the batch) where one at a time holds one.
+ONE_MATRIX_AT_A_TIME = 256
+
+
 def _precision_cholesky_matrix(covariances: Tensor) -> tuple[Tensor, Tensor]:
-    lower, info = torch.linalg.cholesky_ex(covariances)  # (..., d, d)
-    eye = torch.eye(covariances.shape[-1], dtype=covariances.dtype, device=covariances.device)
-    precisions_chol = torch.linalg.solve_triangular(lower, eye, upper=False).mT
-    return precisions_chol, (info != 0)[..., None, None]
+    n_features = covariances.shape[-1]
+    eye = torch.eye(n_features, dtype=covariances.dtype, device=covariances.device)
+    if n_features < ONE_MATRIX_AT_A_TIME or covariances.dim() == 2:
+        lower, info = torch.linalg.cholesky_ex(covariances)  # (..., d, d)
+        precisions_chol = torch.linalg.solve_triangular(lower, eye, upper=False).mT
+        return precisions_chol, (info != 0)[..., None, None]
+    matrices = covariances.reshape(-1, n_features, n_features)
+    solved = torch.empty_like(matrices)  # (M, d, d): each factor's inverse, transposed below
+    infos = []
+    for i, matrix in enumerate(matrices):
+        lower, info = torch.linalg.cholesky_ex(matrix)
+        solved[i] = torch.linalg.solve_triangular(lower, eye, upper=False)
+        infos.append(info)
+    info = torch.stack(infos).view(covariances.shape[:-2])
+    return solved.view(covariances.shape).mT, (info != 0)[..., None, None]
 
 
 def _precision_cholesky_vector(covariances: Tensor) -> tuple[Tensor, Tensor]:

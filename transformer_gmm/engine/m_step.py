@@ -81,20 +81,24 @@ def _covariances_full(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: f
             covariances.append((resp[..., k, None] * diff).mT @ diff / nk[:, k, None, None])
         return torch.stack(covariances, dim=1) + reg * eye  # (B, K, d, d)
     # sum_n r_nk (x_n - mu_k)(x_n - mu_k)^T = W^T W with W = sqrt(r_nk) (x_n - mu_k).
-    root = resp.sqrt().mT  # (B, K, N)
     if all_components_at_once(X, means):  # small: every W in one buffer (see gaussian.py)
+        root = resp.sqrt().mT  # (B, K, N)
         w = (X[:, None] - means[:, :, None, :]).mul_(root[..., None])  # (B, K, N, d)
         return (w.mT @ w).div_(nk[..., None, None]) + reg * eye
     # Large: one (B, N, d) buffer that every component reuses; allocating a fresh one per
     # component cost more than the arithmetic (page faults; 2.3x the time at N = 500,000,
-    # d = 16, K = 5, one CPU thread).
-    root = root.contiguous()
-    w = X.new_empty((resp.shape[0], X.shape[1], X.shape[2]))  # (B, N, d)
-    covariances = []
-    for k in range(means.shape[1]):
-        torch.sub(X, means[:, k, None, :], out=w).mul_(root[:, k, :, None])
-        covariances.append(w.mT @ w / nk[:, k, None, None])
-    return torch.stack(covariances, dim=1) + reg * eye  # (B, K, d, d)
+    # d = 16, K = 5, one CPU thread). Each component's square roots are taken as it comes,
+    # and its covariance written in place: (B, K, N) roots, and a list of covariances
+    # stacked then shifted by reg, held two or three times what they need (wide data:
+    # each covariance is d^2).
+    n_batch, n_components = resp.shape[0], means.shape[1]
+    w = X.new_empty((n_batch, X.shape[1], X.shape[2]))  # (B, N, d)
+    covariances = X.new_empty((n_batch, n_components, X.shape[2], X.shape[2]))
+    for k in range(n_components):
+        torch.sub(X, means[:, k, None, :], out=w).mul_(resp[..., k, None].sqrt())
+        covariances[:, k] = w.mT @ w
+        covariances[:, k].div_(nk[:, k, None, None])
+    return covariances.add_(reg * eye)  # (B, K, d, d)
 
 
 def _covariances_tied(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: float) -> Tensor:

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from . import m_step
+from . import collapse, m_step
 
 # A k-means++ start replaces the transformer's only when its total log-likelihood is
 # higher by more than this many nats: a likelihood ratio above e^5, "very strong"
@@ -24,13 +24,21 @@ KMEANS_MARGIN_NATS = 5.0
 
 
 def choose(
-    lower_bound: torch.Tensor, n_transformer_inits: int, n_rows: int | torch.Tensor
+    lower_bound: torch.Tensor,
+    n_transformer_inits: int,
+    n_rows: int | torch.Tensor,
+    collapsed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Index (B,) of each dataset's kept run, of the (B, R) lower bounds whose first
     ``n_transformer_inits`` runs started from the transformer: its best, unless a
     k-means++ run's total log-likelihood is higher by more than ``KMEANS_MARGIN_NATS``.
-    A NaN bound (a run that broke down) never wins."""
+    A NaN bound (a run that broke down) never wins, nor does a run with a ``collapsed``
+    component (bool (B, R)) where a run without one exists: its likelihood is that of a
+    handful of points (:mod:`~transformer_gmm.engine.collapse`)."""
     lower_bound = torch.nan_to_num(lower_bound, nan=-math.inf)
+    if collapsed is not None:
+        passed_over = collapsed & ~collapsed.all(dim=1, keepdim=True)  # (B, R)
+        lower_bound = lower_bound.masked_fill(passed_over, -math.inf)
     n_t = n_transformer_inits
     if n_t == 0 or n_t == lower_bound.shape[1]:
         return _first_best(lower_bound)[1]
@@ -38,6 +46,25 @@ def choose(
     kmeans_bound, kmeans_best = _first_best(lower_bound[:, n_t:])
     gain = (kmeans_bound - transformer_bound) * n_rows  # nats; NaN when both are -inf
     return torch.where(gain > KMEANS_MARGIN_NATS, kmeans_best + n_t, transformer_best)
+
+
+def collapsed_runs(
+    params: m_step.MixtureParams,
+    n_datasets: int,
+    covariance_type: str,
+    n_rows: int | torch.Tensor,
+    reg_covar: float,
+) -> torch.Tensor:
+    """Whether each run of ``params`` (B * R, ...), dataset-major, has a collapsed
+    component: bool (B, R). ``n_rows`` (int or (B,)): the rows, or total weight, of each
+    dataset."""
+    n_rows = torch.as_tensor(n_rows, dtype=torch.float64, device=params.weights.device)
+    n_runs = params.weights.shape[0] // n_datasets
+    per_run = n_rows.expand(n_datasets).repeat_interleave(n_runs)  # (B * R,)
+    components = collapse.collapsed(
+        params.weights, params.means, params.covariances, covariance_type, per_run, reg_covar
+    )
+    return components.any(dim=-1).view(n_datasets, n_runs)
 
 
 # Runs whose bounds differ by less than this (relative) reached one optimum: rounding, not
