@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._base import warn_user
+from ._warnings import warn_user
 from .engine.collapse import FLOOR_FACTOR, RELATIVE_FLOOR, collapsed, points_needed
 
 __all__ = [

@@ -13,10 +13,11 @@ from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import validate_data
 
 from . import _dask, _initialization
-from ._base import FallbackWarning, densified, draw_seed, is_missing_default, warn_user
+from ._base import FallbackWarning, densified, draw_seed, is_missing_default
 from ._cluster_initialization import given_centers, init_kind, n_runs
 from ._mixture_methods import precisions_from_cholesky
 from ._verbose import kmeans_report
+from ._warnings import warn_user
 from .engine import backend, fit
 from .engine.plan import FitPlan
 from .engine.starts import GivenStarts

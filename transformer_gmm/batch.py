@@ -13,8 +13,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
 from . import _fitting
-from ._base import warn_user
 from ._collapsed import CollapsedComponentWarning, collapsed_components, identical_components
+from ._warnings import warn_user
 from .engine import fit
 from .gmm import TransformerGMM
 

@@ -17,8 +17,9 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from . import _choose_k, _dask, _fitting, _initialization
-from ._base import TransformerMixtureBase, warn_user
+from ._base import TransformerMixtureBase
 from ._cluster_initialization import init_kind
+from ._warnings import warn_user
 from .engine.plan import FitPlan
 
 

@@ -11,9 +11,10 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from . import _choose_k, _dask, _fitting, _initialization, _verbose
-from ._base import TransformerMixtureBase, warn_user
+from ._base import TransformerMixtureBase
 from ._collapsed import collapsed_components, identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
+from ._warnings import warn_user
 from .engine.plan import FitPlan
 
 

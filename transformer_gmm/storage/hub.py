@@ -33,6 +33,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from .._warnings import warn_user
 from .format import CARD_FILE, CHECKPOINT_FILES, WEIGHTS_FILE, CheckpointError
 from .time_limits import DeadlinePassed, before_deadline, deadline, no_answer, request_timeout
 
@@ -283,8 +284,6 @@ def _ask_hub(
 
 def _warn_cached(repo_id: str, revision: str | None, folder: Path, why: str) -> None:
     """Say that the cached copy serves, because the Hub gave no answer."""
-    from .._base import warn_user
-
     warn_user(
         f"Using the cached copy of Hub checkpoint {spec(repo_id, revision)!r} ({folder}): "
         f"the Hub at {_endpoint()} {why}, so whether it has a newer revision is unknown. "
