@@ -11,7 +11,10 @@ runs on the same (dataset, K, covariance, seed), one after the other, one thread
 - ``TransformerGMM(n_init=1)``: the transformer's start, then EM;
 - ``TransformerGMM(checkpoint=None, n_init=1)``: one k-means++ start, then the same EM;
 - with ``--checkpoint`` (one or more), ``TransformerGMM(n_init=1)`` and the default with
-  each named checkpoint too, on the same fits.
+  each named checkpoint too, on the same fits;
+- with ``--views`` (one or more V), ``TransformerGMM(n_views=V)`` and
+  ``TransformerGMM(n_views=V, n_init=2 * V)`` (the transformer's starts alone): each view
+  reads other rows.
 
 Per fit: the mean log-likelihood per point on all rows (LL), the ARI of ``predict``
 against the classes (NaN where there are none), the EM iterations on all rows
@@ -26,6 +29,7 @@ per point below.
     python benchmarks/realdata_large.py --quick          # one dataset, 20,000 rows: seconds
     python benchmarks/realdata_large.py --checkpoint runs/new/checkpoint --seed 1
     python benchmarks/realdata_large.py --reads 4 --covariance full   # reading more rows
+    python benchmarks/realdata_large.py --views 2 4 --seed 1            # more views
 
 Prints the tables and writes realdata_large_fits.csv (one row per fit) and
 realdata_large.csv (per covariance type and method) under benchmarks/results/.
@@ -91,9 +95,10 @@ def best_of(n_fits: int, **params):
     ])
 
 
-def methods(checkpoints: list[str], reads: int = 0) -> dict:
+def methods(checkpoints: list[str], reads: int = 0, views: tuple[int, ...] = ()) -> dict:
     """name: make(K, covariance, seed) -> an unfitted estimator; with ``reads``, the best of
-    that many independent reads and of as many k-means++ starts too."""
+    that many independent reads and of as many k-means++ starts too; for each of ``views``,
+    the default and the transformer's starts alone reading that many views."""
     found = {
         GMM1: lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, random_state=seed),
         GMM3: lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, n_init=3,
@@ -107,6 +112,11 @@ def methods(checkpoints: list[str], reads: int = 0) -> dict:
     if reads:
         found[f"TGMM best of {reads} reads"] = best_of(reads)
         found[f"k-means++ best of {reads}"] = best_of(reads, checkpoint=None)
+    for v in views:
+        found[f"{TGMM} n_views={v}"] = lambda k, cov, seed, v=v: TransformerGMM(
+            k, covariance_type=cov, n_views=v, random_state=seed)
+        found[f"{TGMM} n_views={v} n_init={2 * v}"] = lambda k, cov, seed, v=v: TransformerGMM(
+            k, covariance_type=cov, n_views=v, n_init=2 * v, random_state=seed)
     for path in checkpoints:
         label = f" [{Path(path).name if Path(path).name != 'checkpoint' else path}]"
         found[TGMM + label] = lambda k, cov, seed, path=path: TransformerGMM(
@@ -221,13 +231,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="also the best of this many independent transformer reads "
                              "(n_init=1 fits under other seeds) and of as many k-means++ "
                              "starts, each run on all rows")
+    parser.add_argument("--views", nargs="+", type=int, default=[],
+                        help="also the default, and the transformer's starts alone, reading "
+                             "this many views (each)")
     parser.add_argument("--out", default="realdata_large", help="file stem of the CSVs")
     args = parser.parse_args(argv)
     names = args.datasets or (["cps"] if args.quick else list(LARGE_DATASETS))
     covariances = args.covariance or (["full"] if args.quick else ["full", "diag"])
     components = args.components or ([3] if args.quick else list(COMPONENTS))
     seeds = [1000 * args.seed + i for i in range(args.seeds or (1 if args.quick else 2))]
-    found = methods(args.checkpoint, args.reads)
+    found = methods(args.checkpoint, args.reads, tuple(args.views))
     rows = []
     with single_threaded():
         torch.set_num_threads(1)
