@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import backend, em, kmeans, m_step, row_order, runs, starts
-from .gaussian import IllDefinedCovariance, all_components_at_once
+from .gaussian import ONE_MATRIX_AT_A_TIME, IllDefinedCovariance, all_components_at_once
 from .plan import FitPlan
 from .standardize import subsample_rows, take_rows
 
@@ -223,9 +223,9 @@ class _Mixtures:
         extra = (
             {} if given is None else {"initial_lower_bound": x.new_full((1,), given.lower_bound)}
         )
-        if plan.max_iter > 0:
+        if plan.max_iter > 0 and x.shape[-1] >= ONE_MATRIX_AT_A_TIME:
             # EM reads a start's precisions, and its first M-step replaces the covariances
-            # of every run: they would only take memory (R K d^2 for wide full ones).
+            # of every run: on wide data they would only take memory (R K d^2 when full).
             params = dataclasses.replace(params, covariances=None)
         n_runs = plan.n_runs
         per_chunk = runs_per_chunk(x, plan)
