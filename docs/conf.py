@@ -4,6 +4,7 @@ front page's figure (matplotlib's plot directive runs docs/when_to_use.py), in t
 PyData theme."""
 
 import os
+import sys
 import warnings
 
 import transformer_gmm
@@ -26,8 +27,13 @@ exclude_patterns = ["_build", "auto_examples/*.ipynb", "auto_examples/*.py"]
 html_theme = "pydata_sphinx_theme"
 html_title = f"transformer-gmm {release}"
 html_theme_options = {
+    # The header on one row at 1280 px: the name without the version (the page title keeps
+    # it), five short entries before "More" (index.md's toctree gives the short titles), and
+    # the search as an icon (on phones too), not a wide field.
+    "logo": {"text": project},
     "navbar_align": "left",
-    "header_links_before_dropdown": 6,
+    "header_links_before_dropdown": 5,
+    "navbar_persistent": ["search-button"],
     "show_toc_level": 2,
     # The left sidebar only where a page lists pages below it (the API reference): the
     # other pages, and their wide tables, get its width.
@@ -37,6 +43,9 @@ html_theme_options = {
 html_context = {"default_mode": "auto"}  # light or dark, as the reader's system is
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]
+# The API pages are titled by the short name (TransformerGMM, TransformerGMM.fit); the
+# signature below the title gives the module.
+templates_path = ["_templates"]
 
 autosummary_generate = True
 numpydoc_show_class_members = False
@@ -55,7 +64,10 @@ sphinx_gallery_conf = {
     "filename_pattern": r"\.py$",
     "download_all_examples": False,
     "remove_config_comments": True,
+    # The order a newcomer needs them in (docs/gallery.py), not the file names'.
+    "within_subsection_order": "gallery.order",
 }
+sys.path.insert(0, os.path.dirname(__file__))  # for gallery.order
 os.environ.pop("TRANSFORMER_GMM_EXAMPLES_QUICK", None)
 
 # The front page's figure: PNG only, no links to the script or other formats.
@@ -63,7 +75,6 @@ plot_formats = [("png", 110)]
 plot_html_show_source_link = False
 plot_html_show_formats = False
 
-# Where the checkpoint has no head for a K (K = 1 in the model-selection example's grid),
-# a fit falls back to k-means++ with this warning; the user guide documents it, and the
-# gallery does not repeat it on every page.
+# Where the checkpoint has no head for a K, a fit falls back to k-means++ with this
+# warning; the user guide documents it, and the gallery does not repeat it on every page.
 warnings.filterwarnings("ignore", category=transformer_gmm.FallbackWarning)

@@ -30,8 +30,8 @@ def main() -> None:
     # as da.from_zarr(...) or da.from_array(h5py_dataset, chunks=...).
     rng = np.random.default_rng(0)
     centers = rng.uniform(-6, 6, (3, 4))
-    X = centers[rng.integers(0, 3, 200_000)] + rng.standard_normal((200_000, 4))
-    X_dask = da.from_array(X, chunks=(50_000, -1))  # 4 chunks of rows, all the columns
+    X = centers[rng.integers(0, 3, 100_000)] + rng.standard_normal((100_000, 4))
+    X_dask = da.from_array(X, chunks=(25_000, -1))  # 4 chunks of rows, all the columns
     print(f"{X_dask.shape[0]:,} rows in {X_dask.numblocks[0]} chunks")
 
     # Fit on a sample that fits in memory; checkpoint=None runs EM from k-means++.
