@@ -16,7 +16,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from . import _choose_k, _dask, _fitting, _initialization
+from . import _choose_k, _dask, _fitting, _initialization, _streaming
 from ._base import TransformerMixtureBase
 from ._cluster_initialization import init_kind
 from ._warnings import warn_user
@@ -149,6 +149,12 @@ class TransformerClusterer(
         Number of features seen during fit.
     feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Names of features seen during fit, when ``X`` has string column names.
+    n_steps_ : int
+        Batches :meth:`partial_fit` has read since the stream started (the first
+        included), as in :class:`~sklearn.cluster.MiniBatchKMeans`; set by
+        :meth:`partial_fit` only.
+    n_samples_seen_ : int
+        Rows :meth:`partial_fit` has read since the stream started.
 
     See Also
     --------
@@ -294,6 +300,69 @@ class TransformerClusterer(
                 return self
             n_clusters, reading = choice.n_components, choice.reading
         return self._fit_k(X, sample_weight, n_clusters, reading)
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y=None, sample_weight=None):
+        """Update the clustering with one batch of samples: mini-batch k-means.
+
+        The first call, on an estimator that :meth:`partial_fit` has not fitted (unfitted,
+        or fitted by :meth:`fit` since), clusters the batch as :meth:`fit` does, from the
+        transformer's labels, and counts the (weighted) samples each centre took. Each
+        later call is a step of :class:`~sklearn.cluster.MiniBatchKMeans`: every sample
+        of the batch goes to its nearest centre, and each centre moves to the mean of all
+        the samples it has taken so far, a learning rate of one over its count. A centre
+        that has still taken none moves onto the sample of the batch farthest from its
+        centre, as :meth:`fit` relocates an empty cluster (MiniBatchKMeans's random
+        reassignment of small clusters is not done).
+
+        ``n_steps_`` counts the batches; ``labels_`` and ``inertia_`` are the latest
+        batch's under the new centres, as MiniBatchKMeans's; ``n_iter_`` is the first
+        batch's Lloyd iterations. The centres keep the first batch's dtype.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+            A batch of training data (densified if sparse). The first needs at least
+            ``n_clusters`` rows; later ones at least one, with the first's features.
+        y : Ignored
+            Not used, present for API consistency.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the batch's samples, as :meth:`fit` takes them: a
+            sample of weight 2 counts as two.
+
+        Returns
+        -------
+        self : TransformerClusterer
+            The updated estimator.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerClusterer
+        >>> rng = np.random.default_rng(0)
+        >>> km = TransformerClusterer(n_clusters=2, checkpoint=None, random_state=0)
+        >>> for _ in range(20):
+        ...     batch = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        ...     km = km.partial_fit(batch)
+        >>> km.n_steps_, len(km.labels_)
+        (20, 100)
+        >>> np.sort(km.cluster_centers_[:, 0]).round().tolist()
+        [-5.0, 5.0]
+        """
+        _streaming.check_in_memory(X)
+        if not _streaming.is_streaming(self, "cluster_centers_"):
+            self.fit(X, sample_weight=sample_weight)
+            if sample_weight is not None:
+                sample_weight = _initialization.checked_sample_weight(
+                    sample_weight, len(self.labels_), 0
+                )
+            _streaming.start_kmeans(self, sample_weight)
+            return self
+        X, sample_weight = _streaming.validate_batch(
+            self, X, sample_weight, accept_sparse=self._accept_sparse
+        )
+        _streaming.step_kmeans(self, X, sample_weight)
+        return self
 
     def _fit_k(self, X, sample_weight, n_clusters: int, reading=None):
         """Fit ``n_clusters`` to the validated ``X``; the transformer's starts read from

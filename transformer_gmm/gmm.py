@@ -10,7 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from . import _choose_k, _dask, _fitting, _initialization, _verbose
+from . import _choose_k, _dask, _fitting, _initialization, _streaming, _verbose
 from ._base import TransformerMixtureBase
 from ._collapsed import collapsed_components, identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
@@ -131,6 +131,18 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         time lapses are the batch's.
     verbose_interval : int, default=10
         Iterations between two printed ones.
+    learning_decay : float, default=0.7
+        How fast :meth:`partial_fit` forgets: batch ``t`` (the first is 0) weighs
+        ``rho_t = (t + learning_offset) ** -learning_decay`` in the running average of
+        the sufficient statistics, the earlier batches together ``1 - rho_t``. Values in
+        (0.5, 1] are those for which stepwise EM converges (1 averages the batches
+        alike once ``t`` outgrows the offset); ``0`` gives every batch a step of 1, so
+        that each replaces the average (EM iterations, when every batch is the whole
+        data). As in :class:`~sklearn.decomposition.LatentDirichletAllocation`. Not used
+        by :meth:`fit`.
+    learning_offset : float, default=10.0
+        Non-negative; larger values weigh the first batches' statistics longer, against
+        the noise of the early steps. Not used by :meth:`fit`.
 
     Attributes
     ----------
@@ -193,6 +205,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         Number of features seen during fit.
     feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Names of features seen during fit, when ``X`` has string column names.
+    n_steps_ : int
+        Batches :meth:`partial_fit` has read since the stream started (the first
+        included); set by :meth:`partial_fit` only.
+    n_samples_seen_ : int
+        Rows :meth:`partial_fit` has read since the stream started.
 
     See Also
     --------
@@ -235,6 +252,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         "warm_start": ["boolean"],
         "verbose": ["verbose"],
         "verbose_interval": [Interval(Integral, 1, None, closed="left")],
+        "learning_decay": [Interval(Real, 0.0, 1.0, closed="both")],
+        "learning_offset": [Interval(Real, 0.0, None, closed="left")],
     }
 
     def __init__(
@@ -259,6 +278,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         warm_start=False,
         verbose=0,
         verbose_interval=10,
+        learning_decay=0.7,
+        learning_offset=10.0,
     ):
         self.n_components = n_components
         self.max_components = max_components
@@ -279,6 +300,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         self.warm_start = warm_start
         self.verbose = verbose
         self.verbose_interval = verbose_interval
+        self.learning_decay = learning_decay
+        self.learning_offset = learning_offset
 
     # --- fitting -----------------------------------------------------------------------
 
@@ -357,6 +380,70 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         """
         X = self._fit(X, sample_weight)
         return self._estimate_weighted_log_prob(X).argmax(axis=1)
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def partial_fit(self, X, y=None, sample_weight=None):
+        """Update the mixture with one batch of samples: online (stepwise) EM.
+
+        The first call, on an estimator that :meth:`partial_fit` has not fitted (unfitted,
+        or fitted by :meth:`fit` since), fits the batch as :meth:`fit` does, transformer
+        and all. Each later call is one step of stepwise EM (Cappé and Moulines, 2009):
+        an E-step on the batch under the current parameters gives its sufficient
+        statistics (counts, sums and scatter per component, normalized by the batch's
+        weight), which enter a running average with weight ``rho_t = (t +
+        learning_offset) ** -learning_decay``; the M-step then reads the average, with
+        ``reg_covar``, as :meth:`fit`'s reads its statistics. A component whose share
+        falls below a millionth of a row of the batch is re-seeded as :meth:`fit`
+        re-seeds it: onto the row of the batch the others explain worst, with their
+        average covariance. The result depends on the batches and their order, and on
+        the order of the rows within a batch only to rounding.
+
+        ``n_steps_`` counts the batches; ``lower_bound_`` is the mean log-likelihood of
+        the latest batch at its E-step (before its step), and ``lower_bounds_`` gains
+        it; ``n_iter_`` counts the first batch's EM iterations and one per later batch;
+        ``converged_`` is the first batch's. The parameters keep the first batch's dtype.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            A batch of training data. The first needs at least two and
+            ``n_components`` rows; later ones at least one, with the first's features.
+        y : Ignored
+            Not used, present for API consistency.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights of the batch's samples, as frequencies (as :meth:`fit`
+            takes them): a batch's statistics are weighted sums, normalized by its total
+            weight.
+
+        Returns
+        -------
+        self : TransformerGMM
+            The updated estimator.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> gmm = TransformerGMM(n_components=2, checkpoint=None, random_state=0)
+        >>> for _ in range(20):
+        ...     batch = np.vstack([rng.normal(-5, 1, (50, 2)), rng.normal(5, 1, (50, 2))])
+        ...     gmm = gmm.partial_fit(batch)
+        >>> gmm.n_steps_, gmm.n_samples_seen_
+        (20, 2000)
+        >>> np.round(np.sort(gmm.means_[:, 0]))
+        array([-5.,  5.])
+        >>> gmm.weights_.round(1)
+        array([0.5, 0.5])
+        """
+        _streaming.check_in_memory(X)
+        if not _streaming.is_streaming(self, "means_"):
+            X = self._fit(X, sample_weight)
+            _streaming.start(self, "means_", X.shape[0])
+            return self
+        X, sample_weight = _streaming.validate_batch(self, X, sample_weight)
+        _streaming.step_mixture(self, X, sample_weight)
+        return self
 
     def _fit(self, X, sample_weight):
         """Validate ``X``, choose K where asked, fit; return the validated ``X``. The

@@ -187,7 +187,9 @@ _CORRECTIONS = {
 }
 
 
-def mixture_statistics(X: Tensor, params: MixtureParams, covariance_type: str) -> MixtureStatistics:
+def mixture_statistics(
+    X: Tensor, params: MixtureParams, covariance_type: str, sample_weight: Tensor | None = None
+) -> MixtureStatistics:
     """The E-step on rows ``X`` and the sums the M-step needs, for each run of ``params``.
 
     Parameters
@@ -197,6 +199,9 @@ def mixture_statistics(X: Tensor, params: MixtureParams, covariance_type: str) -
     params : MixtureParams
         B runs' current parameters (``covariances`` is not used).
     covariance_type : {"full", "tied", "diag", "spherical"}
+    sample_weight : Tensor of shape (1, n) or (B, n), optional
+        Non-negative weights of the rows: they multiply the responsibilities and the
+        log-likelihoods in the sums, as in :func:`~transformer_gmm.engine.em.fit_em`.
 
     Returns
     -------
@@ -218,8 +223,12 @@ def mixture_statistics(X: Tensor, params: MixtureParams, covariance_type: str) -
     >>> torch.allclose((halves[0] + halves[1]).to_vector(), whole.to_vector())
     True
     """
-    log_prob_norm, log_resp = e_step_unchecked(X, params, covariance_type, None)
+    log_prob_norm, log_resp = e_step_unchecked(X, params, covariance_type, None, sample_weight)
     resp = log_resp.exp()  # (B, n, K)
+    total = X.shape[1]  # the weight of the rows, by which the mean log-likelihood multiplies
+    if sample_weight is not None:
+        resp = resp * sample_weight[..., None]
+        total = sample_weight.sum(-1)
     nk = resp.sum(1)  # (B, K)
     # The in-memory M-step's 10 eps: a component no row of this block reaches divides 0 by
     # it, not by zero, and the scale below multiplies it back.
@@ -228,7 +237,7 @@ def mixture_statistics(X: Tensor, params: MixtureParams, covariance_type: str) -
     scatter = estimator(resp, X, nk_safe, params.means, 0.0) * _SCATTER_SCALE[covariance_type](
         nk_safe
     )
-    return MixtureStatistics(log_prob_norm * X.shape[1], nk, resp.mT @ X, scatter)
+    return MixtureStatistics(log_prob_norm * total, nk, resp.mT @ X, scatter)
 
 
 def parameters_from_statistics(
@@ -498,14 +507,20 @@ def lloyd_statistics_size(n_runs: int, n_clusters: int, n_features: int) -> int:
 
 
 def lloyd_statistics(
-    X: Tensor, centers: Tensor, offset: Tensor, *, with_inertia: bool = False
+    X: Tensor,
+    centers: Tensor,
+    offset: Tensor,
+    *,
+    with_inertia: bool = False,
+    sample_weight: Tensor | None = None,
 ) -> LloydStatistics:
     """Assign rows ``X`` (1, n, d) to the nearest of each run's ``centers`` (B, K, d).
 
     As :func:`~transformer_gmm.engine.kmeans.lloyd`, the rows are centred on ``offset`` (1, 1, d),
     the mean of all the data, before the distances are taken. The inertia, from
     differences as the in-memory one, is left at zero unless ``with_inertia``: the
-    iterations do not need it.
+    iterations do not need it. ``sample_weight`` (1, n), optional, weighs the rows in the
+    counts, sums and inertia, as :func:`~transformer_gmm.engine.kmeans.lloyd` does.
 
     Examples
     --------
@@ -521,9 +536,13 @@ def lloyd_statistics(
     x = X - offset
     labels = assign(x, centers - offset)  # (B, n)
     one_hot = x.new_zeros(*labels.shape, centers.shape[1]).scatter_(2, labels[..., None], 1.0)
+    weights = x.new_ones(1, x.shape[1], 1)
+    if sample_weight is not None:
+        weights = sample_weight[..., None].to(x.dtype)
+        one_hot = one_hot * weights
     inertia = x.new_zeros(labels.shape[:1])
     if with_inertia:
-        inertia = inertia_of(x, centers - offset, labels, x.new_ones(1, x.shape[1], 1))
+        inertia = inertia_of(x, centers - offset, labels, weights)
     return LloydStatistics(one_hot.sum(1), one_hot.mT @ x, inertia)
 
 

@@ -1,0 +1,351 @@
+"""Learning from batches that arrive one at a time: stepwise EM for a mixture, mini-batch
+k-means for a clustering, in torch.
+
+Both read a batch only through the sums of :mod:`transformer_gmm.engine.sufficient_stats`
+(the statistics EM and Lloyd by blocks of rows use), and handle an emptied component or
+cluster with the rules of :mod:`transformer_gmm.engine.em` and
+:mod:`transformer_gmm.engine.kmeans`; only the way the sums are combined is new.
+
+Stepwise EM (Cappé & Moulines, 2009, "On-line expectation-maximization algorithm for
+latent data models") keeps a running average of the normalized sufficient statistics,
+``s <- (1 - rho) s + rho s_batch``, and takes the M-step from it. The M-step is
+invertible: the weights, means and covariances it returns determine the statistics it
+read (the weights the counts, the means the sums, the covariances less ``reg_covar`` the
+scatter). So the running average needs no state of its own: it is rebuilt from the
+current parameters (:func:`statistics_of_parameters`), which is also what lets a stream go
+on from a pickled or re-seeded mixture. With ``rho = 1`` a step is one EM iteration of
+``fit`` on the batch.
+
+Mini-batch k-means (Sculley, 2010, as :class:`sklearn.cluster.MiniBatchKMeans`) moves
+each centre to the mean of every row it has taken so far: a per-centre learning rate of
+``batch count / total count``, from cumulative counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import backend
+from .em import as_tuple, empty_bound, reseed_means, reseed_weights_and_covariances
+from .gaussian import IllDefinedCovariance
+from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty
+from .m_step import MixtureParams
+from .sufficient_stats import (  # the M-step's divisors of the scatter, multiplied back here
+    _SCATTER_SCALE,
+    LloydStatistics,
+    MixtureStatistics,
+    farthest,
+    lloyd_statistics,
+    mixture_statistics,
+    parameters_from_statistics,
+    worst_explained,
+)
+
+__all__ = [
+    "StepResult",
+    "kmeans_step",
+    "minibatch_kmeans_step",
+    "mixture_step",
+    "statistics_of_parameters",
+    "step_size",
+    "stepwise_em_step",
+]
+
+# Rows of a batch read at once: the E-step's (rows, K, d) temporaries stay near 32 MB in
+# float64, whatever the batch size (the statistics of slices add up).
+_SLICE_ELEMENTS = 1 << 22
+
+
+def step_size(step: int, learning_decay: float, learning_offset: float) -> float:
+    """The weight ``rho_t = (t + t0) ** -kappa`` of batch ``t`` (the first is ``t = 0``,
+    which the fit of that batch starts; steps count from 1).
+
+    ``kappa`` in (0.5, 1] makes the steps sum to infinity and their squares converge,
+    Robbins and Monro's conditions under which stepwise EM converges; ``kappa = 0`` makes
+    every step 1, each batch's statistics replacing the average (batch EM when every
+    batch is the whole data).
+
+    Examples
+    --------
+    >>> from transformer_gmm.engine.online import step_size
+    >>> round(step_size(1, 0.7, 10.0), 4), step_size(5, 0.0, 10.0)
+    (0.1866, 1.0)
+    """
+    return float((step + learning_offset) ** -learning_decay)
+
+
+def _slices(X: Tensor, sample_weight: Tensor | None, width: int):
+    """``(rows, weights)`` of ``X`` (1, n, d), a bounded slice at a time."""
+    n_rows = max(1, _SLICE_ELEMENTS // max(width, 1))
+    for start in range(0, X.shape[1], n_rows):
+        rows = slice(start, start + n_rows)
+        yield X[:, rows], None if sample_weight is None else sample_weight[:, rows]
+
+
+def statistics_of_parameters(
+    params: MixtureParams, total: Tensor | float, covariance_type: str, reg_covar: float
+) -> MixtureStatistics:
+    """The statistics of rows of weight ``total`` that
+    :func:`~transformer_gmm.engine.sufficient_stats.parameters_from_statistics` maps to
+    ``params`` (to rounding): counts ``total * weights``, sums ``counts * means`` and the
+    scatter about the means, ``counts * (covariances - reg_covar)``; log-likelihood zero.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.engine import m_step, online, sufficient_stats
+    >>> X = torch.randn(1, 50, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> resp = torch.rand(1, 50, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    >>> params = m_step.estimate_gaussian_parameters(
+    ...     X, resp / resp.sum(-1, keepdim=True), covariance_type="full", reg_covar=1e-6)
+    >>> stats = online.statistics_of_parameters(params, 50.0, "full", 1e-6)
+    >>> again, _ = sufficient_stats.parameters_from_statistics(stats, params.means, "full", 1e-6)
+    >>> torch.allclose(again.covariances, params.covariances)
+    True
+    """
+    covariances = params.covariances
+    if covariance_type in ("full", "tied"):
+        eye = torch.eye(covariances.shape[-1], dtype=covariances.dtype, device=covariances.device)
+        excess = covariances - reg_covar * eye
+    else:
+        # A variance at reg_covar, stored in float32, may read a hair below it.
+        excess = (covariances - reg_covar).clamp_min(0.0)
+    nk = params.weights * total
+    scatter = excess * _SCATTER_SCALE[covariance_type](nk)
+    log_likelihood = nk.new_zeros(nk.shape[:1])
+    return MixtureStatistics(log_likelihood, nk, nk[..., None] * params.means, scatter)
+
+
+def _blend(running: MixtureStatistics, batch: MixtureStatistics, rho: float) -> MixtureStatistics:
+    """``(1 - rho) * running + rho * batch``, field by field."""
+    pairs = zip(running._fields(), batch._fields(), strict=True)
+    return MixtureStatistics(*((1.0 - rho) * a + rho * b for a, b in pairs))
+
+
+@dataclass
+class StepResult:
+    """What :func:`stepwise_em_step` returns.
+
+    Attributes
+    ----------
+    params : MixtureParams
+        The parameters after the step.
+    log_likelihood : float
+        The mean log-likelihood (weighted) of the batch under the parameters before the
+        step, at its E-step.
+    reseeded : int
+        Components re-seeded by the step.
+    """
+
+    params: MixtureParams
+    log_likelihood: float
+    reseeded: int
+
+
+def stepwise_em_step(
+    X: Tensor,
+    params: MixtureParams,
+    rho: float,
+    *,
+    covariance_type: str,
+    reg_covar: float,
+    sample_weight: Tensor | None = None,
+) -> StepResult:
+    """One step of stepwise EM on the batch ``X`` (1, n, d), from ``params`` (of batch 1,
+    with covariances).
+
+    The batch's statistics under ``params`` and those the parameters stand for, both for
+    rows of the batch's weight, are averaged with weights ``rho`` and ``1 - rho``; the
+    M-step reads the average with ``reg_covar``. A component whose averaged count falls
+    below :func:`~transformer_gmm.engine.em.empty_bound` is re-seeded as
+    :func:`~transformer_gmm.engine.em.fit_em` re-seeds one, onto a row of the batch that
+    the others explain worst. With ``rho = 1`` this is an iteration of ``fit_em`` on ``X``.
+
+    Parameters
+    ----------
+    X : Tensor of shape (1, n, d)
+    params : MixtureParams
+    rho : float
+        The step size, in (0, 1] (see :func:`step_size`).
+    covariance_type, reg_covar : as in :func:`~transformer_gmm.engine.em.fit_em`
+    sample_weight : Tensor of shape (1, n), optional
+        Non-negative weights of the rows, at least one positive.
+
+    Returns
+    -------
+    StepResult
+        ValueError (:class:`~transformer_gmm.engine.gaussian.IllDefinedCovariance`) if a
+        covariance is not positive definite.
+
+    Examples
+    --------
+    With ``rho = 1`` the step is an EM iteration:
+
+    >>> import torch
+    >>> from transformer_gmm.engine import em, m_step, online
+    >>> X = torch.randn(1, 200, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X[0, :100] += 4.0
+    >>> start = m_step.initialize_kmeans(X, 2, covariance_type="diag", reg_covar=1e-6,
+    ...                                  generator=torch.Generator().manual_seed(0))
+    >>> step = online.stepwise_em_step(X, start, 1.0, covariance_type="diag", reg_covar=1e-6)
+    >>> iteration = em.fit_em(X, start, covariance_type="diag", reg_covar=1e-6,
+    ...                       max_iter=1, tol=0.0)
+    >>> torch.allclose(step.params.means, iteration.params.means)
+    True
+    """
+    n_components, n_features = params.means.shape[1:]
+    batch = None
+    for rows, weights in _slices(X, sample_weight, n_components * n_features):
+        part = mixture_statistics(rows, params, covariance_type, weights)
+        batch = part if batch is None else batch + part
+    if sample_weight is None:
+        total, n_points, unit = float(X.shape[1]), X.shape[1], 1.0
+    else:
+        positive = sample_weight > 0
+        total, n_points = float(sample_weight.sum()), int(positive.sum())
+        unit = total / n_points  # an average row's weight, as fit_em's
+    running = statistics_of_parameters(params, total, covariance_type, reg_covar)
+    averaged = _blend(running, batch, rho)
+    new, failed = parameters_from_statistics(averaged, params.means, covariance_type, reg_covar)
+    # fit_em's rule for an emptied component: the M-step's counts below the bound.
+    counts = averaged.nk + 10 * torch.finfo(X.dtype).eps
+    empty = counts < empty_bound(unit, X.dtype)  # (1, K)
+    reseeded = int(empty.sum())
+    if bool(failed.any()) and not reseeded:
+        raise IllDefinedCovariance(X.dtype)
+    if reseeded:
+        new, failed = reseed_weights_and_covariances(new, counts, empty, unit, covariance_type)
+        if bool(failed.any()):
+            raise IllDefinedCovariance(X.dtype)
+        candidates = X if sample_weight is None else X[:, sample_weight[0] > 0]
+        n_worst = min(n_components, n_points)
+        worst = worst_explained(candidates, new, empty, covariance_type, n_worst)[..., 1:]
+        n_rows = torch.full((1, 1), n_points, device=X.device)
+        new.means = reseed_means(new.means, empty, worst, n_rows)
+    return StepResult(new, float(batch.log_likelihood[0]) / total, reseeded)
+
+
+def minibatch_kmeans_step(
+    X: Tensor,
+    centers: Tensor,
+    counts: Tensor,
+    *,
+    sample_weight: Tensor | None = None,
+) -> tuple[Tensor, Tensor, LloydStatistics]:
+    """One mini-batch k-means step on the batch ``X`` (1, n, d): each of ``centers`` (1, K, d)
+    moves to the mean of the rows it took so far, of weight ``counts`` (1, K), and this
+    batch's nearest rows.
+
+    A centre that has still taken no row takes the row of the batch farthest from its
+    centre, as :func:`~transformer_gmm.engine.kmeans.lloyd` relocates an empty cluster
+    (the row leaves the sums of the cluster it was in). Returns the new centres, the new
+    counts, and the batch's statistics under the old centres (its inertia included).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformer_gmm.engine import online
+    >>> X = torch.tensor([[[0.0], [2.0], [10.0]]], dtype=torch.float64)
+    >>> centers = torch.tensor([[[0.0], [10.0]]], dtype=torch.float64)
+    >>> counts = torch.tensor([[2.0, 1.0]], dtype=torch.float64)
+    >>> new, counts, _ = online.minibatch_kmeans_step(X, centers, counts)
+    >>> new[0, :, 0].tolist(), counts.tolist()  # (2 * 0 + 0 + 2) / 4, (10 + 10) / 2
+    ([0.5, 10.0], [[4.0, 2.0]])
+    """
+    # The batch centred on its own weighted mean, as Lloyd centres its data: distances are
+    # then taken between numbers of the data's spread, not of its offset.
+    if sample_weight is None:
+        offset = X.mean(1, keepdim=True)
+    else:
+        offset = (X * sample_weight[..., None]).sum(1, keepdim=True) / sample_weight.sum()
+    batch = None
+    for rows, weights in _slices(X, sample_weight, centers.shape[1]):
+        part = lloyd_statistics(rows, centers, offset, with_inertia=True, sample_weight=weights)
+        batch = part if batch is None else batch + part
+    total = (counts + batch.counts)[..., None]  # (1, K, 1)
+    sums = counts[..., None] * (centers - offset) + batch.sums  # every row taken, less offset
+    if bool((total == 0).any()):
+        candidates = X if sample_weight is None else X[:, sample_weight[0] > 0]
+        n_far = min(centers.shape[1], candidates.shape[1])
+        far = farthest(candidates, centers, offset, n_far)  # (1, M, d + 2)
+        far_weights = torch.ones_like(far[..., 0])
+        if sample_weight is not None:
+            far_weights = _weights_of(far[..., 1:-1] + offset, candidates, sample_weight)
+        total, sums = relocate_empty(
+            total, sums, far[..., 0], far[..., 1:-1], far[..., -1].long(), far_weights
+        )
+    return centers_from_sums(total, sums, offset), total[..., 0], batch
+
+
+def _weights_of(rows: Tensor, X: Tensor, sample_weight: Tensor) -> Tensor:
+    """The weights (1, M) of ``rows`` (1, M, d), rows of ``X`` (1, m, d) of positive weight."""
+    positive = sample_weight[:, sample_weight[0] > 0]  # (1, m)
+    match = torch.cdist(rows[0], X[0]).argmin(-1)  # the row each is (to rounding)
+    return positive[:, match]
+
+
+# --- numpy in, numpy out, for the estimators -------------------------------------------
+
+
+def _on_device(array: np.ndarray | None, device: str) -> Tensor | None:
+    return None if array is None else backend.tensor(array, device)[None]
+
+
+@backend.explain_out_of_memory
+def mixture_step(
+    X: np.ndarray,
+    sample_weight: np.ndarray | None,
+    parameters: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    rho: float,
+    *,
+    covariance_type: str,
+    reg_covar: float,
+    device: str,
+) -> tuple[tuple[np.ndarray, ...], float]:
+    """:func:`stepwise_em_step` on a batch ``X`` (n, d) and a fitted mixture's
+    ``(weights, means, covariances, precisions_cholesky)``, computed on ``device`` in its
+    dtype; returns the new parameters, float64, and the batch's mean log-likelihood."""
+    params = MixtureParams(*(_on_device(a, device) for a in parameters))
+    result = stepwise_em_step(
+        _on_device(X, device),
+        params,
+        rho,
+        covariance_type=covariance_type,
+        reg_covar=reg_covar,
+        sample_weight=_on_device(sample_weight, device),
+    )
+    fitted = (backend.to_numpy(t[0]) for t in as_tuple(result.params))
+    return tuple(fitted), result.log_likelihood
+
+
+@backend.explain_out_of_memory
+def kmeans_step(
+    X: np.ndarray,
+    sample_weight: np.ndarray | None,
+    centers: np.ndarray,
+    counts: np.ndarray,
+    *,
+    device: str,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """:func:`minibatch_kmeans_step` on a batch ``X`` (n, d), computed on ``device`` in its
+    dtype; returns the new centres and counts (float64), then the batch's labels (int32)
+    and weighted inertia under the new centres, as MiniBatchKMeans reports them."""
+    x = _on_device(X, device)
+    weights = _on_device(sample_weight, device)
+    new, total, _ = minibatch_kmeans_step(
+        x, _on_device(centers, device), _on_device(counts, device), sample_weight=weights
+    )
+    centred, offset = x - x.mean(1, keepdim=True), x.mean(1, keepdim=True)  # as Lloyd's
+    labels = assign(centred, new - offset)  # (1, n)
+    row_weights = x.new_ones(1, x.shape[1], 1) if weights is None else weights[..., None]
+    inertia = inertia_of(centred, new - offset, labels, row_weights)
+    return (
+        backend.to_numpy(new[0]),
+        backend.to_numpy(total[0]),
+        labels[0].cpu().numpy().astype(np.int32),
+        float(inertia[0]),
+    )
