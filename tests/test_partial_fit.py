@@ -290,3 +290,35 @@ def test_clusterer_empty_cluster_takes_the_farthest_row():
     streamed.partial_fit(batch)
     assert streamed._counts[0] == 1.0
     assert np.isclose(batch, streamed.cluster_centers_[0], rtol=1e-12).all(1).any()
+
+
+# --- the benchmark ------------------------------------------------------------------------
+
+
+def test_streaming_benchmark_runs(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "streaming.py"
+    spec = importlib.util.spec_from_file_location("streaming", path)
+    streaming = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(streaming)
+    rows = streaming.main(
+        [
+            "--n-rows",
+            "4000",
+            "--batch-sizes",
+            "1000",
+            "2000",
+            "--checkpoint",
+            "none",
+            "--results",
+            str(tmp_path),
+        ]
+    )
+    assert (tmp_path / "streaming.csv").stat().st_size > 0
+    assert len(rows) == 1 + 2 * 4
+    # What the quality is, the tests above say; here every measure is there and finite.
+    assert all(
+        np.isfinite([r["metric"], r["memory_mib"], r["rows_per_second"]]).all() for r in rows
+    )
