@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .batching import check_batch, compact, zero_padding
-from .gaussian import PARAM_SHAPES, estimate_log_gaussian_prob, lookup
+from .gaussian import PARAM_SHAPES, estimate_log_gaussian_prob, lookup, needs_grad
 from .m_step import MixtureParams
 
 __all__ = ["check_params", "e_step", "e_step_unchecked", "estimate_weighted_log_prob"]
@@ -81,7 +81,10 @@ def estimate_weighted_log_prob(
     log_prob = estimate_log_gaussian_prob(
         X, params.means, params.precisions_cholesky, covariance_type, at_once=at_once
     )
-    return log_prob + params.weights.log()[:, None, :]
+    log_weights = params.weights.log()[:, None, :]
+    if needs_grad(log_prob, log_weights) or log_prob.shape[0] < log_weights.shape[0]:
+        return log_prob + log_weights
+    return log_prob.add_(log_weights)  # in place: (B, N, K) is large on many rows
 
 
 def e_step_unchecked(
@@ -98,7 +101,9 @@ def e_step_unchecked(
     :func:`estimate_weighted_log_prob` takes it."""
     weighted = estimate_weighted_log_prob(X, params, covariance_type, at_once=at_once)
     log_prob_norm = weighted.logsumexp(-1)  # (B, N)
-    log_resp = weighted - log_prob_norm[..., None]
+    # In place where nothing tracks gradients: weighted is this step's own.
+    norm = log_prob_norm[..., None]
+    log_resp = weighted - norm if needs_grad(weighted) else weighted.sub_(norm)
     if sample_weight is not None:  # (B|1, N), zero on padding
         weighted_sum = torch.where(sample_weight > 0, log_prob_norm * sample_weight, 0.0)
         mean = weighted_sum.sum(-1) / sample_weight.sum(-1)

@@ -349,5 +349,9 @@ def estimate_log_gaussian_prob(
     if at_once and covariance_type == "full" and not needs_grad(X, means, precisions_cholesky):
         mahalanobis = _mahalanobis_full_at_once
     distances = mahalanobis(X, means, precisions_cholesky)
-    log_det = _LOG_DET_CHOLESKY[covariance_type](precisions_cholesky, n_features)
-    return -0.5 * (n_features * math.log(2 * math.pi) + distances) + log_det[:, None, :]
+    log_det = _LOG_DET_CHOLESKY[covariance_type](precisions_cholesky, n_features)[:, None, :]
+    constant = n_features * math.log(2 * math.pi)
+    if needs_grad(distances) or distances.shape != log_det.broadcast_to(distances.shape).shape:
+        return -0.5 * (constant + distances) + log_det
+    # The same arithmetic in place: on many rows, each (B, N, K) temporary is large.
+    return distances.add_(constant).mul_(-0.5).add_(log_det)
