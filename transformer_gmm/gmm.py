@@ -75,7 +75,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         over the data is higher by more than 5 nats (on a few hundred overlapping
         points, optima closer than that are noise, and the likelier is often the worse
         estimate); among k-means++ starts alone, the highest lower bound, as in
-        ``GaussianMixture``.
+        ``GaussianMixture``. A run with a collapsed component (see
+        ``collapsed_components_``) is kept only where every run has one.
         ``"auto"`` runs all of the transformer's starts and two k-means++ starts (a poor
         start can trap EM, and the transformer's and k-means++'s fail on different
         datasets); with ``max_iter=0``, the transformer's starts alone; and a single
