@@ -35,7 +35,7 @@ from .gaussian import IllDefinedCovariance
 from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty
 from .m_step import MixtureParams
 from .sufficient_stats import (  # the M-step's divisors of the scatter, multiplied back here
-    _SCATTER_SCALE,
+    SCATTER_SCALE,
     LloydStatistics,
     MixtureStatistics,
     farthest,
@@ -115,7 +115,7 @@ def statistics_of_parameters(
         # A variance at reg_covar, stored in float32, may read a hair below it.
         excess = (covariances - reg_covar).clamp_min(0.0)
     nk = params.weights * total
-    scatter = excess * _SCATTER_SCALE[covariance_type](nk)
+    scatter = excess * SCATTER_SCALE[covariance_type](nk)
     log_likelihood = nk.new_zeros(nk.shape[:1])
     return MixtureStatistics(log_likelihood, nk, nk[..., None] * params.means, scatter)
 

@@ -153,7 +153,7 @@ def mixture_statistics_size(
 
 # The in-memory covariance estimators divide the scatter by nk (tied: by its sum); the
 # statistics multiply that back, and the M-step divides again.
-_SCATTER_SCALE = {
+SCATTER_SCALE = {
     "full": lambda nk: nk[..., None, None],
     "tied": lambda nk: nk.sum(-1)[:, None, None],
     "diag": lambda nk: nk[..., None],
@@ -234,7 +234,7 @@ def mixture_statistics(
     # it, not by zero, and the scale below multiplies it back.
     nk_safe = nk + 10 * torch.finfo(resp.dtype).eps
     estimator = lookup(COVARIANCE_ESTIMATORS, covariance_type)
-    scatter = estimator(resp, X, nk_safe, params.means, 0.0) * _SCATTER_SCALE[covariance_type](
+    scatter = estimator(resp, X, nk_safe, params.means, 0.0) * SCATTER_SCALE[covariance_type](
         nk_safe
     )
     return MixtureStatistics(log_prob_norm * total, nk, resp.mT @ X, scatter)
@@ -287,7 +287,7 @@ def parameters_from_statistics(
     means = statistics.sums / nk[..., None]  # (B, K, d)
     centred_sums = statistics.sums - statistics.nk[..., None] * centres  # sum_n r (x - c)
     correction = _CORRECTIONS[covariance_type](centred_sums, means - centres, statistics.nk)
-    scale = _SCATTER_SCALE[covariance_type](nk)
+    scale = SCATTER_SCALE[covariance_type](nk)
     covariances = (statistics.scatter - correction) / scale
     if covariance_type in ("full", "tied"):
         eye = torch.eye(means.shape[-1], dtype=means.dtype, device=means.device)
