@@ -68,17 +68,24 @@ class TransformerMixtureBase(BaseEstimator):
 
     # Sparse input the estimator takes: False, or "csr" (scipy's other formats convert).
     _accept_sparse: bool | str = False
+    # Whether fit and the methods that score rows take NaN as a missing entry.
+    _allow_nan: bool = False
 
     def _validate_predict_data(self, X) -> np.ndarray:
         if _dask.is_dask_array(X):
             return _dask.validate(self, X, reset=False)
         return validate_data(
-            self, X, accept_sparse=self._accept_sparse, dtype=[np.float64, np.float32], reset=False
+            self,
+            X,
+            accept_sparse=self._accept_sparse,
+            dtype=[np.float64, np.float32],
+            reset=False,
+            ensure_all_finite="allow-nan" if self._allow_nan else True,
         )
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.allow_nan = False
+        tags.input_tags.allow_nan = self._allow_nan
         tags.input_tags.sparse = bool(self._accept_sparse)
         return tags
 

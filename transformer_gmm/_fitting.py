@@ -46,10 +46,16 @@ def too_few_samples_message(n_components: int, n_samples: int) -> str:
 
 
 def validate_fit_data(
-    estimator, X, n_components: int, accept_sparse=False, message=too_few_samples_message
+    estimator,
+    X,
+    n_components: int,
+    accept_sparse=False,
+    message=too_few_samples_message,
+    allow_nan: bool = False,
 ) -> np.ndarray:
     """``X`` checked as ``estimator``'s fit takes it (which sets its ``n_features_in_``), in
-    float64 or float32, dense, with at least two and ``n_components`` rows."""
+    float64 or float32, dense, with at least two and ``n_components`` rows; NaN let through
+    where ``allow_nan`` (inf never)."""
     if _dask.is_dask_array(X):
         X = _dask.validate(estimator, X, reset=True, min_samples=2)
     else:
@@ -59,6 +65,7 @@ def validate_fit_data(
             accept_sparse=accept_sparse,
             dtype=[np.float64, np.float32],
             ensure_min_samples=2,
+            ensure_all_finite="allow-nan" if allow_nan else True,
         )
     if X.shape[0] < n_components:
         raise ValueError(message(n_components, X.shape[0]))

@@ -15,7 +15,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from . import _dask, _initialization
-from .engine import backend
+from .engine import backend, missing
 
 # Free parameters of the covariances, by type (for bic and aic).
 _N_COVARIANCE_PARAMETERS = {
@@ -40,18 +40,32 @@ def precisions_from_cholesky(precisions_cholesky: np.ndarray, covariance_type: s
 # Dask graph carries these functions and the parameters, not the estimator.
 
 
+def _weighted_log_prob(X: np.ndarray, *parameters) -> np.ndarray:
+    """log p(x | k) + log w_k, (n, K); of a row with missing entries (NaN), the marginal
+    density of its observed features. Rows without NaN are scored as they always were."""
+    is_missing = np.isnan(X)
+    if not is_missing.any():
+        return backend.estimate_weighted_log_prob(X, *parameters)
+    if is_missing.all(axis=1).any():
+        raise ValueError(
+            "A row of X has every feature missing (NaN): it has no observed feature to "
+            "score or assign. Drop such rows first, e.g. X[~np.isnan(X).all(axis=1)]."
+        )
+    return missing.weighted_log_prob(X, *parameters)
+
+
 def _score_samples(X: np.ndarray, *parameters) -> np.ndarray:
     # In X's dtype, as GaussianMixture's (its computations are in float64 here).
-    log_prob = logsumexp(backend.estimate_weighted_log_prob(X, *parameters), axis=1)
+    log_prob = logsumexp(_weighted_log_prob(X, *parameters), axis=1)
     return log_prob.astype(X.dtype, copy=False)
 
 
 def _predict(X: np.ndarray, *parameters) -> np.ndarray:
-    return backend.estimate_weighted_log_prob(X, *parameters).argmax(axis=1)
+    return _weighted_log_prob(X, *parameters).argmax(axis=1)
 
 
 def _predict_proba(X: np.ndarray, *parameters) -> np.ndarray:
-    weighted = backend.estimate_weighted_log_prob(X, *parameters)
+    weighted = _weighted_log_prob(X, *parameters)
     return np.exp(weighted - logsumexp(weighted, axis=1, keepdims=True)).astype(X.dtype, copy=False)
 
 
@@ -64,7 +78,7 @@ class FittedMixtureMixin:
         return (self.weights_, self.means_, self.precisions_cholesky_, self.covariance_type)
 
     def _estimate_weighted_log_prob(self, X):
-        return self._per_row(backend.estimate_weighted_log_prob, X, len(self.weights_))
+        return self._per_row(_weighted_log_prob, X, len(self.weights_))
 
     def _per_row(self, function, X, n_columns: int | None = None, dtype=np.float64):
         """``function(X, *self._parameters())`` on validated ``X``; on a dask array, the

@@ -10,7 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from . import _choose_k, _dask, _fitting, _initialization, _streaming, _verbose
+from . import _choose_k, _dask, _fitting, _initialization, _missing, _streaming, _verbose
 from ._base import TransformerMixtureBase
 from ._collapsed import collapsed_components, identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
@@ -257,6 +257,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         "learning_offset": [Interval(Real, 0.0, None, closed="left")],
     }
 
+    # NaN marks a missing entry in fit and the methods that score rows (see _missing).
+    _allow_nan = True
+
     def __init__(
         self,
         n_components=1,
@@ -320,7 +323,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             chunk) is fitted where its chunks live, on the active Dask scheduler, without
             gathering it: the transformer reads a sample of it, and each EM iteration is
             one pass that sums the chunks' statistics (see "Fitting on a Dask array" in
-            the documentation).
+            the documentation). In memory, NaN marks a missing entry: the starts (and the
+            choice of K) read the rows with each NaN replaced by its column's mean, then
+            EM for data missing at random fits the observed entries alone, and
+            ``lower_bound_`` is their mean log-likelihood (see "Missing values" in the
+            documentation). Without NaN the fit is exactly the one it always was.
         y : Ignored
             Not used, present for API consistency.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -439,20 +446,28 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         """
         _streaming.check_in_memory(X)
         if not _streaming.is_streaming(self, "means_"):
-            X = self._fit(X, sample_weight)
+            X = self._fit(X, sample_weight, allow_nan=False)
             _streaming.start(self, "means_", X.shape[0])
             return self
         X, sample_weight = _streaming.validate_batch(self, X, sample_weight)
         _streaming.step_mixture(self, X, sample_weight)
         return self
 
-    def _fit(self, X, sample_weight):
+    def _fit(self, X, sample_weight, allow_nan: bool = True):
         """Validate ``X``, choose K where asked, fit; return the validated ``X``. The
         labels of the training rows, a final E-step over all of them, are left to
         :meth:`fit_predict`: ``fit`` has no use for them, and on many rows they cost as
-        much as several EM iterations."""
+        much as several EM iterations. ``X`` with NaN (where ``allow_nan``) is fitted by
+        :func:`~transformer_gmm._missing.fit_k`; without, as it always was."""
         auto = _choose_k.is_auto(self.n_components)
-        X = _fitting.validate_fit_data(self, X, 1 if auto else self.n_components)
+        X = _fitting.validate_fit_data(
+            self, X, 1 if auto else self.n_components, allow_nan=allow_nan
+        )
+        has_missing = _missing.has_missing(X)
+        rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
+        if has_missing:
+            _missing.check_fit_data(self, X)
+            rows = _missing.mean_imputed(X)
         if _dask.is_dask_array(X) and (auto or self._starts_need_rows(sample_weight)):
             raise ValueError(
                 "sample_weight, warm_start, weights_init, means_init, precisions_init, "
@@ -464,8 +479,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         if not auto:
             _choose_k.store_choice(self, None)
         else:
-            n_components, reading = self._choose_n_components(X, sample_weight)
-        if n_components is not None:  # else BIC fitted every candidate: the chosen one is kept
+            n_components, reading = self._choose_n_components(rows, sample_weight)
+        if has_missing:  # K chosen by BIC was fitted on the imputed rows: refitted here
+            n_components = len(self.weights_) if n_components is None else n_components
+            _missing.fit_k(self, X, rows, sample_weight, n_components, reading)
+        elif n_components is not None:  # else BIC fitted every candidate: the chosen one is kept
             self._fit_k(X, sample_weight, n_components, reading)
         warn_collapsed(self.collapsed_components_, self.covariance_type, X.shape[1])
         identical = identical_components(

@@ -1,0 +1,203 @@
+"""TransformerGMM on data with missing entries (NaN): EM for data missing at random,
+scores as marginal densities over the observed features, and the untouched path without
+NaN."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_CHECKPOINT
+from scipy.special import logsumexp
+from scipy.stats import multivariate_normal
+from sklearn.impute import SimpleImputer
+from sklearn.mixture import GaussianMixture
+
+from transformer_gmm import TransformerClusterer, TransformerGMM, _missing
+from transformer_gmm.engine import missing
+
+COVARIANCE_TYPES = ["full", "diag", "tied", "spherical"]
+TRUE_MEANS = np.array([[0.0, 0.0, 0.0, 0.0], [6.0, 6.0, 0.0, 2.0], [0.0, 6.0, 6.0, -3.0]])
+
+
+def mixture_with_gaps(rate: float = 0.15, n_per_component: int = 400, seed: int = 0):
+    """Rows of a known 3-component mixture (correlated features), and the same rows with
+    ``rate`` of their entries missing completely at random (no row left empty)."""
+    rng = np.random.default_rng(seed)
+    covariance = 0.6 * np.eye(4) + 0.4  # correlated: the observed features predict the rest
+    X = np.vstack([rng.multivariate_normal(m, covariance, n_per_component) for m in TRUE_MEANS])
+    gaps = rng.random(X.shape) < rate
+    gaps[gaps.all(axis=1), 0] = False
+    return X, np.where(gaps, np.nan, X)
+
+
+def matched_error(means: np.ndarray) -> float:
+    """The largest distance from a true mean to the fitted mean nearest to it."""
+    distances = np.linalg.norm(TRUE_MEANS[:, None] - means[None], axis=-1)
+    return float(distances.min(axis=1).max())
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_means_close_to_truth_and_closer_than_mean_imputation(covariance_type):
+    _, X = mixture_with_gaps(rate=0.2)
+    gmm = TransformerGMM(3, covariance_type=covariance_type, checkpoint=None, random_state=0)
+    gmm.fit(X)
+    error = matched_error(gmm.means_)
+    imputed = SimpleImputer(strategy="mean").fit_transform(X)
+    baseline = GaussianMixture(3, covariance_type=covariance_type, random_state=0).fit(imputed)
+    baseline_error = matched_error(baseline.means_)
+    assert error < 0.25, error
+    # Mean imputation pulls each component's mean towards the mean of all rows.
+    assert error < 0.5 * baseline_error, (error, baseline_error)
+    assert gmm.converged_
+    assert np.isclose(gmm.weights_.sum(), 1.0)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_score_samples_is_the_marginal_density_of_the_observed_features(covariance_type):
+    _, X = mixture_with_gaps()
+    gmm = TransformerGMM(3, covariance_type=covariance_type, checkpoint=None, random_state=0)
+    gmm.fit(X)
+    covariances = missing.full_covariances(
+        torch.as_tensor(gmm.covariances_), covariance_type, X.shape[1]
+    ).expand(3, -1, -1).numpy()
+    rows = X[np.isnan(X).any(axis=1)][:20]
+    expected = []
+    for row in rows:
+        o = ~np.isnan(row)
+        expected.append(logsumexp([
+            np.log(w) + multivariate_normal(m[o], c[np.ix_(o, o)]).logpdf(row[o])
+            for w, m, c in zip(gmm.weights_, gmm.means_, covariances, strict=True)
+        ]))
+    np.testing.assert_allclose(gmm.score_samples(rows), expected, rtol=1e-10)
+    assert np.isclose(gmm.score(rows), np.mean(expected))
+
+
+def test_predict_and_predict_proba_read_the_observed_features():
+    _, X = mixture_with_gaps()
+    gmm = TransformerGMM(3, checkpoint=None, random_state=0).fit(X)
+    proba = gmm.predict_proba(X)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0)
+    np.testing.assert_array_equal(gmm.predict(X), proba.argmax(axis=1))
+    np.testing.assert_array_equal(
+        TransformerGMM(3, checkpoint=None, random_state=0).fit_predict(X), gmm.predict(X)
+    )
+    # A row's label comes from its observed features: dropping a feature of a row that
+    # sits on a component's mean keeps it there.
+    row = TRUE_MEANS[1].copy()
+    row[0] = np.nan
+    label_full = gmm.predict(TRUE_MEANS[1:2])[0]
+    assert gmm.predict(row[None])[0] == label_full
+    assert np.isfinite(gmm.bic(X)) and np.isfinite(gmm.aic(X))
+
+
+def test_lower_bound_is_the_mean_observed_log_likelihood():
+    _, X = mixture_with_gaps()
+    gmm = TransformerGMM(3, checkpoint=None, random_state=0, tol=1e-8).fit(X)
+    assert np.isclose(gmm.lower_bound_, gmm.score(X), rtol=1e-9)
+    assert np.all(np.diff(gmm.lower_bounds_) > -1e-9)  # EM never loses likelihood
+
+
+def test_float32_keeps_its_dtype():
+    _, X = mixture_with_gaps()
+    # Several k-means++ starts: a float32 copy draws other seeds than float64's.
+    gmm = TransformerGMM(3, checkpoint=None, n_init=3, random_state=0)
+    gmm.fit(X.astype(np.float32))
+    assert gmm.means_.dtype == np.float32
+    assert gmm.score_samples(X.astype(np.float32)).dtype == np.float32
+
+
+def test_a_row_with_every_feature_missing_is_an_error():
+    _, X = mixture_with_gaps()
+    X_bad = X.copy()
+    X_bad[5] = np.nan
+    with pytest.raises(ValueError, match="every feature missing"):
+        TransformerGMM(3, checkpoint=None).fit(X_bad)
+    gmm = TransformerGMM(3, checkpoint=None, random_state=0).fit(X)
+    for method in (gmm.predict, gmm.predict_proba, gmm.score_samples, gmm.score):
+        with pytest.raises(ValueError, match="every feature missing"):
+            method(X_bad[:10])
+
+
+def test_a_column_with_every_value_missing_is_an_error():
+    _, X = mixture_with_gaps()
+    X[:, 2] = np.nan
+    with pytest.raises(ValueError, match=r"Column\(s\) \[2\]"):
+        TransformerGMM(3, checkpoint=None).fit(X)
+
+
+def test_what_is_not_supported_yet_says_so():
+    _, X = mixture_with_gaps()
+    # partial_fit, inf, and the clusterer keep scikit-learn's own checks.
+    with pytest.raises(ValueError, match="Input X contains NaN"):
+        TransformerGMM(3, checkpoint=None).partial_fit(X)
+    X_inf = X.copy()
+    X_inf[0, 0] = np.inf
+    with pytest.raises(ValueError, match="Input X contains infinity"):
+        TransformerGMM(3, checkpoint=None).fit(X_inf)
+    with pytest.raises(ValueError, match="Input X contains NaN"):
+        TransformerClusterer(3, checkpoint=None).fit(X)
+    complete, _ = mixture_with_gaps()
+    clusterer = TransformerClusterer(3, checkpoint=None, random_state=0).fit(complete)
+    with pytest.raises(ValueError, match="Input X contains NaN"):
+        clusterer.predict(X)
+    with pytest.raises(ValueError, match="contains NaN"):
+        TransformerGMM(3, checkpoint=None).fit(complete, sample_weight=np.full(len(X), np.nan))
+
+
+def test_without_nan_the_fit_never_takes_the_missing_data_path(monkeypatch):
+    X, _ = mixture_with_gaps()
+    reference = TransformerGMM(3, checkpoint=None, random_state=0).fit(X)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the missing-data path ran on data without NaN")
+
+    monkeypatch.setattr(_missing, "fit_k", forbidden)
+    monkeypatch.setattr(missing, "weighted_log_prob", forbidden)
+    monkeypatch.setattr(missing, "fit_em_missing", forbidden)
+    gmm = TransformerGMM(3, checkpoint=None, random_state=0).fit(X)
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_", "lower_bound_"):
+        np.testing.assert_array_equal(getattr(gmm, name), getattr(reference, name))
+    gmm.predict(X), gmm.predict_proba(X), gmm.score_samples(X), gmm.fit_predict(X)
+
+
+def test_without_nan_the_fit_is_the_fit_of_the_plan():
+    """The fit without NaN is exactly the plan's run (the path that existed before NaN
+    were accepted), to the bit."""
+    from sklearn.utils import check_random_state
+
+    from transformer_gmm import _fitting
+
+    X, _ = mixture_with_gaps()
+    gmm = TransformerGMM(3, checkpoint=None, random_state=0).fit(X)
+    plan = _fitting.mixture_plan(gmm.get_params(deep=False), X, None, check_random_state(0))
+    fits = _fitting.run(plan, X)
+    np.testing.assert_array_equal(gmm.means_, fits.means[0])
+    np.testing.assert_array_equal(gmm.covariances_, fits.covariances[0])
+    np.testing.assert_array_equal(gmm.weights_, fits.weights[0])
+
+
+def test_rows_are_grouped_by_pattern():
+    X = np.array([[1.0, np.nan], [2.0, 3.0], [np.nan, 1.0], [4.0, np.nan], [5.0, 6.0]])
+    patterns = missing.Patterns.of(X, "cpu")
+    groups = sorted(sorted(r.tolist()) for r in patterns.rows)
+    assert groups == [[0, 3], [1, 4], [2]]
+
+
+def test_the_transformer_starts_from_the_imputed_rows():
+    _, X = mixture_with_gaps()
+    gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, random_state=0).fit(X)
+    assert gmm.init_method_ in ("transformer", "k-means++")
+    assert matched_error(gmm.means_) < 0.25
+    assert np.isclose(gmm.lower_bound_, gmm.score(X), rtol=1e-9)
+
+
+def test_the_number_of_components_is_chosen_on_the_imputed_rows():
+    # Documented behaviour: K is chosen on the mean-imputed rows (which can favour an
+    # extra component), and that K is then fitted on the observed entries.
+    _, X = mixture_with_gaps()
+    gmm = TransformerGMM("auto", max_components=4, checkpoint=None, random_state=0).fit(X)
+    assert gmm.n_components_ == len(gmm.weights_) == gmm.means_.shape[0]
+    assert gmm.n_components_ in gmm.candidates_
+    assert not np.isnan(gmm.means_).any()
+    assert np.isclose(gmm.lower_bound_, gmm.score(X), rtol=1e-9)

@@ -1,0 +1,105 @@
+"""TransformerGMM on data with missing entries (NaN): the checks, the start, and EM on the
+observed entries (:mod:`transformer_gmm.engine.missing`). Data without NaN never come here.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+
+from . import _dask
+from ._collapsed import collapsed_components
+from ._mixture_methods import precisions_from_cholesky
+from ._warnings import warn_user
+from .engine import backend, missing
+
+
+def has_missing(X) -> bool:
+    """Whether the validated ``X`` (in memory) holds a NaN."""
+    return not _dask.is_dask_array(X) and bool(np.isnan(X).any())
+
+
+def check_rows(X: np.ndarray) -> None:
+    """A ValueError where a row of ``X`` has no observed feature: it says nothing about
+    the mixture, and has no density to score or component to predict."""
+    empty = np.isnan(X).all(axis=1)
+    if empty.any():
+        rows = np.flatnonzero(empty)
+        raise ValueError(
+            f"{len(rows)} row(s) of X have every feature missing (NaN), for instance row "
+            f"{rows[0]}; such a row carries no information. Drop these rows first, e.g. "
+            "X[~np.isnan(X).all(axis=1)]."
+        )
+
+
+def check_fit_data(estimator, X: np.ndarray) -> None:
+    """What a fit on ``X`` with NaN needs that a fit without does not."""
+    if _dask.is_dask_array(X):
+        return
+    empty = np.isnan(X).all(axis=0)
+    if empty.any():
+        raise ValueError(
+            f"Column(s) {np.flatnonzero(empty).tolist()} of X have every value missing "
+            "(NaN): nothing can be estimated for them. Drop these columns first."
+        )
+    check_rows(X)
+
+
+def mean_imputed(X: np.ndarray) -> np.ndarray:
+    """``X`` with each NaN replaced by its column's mean over the observed entries."""
+    means = np.nanmean(X, axis=0)
+    return np.where(np.isnan(X), means, X).astype(X.dtype, copy=False)
+
+
+def fit_k(
+    estimator, X: np.ndarray, imputed: np.ndarray, sample_weight, n_components: int,
+    reading=None,
+) -> None:
+    """Fit ``n_components`` to ``X`` with NaN: the usual fit (transformer or k-means++
+    starts, and EM; the transformer's from ``reading`` where it chose K) on the
+    ``imputed`` rows gives the start, then EM for data missing at random runs on the
+    observed entries alone, and its estimate is kept."""
+    with warnings.catch_warnings():
+        # Whether EM converged on the imputed rows does not matter: they only start the
+        # EM below, whose convergence is reported.
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        estimator._fit_k(imputed, sample_weight, n_components, reading)
+    covariance_type = estimator.covariance_type
+    result = missing.fit_em_missing(
+        X,
+        estimator.weights_.astype(np.float64),
+        estimator.means_.astype(np.float64),
+        estimator.covariances_.astype(np.float64),
+        covariance_type=covariance_type,
+        reg_covar=estimator.reg_covar,
+        max_iter=estimator.max_iter,
+        tol=estimator.tol,
+        sample_weight=sample_weight,
+        device=estimator.device_,
+    )
+    dtype = X.dtype
+    precisions_cholesky = backend.to_numpy(result.precisions_cholesky)
+    estimator.weights_ = backend.to_numpy(result.weights).astype(dtype, copy=False)
+    estimator.means_ = backend.to_numpy(result.means).astype(dtype, copy=False)
+    estimator.covariances_ = backend.to_numpy(result.covariances).astype(dtype, copy=False)
+    estimator.precisions_cholesky_ = precisions_cholesky.astype(dtype, copy=False)
+    estimator.precisions_ = precisions_from_cholesky(
+        precisions_cholesky, covariance_type
+    ).astype(dtype, copy=False)
+    estimator.converged_ = result.converged
+    estimator.n_iter_ = result.n_iter
+    estimator.lower_bound_ = result.lower_bound
+    estimator.lower_bounds_ = np.asarray(result.lower_bounds)
+    n_samples = X.shape[0] if sample_weight is None else float(np.sum(sample_weight))
+    estimator.collapsed_components_ = collapsed_components(
+        estimator.weights_, estimator.means_, estimator.covariances_, covariance_type,
+        n_samples, estimator.reg_covar,
+    )
+    if not result.converged and estimator.max_iter > 0:
+        warn_user(
+            "Best performing initialization did not converge. Try different init "
+            "parameters, or increase max_iter, tol, or check for degenerate data.",
+            ConvergenceWarning,
+        )
