@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -417,3 +418,29 @@ def save_figure(fig, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# --- peak memory (Linux: /proc/self) ---------------------------------------------------------
+
+MiB = 2**20
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024  # kB
+    raise OSError(f"no {field} in /proc/self/status (not Linux?)")
+
+
+def peak_memory_growth(fit: Callable[[], object]) -> tuple[object, float, float]:
+    """``fit()``'s result, its peak memory growth over what was resident before it (MiB),
+    and its seconds. Not ``ru_maxrss``: Linux carries it across ``fork`` and ``exec``."""
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")  # the peak (VmHWM) restarts from the memory resident now
+    before = _status_bytes("VmRSS")
+    start = time.perf_counter()
+    result = fit()
+    seconds = time.perf_counter() - start
+    return result, (_status_bytes("VmHWM") - before) / MiB, seconds

@@ -28,21 +28,17 @@ Prints a table and writes benchmarks/results/memory.csv (MiB: 2^20 bytes). Linux
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import subprocess
 import sys
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import shared_parser, write_csv  # noqa: E402
+from common import MiB, peak_memory_growth, shared_parser, write_csv  # noqa: E402
 
-MiB = 2**20
 SHAPES = {  # (rows, columns, dtype) in full and in --quick mode
     "long": ((2_000_000, 10, "float32"), (200_000, 10, "float32")),
     "wide": ((50, 2_000, "float64"), (50, 200, "float64")),
@@ -64,35 +60,6 @@ TARGETS = {
     "long TransformerClusterer()": ("long KMeans()", 2.0),
     "wide TransformerGMM()": ("wide GaussianMixture()", 1.0),
 }
-
-
-# --- memory (Linux: /proc/self) ------------------------------------------------------------
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024  # kB
-    raise OSError(f"no {field} in /proc/self/status (not Linux?)")
-
-
-def reset_peak() -> int:
-    """Restart the peak (VmHWM) from the memory resident now, and return that (bytes)."""
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")
-    return _status_bytes("VmRSS")
-
-
-def peak_growth(fit: Callable[[], object]) -> tuple[float, float]:
-    """``fit()``'s peak memory growth over what was resident before it (MiB) and its time
-    (s)."""
-    gc.collect()
-    before = reset_peak()
-    start = time.perf_counter()
-    fit()
-    seconds = time.perf_counter() - start
-    return (_status_bytes("VmHWM") - before) / MiB, seconds
 
 
 # --- one case, in its own process ----------------------------------------------------------
@@ -130,7 +97,7 @@ def measure(case: str, quick: bool, seed: int, n_components: int) -> dict:
         warnings.simplefilter("ignore")  # fallbacks and convergence: not what is measured
         warm = make_data(64, 3, dtype, seed + 1)
         make(**params).fit(warm)  # loads the checkpoint and torch's kernels
-        grown, seconds = peak_growth(lambda: make(**params).fit(X))
+        _, grown, seconds = peak_memory_growth(lambda: make(**params).fit(X))
     return dict(case=case, n_components=n_components, rows=rows, columns=columns, dtype=dtype,
                 data_mib=round(X.nbytes / MiB, 1), peak_growth_mib=round(grown, 1),
                 seconds=round(seconds, 2))

@@ -24,9 +24,7 @@ Prints a table and writes benchmarks/results/streaming.csv. Linux only (memory).
 
 from __future__ import annotations
 
-import gc
 import sys
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,9 +32,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import shared_parser, single_threaded, write_csv  # noqa: E402
+from common import peak_memory_growth, shared_parser, single_threaded, write_csv  # noqa: E402
 
-MiB = 2**20
 N_COMPONENTS, N_FEATURES = 5, 8
 
 
@@ -77,29 +74,6 @@ class Mixture:
 def over_stream(mixture: Mixture, n_rows: int, size: int, score: Callable) -> float:
     """The mean per row of ``score(batch)`` (a sum over the batch) over every row."""
     return sum(score(batch) for batch in mixture.stream(n_rows, size)) / n_rows
-
-
-# --- memory (Linux: /proc/self) --------------------------------------------------------------
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024  # kB
-    raise OSError(f"no {field} in /proc/self/status (not Linux?)")
-
-
-def measured(fit: Callable[[], object]) -> tuple[object, float, float]:
-    """``fit()``, its peak memory growth (MiB) and its seconds."""
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as clear_refs:
-        clear_refs.write("5")  # VmHWM restarts from the memory resident now
-    before = _status_bytes("VmRSS")
-    start = time.perf_counter()
-    result = fit()
-    seconds = time.perf_counter() - start
-    return result, (_status_bytes("VmHWM") - before) / MiB, seconds
 
 
 # --- the methods -----------------------------------------------------------------------------
@@ -145,11 +119,11 @@ def run_size(mixture: Mixture, n_rows: int, size: int, checkpoint, seed: int) ->
     }
     rows = []
     for method, fit in mixtures.items():
-        model, memory, seconds = measured(fit)
+        model, memory, seconds = peak_memory_growth(fit)
         rows.append(dict(kind="mixture", method=method, metric=log_likelihood(model),
                          memory_mib=memory, seconds=seconds))
     for method, fit in clusterers.items():
-        model, memory, seconds = measured(fit)
+        model, memory, seconds = peak_memory_growth(fit)
         rows.append(dict(kind="clustering", method=method, metric=inertia(model),
                          memory_mib=memory, seconds=seconds))
     for row in rows:
@@ -163,7 +137,7 @@ def run_full_fit(mixture: Mixture, n_rows: int, size: int, checkpoint, seed: int
 
     X = np.concatenate(list(mixture.stream(n_rows, size)))
     gmm = TransformerGMM(N_COMPONENTS, checkpoint=checkpoint, random_state=seed, device="cpu")
-    model, memory, seconds = measured(lambda: gmm.fit(X))
+    model, memory, seconds = peak_memory_growth(lambda: gmm.fit(X))
     metric = float(model.score(X))
     return dict(kind="mixture", method="TransformerGMM.fit (all rows)", metric=metric,
                 memory_mib=memory, seconds=seconds, n_rows=n_rows, batch_size=n_rows,
