@@ -54,8 +54,8 @@ def expected_failed_checks(estimator) -> dict[str, str]:
     return dict.fromkeys(checks, reason)
 
 
-# The only skips are scikit-learn's own: check_array_api_input is skipped by sklearn
-# unless SCIPY_ARRAY_API is set (we do not claim array API support).
+# The only skips are scikit-learn's own: check_array_api_input (the estimators declare
+# array API support) runs where SCIPY_ARRAY_API=1 is set, and skips otherwise.
 @parametrize_with_checks(ESTIMATORS, expected_failed_checks=expected_failed_checks)
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)

@@ -64,15 +64,11 @@ DIFFERENCES = {
         "the two clusters as sklearn's KMeans does (float32); in float64 it numbers them "
         "the other way round, so precisions_init meets the other cluster's mean: 3 with it."
     ),
-    "test_gaussian_mixture_array_api_compliance": (
-        "array API dispatch: TransformerGMM computes in torch through its own backend and "
-        "takes and returns numpy arrays whatever sklearn's array_api_dispatch says (skipped "
-        "unless array_api_compat is installed and SCIPY_ARRAY_API=1)"
-    ),
     "test_gaussian_mixture_raises_where_array_api_not_implemented": (
-        "array API dispatch: TransformerGMM ignores sklearn's array_api_dispatch, so every "
-        "init_params works with it on instead of raising NotImplementedError (skipped "
-        "unless array_api_compat is installed and SCIPY_ARRAY_API=1)"
+        "GaussianMixture raises NotImplementedError for init_params='kmeans' and "
+        "'k-means++' when array_api_dispatch is on; TransformerGMM supports every "
+        "init_params with dispatch on (tests/test_array_api.py checks what it returns). "
+        "Runs only with SCIPY_ARRAY_API=1."
     ),
 }
 

@@ -87,6 +87,9 @@ class TransformerMixtureBase(BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = self._allow_nan
         tags.input_tags.sparse = bool(self._accept_sparse)
+        # With sklearn's array_api_dispatch on, arrays of any namespace come in, and the
+        # fitted parameters and results go back in it (see transformer_gmm._array_api).
+        tags.array_api_support = True
         return tags
 
     # --- pretrained checkpoints ----------------------------------------------------------

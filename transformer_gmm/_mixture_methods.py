@@ -14,7 +14,7 @@ from scipy.special import logsumexp
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from . import _dask, _initialization
+from . import _array_api, _dask, _initialization
 from .engine import backend, missing
 
 # Free parameters of the covariances, by type (for bic and aic).
@@ -75,10 +75,23 @@ class FittedMixtureMixin:
     and validate input with the estimator's ``_validate_predict_data``."""
 
     def _parameters(self) -> tuple:
-        return (self.weights_, self.means_, self.precisions_cholesky_, self.covariance_type)
+        """The parameters as numpy arrays (a fit on another namespace keeps them there)."""
+        arrays = (self.weights_, self.means_, self.precisions_cholesky_)
+        return (*map(_array_api.to_numpy, arrays), self.covariance_type)
+
+    def _rows(self, X, method: str) -> tuple:
+        """``X`` validated as numpy rows, and the namespace its results go back to (None:
+        numpy, or dispatch off): the door through which every method that scores rows
+        takes them. With dispatch on, ``X`` must be of the fit's namespace and device."""
+        check_is_fitted(self)
+        _array_api.check_fitted_namespace(X, self, "means_", method)
+        namespace = _array_api.input_namespace(X)
+        if namespace is not None:
+            X = _array_api.to_numpy(X)
+        return self._validate_predict_data(X), namespace
 
     def _estimate_weighted_log_prob(self, X):
-        return self._per_row(_weighted_log_prob, X, len(self.weights_))
+        return self._per_row(_weighted_log_prob, X, self.weights_.shape[0])
 
     def _per_row(self, function, X, n_columns: int | None = None, dtype=np.float64):
         """``function(X, *self._parameters())`` on validated ``X``; on a dask array, the
@@ -116,9 +129,8 @@ class FittedMixtureMixin:
         >>> bool(gmm.score_samples([[-5.0, -5.0]])[0] > gmm.score_samples([[0.0, 0.0]])[0])
         True
         """
-        check_is_fitted(self)
-        X = self._validate_predict_data(X)
-        return self._per_row(_score_samples, X, dtype=X.dtype)
+        X, namespace = self._rows(X, "score_samples")
+        return _array_api.returned(self._per_row(_score_samples, X, dtype=X.dtype), namespace)
 
     def score(self, X, y=None, sample_weight=None):
         """Mean log-likelihood per sample (higher is better).
@@ -149,10 +161,13 @@ class FittedMixtureMixin:
         >>> round(gmm.score(X, sample_weight=np.r_[np.ones(50), np.zeros(50)]), 1)  # first 50
         -3.4
         """
-        log_prob = self.score_samples(X)
+        X, _ = self._rows(X, "score")  # a float whatever the namespace
+        log_prob = self._per_row(_score_samples, X, dtype=X.dtype)
         if sample_weight is None:
             return float(log_prob.mean())
-        sample_weight = _initialization.checked_sample_weight(sample_weight, log_prob.shape[0])
+        sample_weight = _initialization.checked_sample_weight(
+            _array_api.to_numpy(sample_weight), log_prob.shape[0]
+        )
         return float((log_prob * sample_weight).sum() / sample_weight.sum())
 
     def predict(self, X):
@@ -168,9 +183,8 @@ class FittedMixtureMixin:
         labels : ndarray of shape (n_samples,)
             Component labels: the argmax of :meth:`predict_proba`'s rows.
         """
-        check_is_fitted(self)
-        X = self._validate_predict_data(X)
-        return self._per_row(_predict, X, dtype=np.intp)
+        X, namespace = self._rows(X, "predict")
+        return _array_api.returned(self._per_row(_predict, X, dtype=np.intp), namespace)
 
     def predict_proba(self, X):
         """Posterior probability of each component for each sample.
@@ -200,9 +214,9 @@ class FittedMixtureMixin:
         >>> gmm.predict([[0.3, 0.2]])
         array([1])
         """
-        check_is_fitted(self)
-        X = self._validate_predict_data(X)
-        return self._per_row(_predict_proba, X, len(self.weights_), dtype=X.dtype)
+        X, namespace = self._rows(X, "predict_proba")
+        proba = self._per_row(_predict_proba, X, self.weights_.shape[0], dtype=X.dtype)
+        return _array_api.returned(proba, namespace)
 
     def sample(self, n_samples=1):
         """Draw samples from the fitted mixture.
@@ -239,9 +253,12 @@ class FittedMixtureMixin:
         # In float64 even for a float32 fit: multinomial rejects weights whose rounding
         # sums past 1, and multivariate_normal's check that a float32 covariance is
         # positive semi-definite fails on rounding alone.
-        weights = self.weights_.astype(np.float64)
-        means = self.means_.astype(np.float64)
-        covariances = self.covariances_.astype(np.float64)
+        # Drawn with numpy's generator, as GaussianMixture's are, then returned in the
+        # fitted parameters' namespace and on their device.
+        namespace = _array_api.attribute_namespace(self.means_)
+        weights = _array_api.to_numpy(self.weights_).astype(np.float64)
+        means = _array_api.to_numpy(self.means_).astype(np.float64)
+        covariances = _array_api.to_numpy(self.covariances_).astype(np.float64)
         counts = rng.multinomial(n_samples, weights / weights.sum())
         if self.covariance_type == "full":
             draws = [
@@ -259,11 +276,13 @@ class FittedMixtureMixin:
                 for mean, cov, count in zip(means, covariances, counts, strict=True)
             ]
         labels = np.concatenate([np.full(count, k, dtype=int) for k, count in enumerate(counts)])
-        return np.vstack(draws), labels
+        return _array_api.returned(np.vstack(draws), namespace), _array_api.returned(
+            labels, namespace
+        )
 
     def _n_parameters(self) -> int:
         n_features = self.means_.shape[1]
-        n_components = len(self.weights_)  # the fitted K, also when it was chosen
+        n_components = self.weights_.shape[0]  # the fitted K, also when it was chosen
         covariance = _N_COVARIANCE_PARAMETERS[self.covariance_type](n_components, n_features)
         return int(covariance + n_components * n_features + n_components - 1)
 

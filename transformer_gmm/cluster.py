@@ -16,7 +16,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from . import _choose_k, _dask, _fitting, _initialization, _streaming
+from . import _array_api, _choose_k, _dask, _fitting, _initialization, _streaming
 from ._base import TransformerMixtureBase
 from ._cluster_initialization import init_kind
 from ._warnings import warn_user
@@ -266,6 +266,19 @@ class TransformerClusterer(
         >>> np.sort(km.cluster_centers_[:, 0]).round().tolist()
         [-5.0, 5.0]
         """
+        # Arrays of another namespace (array_api_dispatch on) are read as numpy once; the
+        # centres and labels go back to their namespace and device at the end.
+        namespace = _array_api.input_namespace(X)
+        if namespace is not None:
+            X = _array_api.to_numpy(X)
+        sample_weight = _array_api.to_numpy(sample_weight)  # of any namespace: it follows X
+        self._fit_numpy(X, sample_weight)
+        _array_api.attributes_to_input(self, namespace)
+        return self
+
+    def _fit_numpy(self, X, sample_weight) -> None:
+        """:meth:`fit` on numpy (or dask, or sparse) ``X``."""
+        _array_api.attributes_to_numpy(self)
         auto = _choose_k.is_auto(self.n_clusters)
         X = _fitting.validate_fit_data(
             self, X, 1 if auto else self.n_clusters, self._accept_sparse, _too_few_samples_message
@@ -297,9 +310,9 @@ class TransformerClusterer(
             _choose_k.store_choice(self, choice)
             if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
                 _choose_k.take_fitted_attributes(self, choice.fitted)
-                return self
+                return
             n_clusters, reading = choice.n_components, choice.reading
-        return self._fit_k(X, sample_weight, n_clusters, reading)
+        self._fit_k(X, sample_weight, n_clusters, reading)
 
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y=None, sample_weight=None):
@@ -350,6 +363,7 @@ class TransformerClusterer(
         [-5.0, 5.0]
         """
         _streaming.check_in_memory(X)
+        _array_api.check_numpy_stream(type(self).__name__, X)
         if not _streaming.is_streaming(self, "cluster_centers_"):
             self.fit(X, sample_weight=sample_weight)
             if sample_weight is not None:
@@ -393,6 +407,7 @@ class TransformerClusterer(
         by :func:`~transformer_gmm._fitting.kmeans_plan`, its starts read from ``reading``
         where K was chosen among candidates."""
         params = self.get_params(deep=False)
+        params["init"] = _array_api.to_numpy(params["init"])  # an array of X's namespace
         if n_clusters is not None:
             params["n_clusters"] = n_clusters
         name = type(self).__name__
@@ -484,7 +499,8 @@ class TransformerClusterer(
             check_is_fitted(self)
             X = self._validate_predict_data(X)
             return _dask.map_rows(_nearest, X, self.cluster_centers_, dtype=np.int32)
-        return self.transform(X).argmin(axis=1).astype(np.int32)
+        distances, namespace = self._distances(X, "predict")
+        return _array_api.returned(distances.argmin(axis=1).astype(np.int32), namespace)
 
     def transform(self, X):
         """Distances from each sample to each cluster centre.
@@ -512,13 +528,26 @@ class TransformerClusterer(
         >>> bool((distances.argmin(axis=1) == km.predict([[-5.0, -5.0], [5.0, 5.0]])).all())
         True
         """
+        distances, namespace = self._distances(X, "transform")
+        return _array_api.returned(distances, namespace)
+
+    def _distances(self, X, method: str) -> tuple:
+        """Distances from the validated ``X`` to the centres, in numpy (lazily for a dask
+        array), and the namespace they go back to (None: numpy, or dispatch off): the door
+        through which the methods that read rows take them. With dispatch on, ``X`` must be
+        of the fit's namespace and device."""
         check_is_fitted(self)
+        _array_api.check_fitted_namespace(X, self, "cluster_centers_", method)
+        namespace = _array_api.input_namespace(X)
+        if namespace is not None:
+            X = _array_api.to_numpy(X)
         X = self._validate_predict_data(X)
+        centers = _array_api.to_numpy(self.cluster_centers_)
         if _dask.is_dask_array(X):
             return _dask.map_rows(
-                euclidean_distances, X, self.cluster_centers_, n_columns=len(self.cluster_centers_)
-            )
-        return euclidean_distances(X, self.cluster_centers_)
+                euclidean_distances, X, centers, n_columns=centers.shape[0]
+            ), namespace
+        return euclidean_distances(X, centers), namespace
 
     def score(self, X, y=None, sample_weight=None):
         """Minus the inertia of ``X`` with respect to the fitted centres (higher is better).
@@ -547,8 +576,10 @@ class TransformerClusterer(
         >>> bool(np.isclose(km.score(X), -km.inertia_))
         True
         """
-        squared = self.transform(X).min(axis=1) ** 2
+        squared = self._distances(X, "score")[0].min(axis=1) ** 2  # a float whatever the namespace
         if sample_weight is None:
             return -float(squared.sum())
-        sample_weight = _initialization.checked_sample_weight(sample_weight, squared.shape[0], 0)
+        sample_weight = _initialization.checked_sample_weight(
+            _array_api.to_numpy(sample_weight), squared.shape[0], 0
+        )
         return -float((squared * sample_weight).sum())

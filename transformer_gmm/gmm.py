@@ -10,7 +10,16 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from . import _choose_k, _dask, _fitting, _initialization, _missing, _streaming, _verbose
+from . import (
+    _array_api,
+    _choose_k,
+    _dask,
+    _fitting,
+    _initialization,
+    _missing,
+    _streaming,
+    _verbose,
+)
 from ._base import TransformerMixtureBase
 from ._collapsed import collapsed_components, identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
@@ -386,8 +395,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         >>> np.bincount(labels)
         array([50, 50])
         """
+        namespace = _array_api.input_namespace(X)
         X = self._fit(X, sample_weight)
-        return self._estimate_weighted_log_prob(X).argmax(axis=1)
+        return _array_api.returned(self._estimate_weighted_log_prob(X).argmax(axis=1), namespace)
 
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y=None, sample_weight=None):
@@ -445,6 +455,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         array([0.5, 0.5])
         """
         _streaming.check_in_memory(X)
+        _array_api.check_numpy_stream(type(self).__name__, X)
         if not _streaming.is_streaming(self, "means_"):
             X = self._fit(X, sample_weight, allow_nan=False)
             _streaming.start(self, "means_", X.shape[0])
@@ -458,7 +469,17 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         labels of the training rows, a final E-step over all of them, are left to
         :meth:`fit_predict`: ``fit`` has no use for them, and on many rows they cost as
         much as several EM iterations. ``X`` with NaN (where ``allow_nan``) is fitted by
-        :func:`~transformer_gmm._missing.fit_k`; without, as it always was."""
+        :func:`~transformer_gmm._missing.fit_k`; without, as it always was.
+
+        Arrays of another namespace than numpy (with ``array_api_dispatch`` on) are read
+        as numpy here, once, and the fitted parameters are returned in their namespace and
+        on their device at the end; the returned ``X`` is numpy."""
+        namespace = _array_api.input_namespace(X)
+        if namespace is not None:
+            X = _array_api.to_numpy(X)
+        sample_weight = _array_api.to_numpy(sample_weight)  # of any namespace: it follows X
+        # A warm start goes on from parameters a fit may have returned in another namespace.
+        _array_api.attributes_to_numpy(self)
         auto = _choose_k.is_auto(self.n_components)
         X = _fitting.validate_fit_data(
             self, X, 1 if auto else self.n_components, allow_nan=allow_nan
@@ -490,6 +511,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             self.means_, self.covariances_, self.precisions_cholesky_, self.covariance_type
         )
         warn_identical(identical, self.covariances_, self.reg_covar)
+        _array_api.attributes_to_input(self, namespace)
         return X
 
     def _fit_k(self, X, sample_weight, n_components: int, reading=None) -> None:
@@ -560,6 +582,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         where K was chosen among candidates."""
         warm = self.warm_start and hasattr(self, "converged_")
         params = self.get_params(deep=False)
+        for name in _array_api.MIXTURE_INIT_PARAMETERS:  # arrays of the input's namespace
+            params[name] = _array_api.to_numpy(params[name])
         if n_components is not None:
             params["n_components"] = n_components
         previous = self if warm else None
