@@ -235,6 +235,7 @@ def minibatch_kmeans_step(
     counts: Tensor,
     *,
     sample_weight: Tensor | None = None,
+    with_inertia: bool = True,
 ) -> tuple[Tensor, Tensor, LloydStatistics]:
     """One mini-batch k-means step on the batch ``X`` (1, n, d): each of ``centers`` (1, K, d)
     moves to the mean of the rows it took so far, of weight ``counts`` (1, K), and this
@@ -243,7 +244,8 @@ def minibatch_kmeans_step(
     A centre that has still taken no row takes the row of the batch farthest from its
     centre, as :func:`~transformer_gmm.engine.kmeans.lloyd` relocates an empty cluster
     (the row leaves the sums of the cluster it was in). Returns the new centres, the new
-    counts, and the batch's statistics under the old centres (its inertia included).
+    counts, and the batch's statistics under the old centres (its inertia included unless
+    ``with_inertia`` is False).
 
     Examples
     --------
@@ -264,7 +266,9 @@ def minibatch_kmeans_step(
         offset = (X * sample_weight[..., None]).sum(1, keepdim=True) / sample_weight.sum()
     batch = None
     for rows, weights in _slices(X, sample_weight, centers.shape[1]):
-        part = lloyd_statistics(rows, centers, offset, with_inertia=True, sample_weight=weights)
+        part = lloyd_statistics(
+            rows, centers, offset, with_inertia=with_inertia, sample_weight=weights
+        )
         batch = part if batch is None else batch + part
     total = (counts + batch.counts)[..., None]  # (1, K, 1)
     sums = counts[..., None] * (centers - offset) + batch.sums  # every row taken, less offset
@@ -336,8 +340,12 @@ def kmeans_step(
     and weighted inertia under the new centres, as MiniBatchKMeans reports them."""
     x = _on_device(X, device)
     weights = _on_device(sample_weight, device)
-    new, total, _ = minibatch_kmeans_step(
-        x, _on_device(centers, device), _on_device(counts, device), sample_weight=weights
+    new, total, _ = minibatch_kmeans_step(  # the inertia is read under the new centres
+        x,
+        _on_device(centers, device),
+        _on_device(counts, device),
+        sample_weight=weights,
+        with_inertia=False,
     )
     centred, offset = x - x.mean(1, keepdim=True), x.mean(1, keepdim=True)  # as Lloyd's
     labels = assign(centred, new - offset)  # (1, n)
