@@ -21,19 +21,6 @@ def has_missing(X) -> bool:
     return not _dask.is_dask_array(X) and bool(np.isnan(X).any())
 
 
-def check_rows(X: np.ndarray) -> None:
-    """A ValueError where a row of ``X`` has no observed feature: it says nothing about
-    the mixture, and has no density to score or component to predict."""
-    empty = np.isnan(X).all(axis=1)
-    if empty.any():
-        rows = np.flatnonzero(empty)
-        raise ValueError(
-            f"{len(rows)} row(s) of X have every feature missing (NaN), for instance row "
-            f"{rows[0]}; such a row carries no information. Drop these rows first, e.g. "
-            "X[~np.isnan(X).all(axis=1)]."
-        )
-
-
 def check_fit_data(estimator, X: np.ndarray) -> None:
     """What a fit on ``X`` with NaN needs that a fit without does not."""
     if _dask.is_dask_array(X):
@@ -44,7 +31,7 @@ def check_fit_data(estimator, X: np.ndarray) -> None:
             f"Column(s) {np.flatnonzero(empty).tolist()} of X have every value missing "
             "(NaN): nothing can be estimated for them. Drop these columns first."
         )
-    check_rows(X)
+    missing.check_rows(X)
 
 
 def mean_imputed(X: np.ndarray) -> np.ndarray:

@@ -46,11 +46,7 @@ def _weighted_log_prob(X: np.ndarray, *parameters) -> np.ndarray:
     is_missing = np.isnan(X)
     if not is_missing.any():
         return backend.estimate_weighted_log_prob(X, *parameters)
-    if is_missing.all(axis=1).any():
-        raise ValueError(
-            "A row of X has every feature missing (NaN): it has no observed feature to "
-            "score or assign. Drop such rows first, e.g. X[~np.isnan(X).all(axis=1)]."
-        )
+    missing.check_rows(X)
     return missing.weighted_log_prob(X, *parameters)
 
 

@@ -29,7 +29,20 @@ from .gaussian import (
     estimate_log_gaussian_prob,
 )
 
-__all__ = ["MissingEMResult", "Patterns", "fit_em_missing", "weighted_log_prob"]
+__all__ = ["MissingEMResult", "Patterns", "check_rows", "fit_em_missing", "weighted_log_prob"]
+
+
+def check_rows(X: np.ndarray) -> None:
+    """A ValueError where a row of ``X`` has no observed feature: it says nothing about
+    the mixture, and has no density to score or component to predict."""
+    empty = np.isnan(X).all(axis=1)
+    if empty.any():
+        rows = np.flatnonzero(empty)
+        raise ValueError(
+            f"{len(rows)} row(s) of X have every feature missing (NaN), for instance row "
+            f"{rows[0]}; such a row carries no information. Drop these rows first, e.g. "
+            "X[~np.isnan(X).all(axis=1)]."
+        )
 
 
 @dataclass(frozen=True)
