@@ -76,3 +76,46 @@ def test_rows_are_ordered_on_the_gpu_as_on_the_host():
     X = np.random.default_rng(0).normal(size=(3, 1000, 6)).astype(np.float32)
     on_gpu = row_order.canonical_order_on_device(torch.from_numpy(X).cuda()).cpu().numpy()
     np.testing.assert_array_equal(on_gpu, row_order.canonical_order(X))
+
+
+def test_both_estimators_on_cuda_tensors_match_cpu(monkeypatch):
+    """With scikit-learn's array API dispatch, a CUDA tensor goes in and the fitted arrays
+    and predictions come back as tensors on that GPU, at the optimum the numpy fit reaches."""
+    import sklearn
+
+    monkeypatch.setenv("SCIPY_ARRAY_API", "1")
+    X = make_blobs(50, [[-5.0, 0.0, 2.0], [5.0, 0.0, 0.0], [0.0, 6.0, -2.0]], seed=15)
+    tensor = torch.from_numpy(X).cuda()
+    reference_gmm = TransformerGMM(3, random_state=0).fit(X)
+    reference_km = TransformerClusterer(3, random_state=0).fit(X)
+    with sklearn.config_context(array_api_dispatch=True):
+        gmm = TransformerGMM(3, random_state=0).fit(tensor)
+        km = TransformerClusterer(3, random_state=0).fit(tensor)
+        for value in (gmm.means_, gmm.covariances_, gmm.predict_proba(tensor),
+                      km.cluster_centers_, km.predict(tensor)):
+            assert isinstance(value, torch.Tensor) and value.device.type == "cuda"
+        assert gmm.score(tensor) == pytest.approx(reference_gmm.score(X), abs=1e-3)
+        assert km.inertia_ == pytest.approx(reference_km.inertia_, rel=1e-4)
+        labels = gmm.predict(tensor).cpu().numpy()
+    assert adjusted_rand_score(labels, reference_gmm.predict(X)) == 1.0
+
+
+def test_bfloat16_backbone_on_cuda_under_medium():
+    """Under torch's "medium" float32 matmul precision the backbone multiplies in bfloat16
+    on the GPU; EM, in float32, reaches the optimum of the float32 backbone's fit."""
+    from transformer_gmm.engine import backend, precision
+    from transformer_gmm.storage import load_model
+
+    X = make_blobs(50, [[-5.0, 0.0, 2.0], [5.0, 0.0, 0.0], [0.0, 6.0, -2.0]], seed=16)
+    reference = TransformerGMM(3, device="cuda", random_state=0).fit(X)
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        assert precision.bfloat16_matmuls("cuda")
+        model = backend.model_on(load_model("default"), "cuda")
+        assert any(isinstance(m, precision.BFloat16Linear) for m in model.modules())
+        assert next(model.buffers()).device.type == "cuda"
+        fitted = TransformerGMM(3, device="cuda", random_state=0).fit(X)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert fitted.lower_bound_ == pytest.approx(reference.lower_bound_, abs=1e-3)
