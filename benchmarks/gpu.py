@@ -60,13 +60,11 @@ PEAK_TFLOPS = {
 CELLS = ((128, 2, 2), (128, 8, 5), (128, 16, 10), (1000, 2, 2), (1000, 16, 10))
 
 # fit_many's settings: (label, options, torch's float32 matmul precision). "high" lets the
-# backbone's products run in TF32 on a GPU, "medium" in bfloat16 (engine/precision.py).
+# backbone's products run in TF32 on a GPU.
 FIT_MANY_SETTINGS = (
     ("fit_many, max_iter=0", dict(max_iter=0), "highest"),
     ("fit_many, max_iter=0, n_init=1", dict(max_iter=0, n_init=1), "highest"),
     ("fit_many, max_iter=0, n_init=1, TF32", dict(max_iter=0, n_init=1), "high"),
-    ("fit_many, max_iter=0, n_init=1, bfloat16", dict(max_iter=0, n_init=1), "medium"),
-    ("fit_many, default, bfloat16", {}, "medium"),
     ("fit_many, default", {}, "highest"),
 )
 

@@ -34,8 +34,8 @@ them in Python. The modules, from the estimators' side down:
     the rows the backbone reads.
 
 :mod:`~transformer_gmm.engine.precision`
-    The precision of the backbone's matrix products: float32, or bfloat16 where the
-    user allowed it (``torch.set_float32_matmul_precision("medium")``).
+    The precision of the backbone's matrix products on CPU: float32, or bfloat16 where
+    the user allowed it (``torch.set_float32_matmul_precision("medium")``).
 
 :mod:`~transformer_gmm.engine.readout`
     The backbone's forward pass over a batch and its readout: weights and means in the

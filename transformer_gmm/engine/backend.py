@@ -151,17 +151,16 @@ _MODELS_ON_DEVICES_LOCK = threading.Lock()
 
 def model_on(model: torch.nn.Module, device: str) -> torch.nn.Module:
     """``model`` itself on CPU; on another device, its copy there (made once while used).
-    Where the user allowed bfloat16 matrix products and the device multiplies them
-    natively, its copy that multiplies in bfloat16 (:mod:`~transformer_gmm.engine.precision`)."""
+    On a CPU where the user allowed bfloat16 matrix products, its copy that multiplies in
+    bfloat16 (:mod:`~transformer_gmm.engine.precision`)."""
     bfloat16 = precision.bfloat16_matmuls(device)
     if device == "cpu" and not bfloat16:
         return model
-    key = (model, f"{device}:bfloat16" if bfloat16 else device)
+    key = (model, "cpu:bfloat16" if bfloat16 else device)
     with _MODELS_ON_DEVICES_LOCK:  # one copy per model and device even when threads ask
         if key not in _MODELS_ON_DEVICES:
             _MODELS_ON_DEVICES[key] = (
-                precision.bfloat16_copy(model).to(device) if bfloat16
-                else copy.deepcopy(model).to(device)
+                precision.bfloat16_copy(model) if bfloat16 else copy.deepcopy(model).to(device)
             )
             while len(_MODELS_ON_DEVICES) > _DEVICE_CACHE_SIZE:
                 _MODELS_ON_DEVICES.popitem(last=False)

@@ -1,13 +1,13 @@
-"""The precision of the backbone's matrix products: float32, or bfloat16 on request.
+"""The precision of the backbone's matrix products on CPU: float32, or bfloat16 on request.
 
 PyTorch's own switch decides: after ``torch.set_float32_matmul_precision("medium")``,
 which allows float32 matrix products to run in bfloat16 "if a fast matmul algorithm using
 it is available", the backbone's linear layers multiply in bfloat16 on a CPU that does so
-natively (AVX-512 BF16 or AMX) and on a CUDA GPU that does (Ampere and later), and its
-attention reads bfloat16 queries, keys and values. Everything else stays as it was: the
-tokens between layers, layer norms and activations in float32, EM in float32 on a GPU and
-float64 on a CPU. At torch's default (``"highest"``) and under ``"high"`` (TF32 on a GPU)
-nothing changes.
+natively (AVX-512 BF16 or AMX), and its attention reads bfloat16 queries, keys and values.
+Everything else stays as it was: the tokens between layers, layer norms and activations in
+float32, EM in float64. At torch's default (``"highest"``) nothing changes. On CUDA, the
+switch is torch's to apply (TF32 there): a bfloat16 copy of this width-128 backbone was
+measured slower than TF32 on an H200 (docs/performance.md).
 
 The bfloat16 copy is made once per model (see :func:`transformer_gmm.engine.backend.model_on`);
 the loaded model itself is never changed.
@@ -72,9 +72,8 @@ def native_bfloat16() -> bool:
 
 def bfloat16_matmuls(device: str) -> bool:
     """Whether the backbone multiplies in bfloat16 on ``device`` (see the module's docstring)."""
-    if torch.get_float32_matmul_precision() != "medium":
-        return False
-    if device == "cpu":
-        return native_bfloat16()
-    cuda = device.startswith("cuda") and torch.cuda.is_available()
-    return cuda and torch.cuda.is_bf16_supported()
+    return (
+        device == "cpu"
+        and torch.get_float32_matmul_precision() == "medium"
+        and native_bfloat16()
+    )
