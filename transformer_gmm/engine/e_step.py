@@ -48,7 +48,12 @@ def check_params(
 
 
 def estimate_weighted_log_prob(
-    X: Tensor, params: MixtureParams, covariance_type: str, *, at_once: bool = False
+    X: Tensor,
+    params: MixtureParams,
+    covariance_type: str,
+    *,
+    at_once: bool = False,
+    x_squared: Tensor | None = None,
 ) -> Tensor:
     """log p(x_n | k) + log w_k: (B, N, K). ``params.covariances`` is not used.
 
@@ -59,6 +64,9 @@ def estimate_weighted_log_prob(
     covariance_type : {"full", "tied", "diag", "spherical"}
     at_once : bool, default=False
         As :func:`~transformer_gmm.engine.gaussian.estimate_log_gaussian_prob` takes it.
+    x_squared : Tensor, optional
+        ``X.square()``, as :func:`~transformer_gmm.engine.gaussian.estimate_log_gaussian_prob`
+        takes it.
 
     Returns
     -------
@@ -79,7 +87,8 @@ def estimate_weighted_log_prob(
     """
     check_params(X, params, covariance_type, None)
     log_prob = estimate_log_gaussian_prob(
-        X, params.means, params.precisions_cholesky, covariance_type, at_once=at_once
+        X, params.means, params.precisions_cholesky, covariance_type, at_once=at_once,
+        x_squared=x_squared,
     )
     log_weights = params.weights.log()[:, None, :]
     if needs_grad(log_prob, log_weights) or log_prob.shape[0] < log_weights.shape[0]:
@@ -95,11 +104,14 @@ def e_step_unchecked(
     sample_weight=None,
     *,
     at_once: bool = False,
+    x_squared: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`e_step` on inputs already checked, compacted and with padding zeroed, as
-    the loops hold them (``sample_weight`` compacted too); ``at_once`` as
-    :func:`estimate_weighted_log_prob` takes it."""
-    weighted = estimate_weighted_log_prob(X, params, covariance_type, at_once=at_once)
+    the loops hold them (``sample_weight`` compacted too); ``at_once`` and ``x_squared``
+    as :func:`estimate_weighted_log_prob` takes them."""
+    weighted = estimate_weighted_log_prob(
+        X, params, covariance_type, at_once=at_once, x_squared=x_squared
+    )
     log_prob_norm = weighted.logsumexp(-1)  # (B, N)
     # In place where nothing tracks gradients: weighted is this step's own.
     norm = log_prob_norm[..., None]

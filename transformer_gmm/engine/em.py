@@ -349,18 +349,20 @@ def fit_em(
     batch = ShrinkingBatch(n_batch, X.device)
     fresh = torch.zeros(n_batch, dtype=torch.bool, device=X.device)  # re-seeded last iteration
     history, times, started = [], [], time.perf_counter()  # lower bounds, (B,) an iteration
+    # The rows' squares, once for every step that reads them (two an iteration).
+    x_squared = X.square() if covariance_type in ("diag", "spherical") else None
     for iteration in range(1, max_iter + 1):
         active = ~converged  # (A,) over the working batch of A <= B datasets
         weighted = () if sample_weight is None else (sample_weight,)
         at_once = all_components_at_once(X, params.means)
         log_prob_norm, log_resp = e_step_unchecked(
-            X, params, covariance_type, mask, *weighted, at_once=at_once
+            X, params, covariance_type, mask, *weighted, at_once=at_once, x_squared=x_squared
         )
         resp = log_resp.exp()
         if sample_weight is not None:
             resp = resp * sample_weight[..., None]
         nk, means, covariances = estimate_parameters_unchecked(
-            X, resp, covariance_type, reg_covar, None
+            X, resp, covariance_type, reg_covar, None, x_squared
         )
         precisions_chol, failed = try_precision_cholesky(covariances, covariance_type)
         # scikit-learn's _m_step normalises by sum(nk) here, not by the number of points.
@@ -399,7 +401,9 @@ def fit_em(
         if iteration < max_iter and batch.should_shrink(n_running):
             state = (*as_tuple(params), lower_bound, n_iter, converged)
             keep = batch.shrink(converged, n_running, state)
-            X, mask, sample_weight = (take(t, keep) for t in (X, mask, sample_weight))
+            X, mask, sample_weight, x_squared = (
+                take(t, keep) for t in (X, mask, sample_weight, x_squared)
+            )
             points, unit, bound = (_take_rows(t, keep) for t in (points, unit, bound))
             params = MixtureParams(*(take(t, keep) for t in as_tuple(params)))
             lower_bound, n_iter, converged = lower_bound[keep], n_iter[keep], converged[keep]

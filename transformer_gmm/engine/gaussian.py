@@ -268,21 +268,28 @@ def _mahalanobis_tied(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tens
     return torch.stack(columns, dim=-1)
 
 
-def _mahalanobis_diag(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
+def _mahalanobis_diag(
+    X: Tensor, means: Tensor, precisions_chol: Tensor, x_squared: Tensor | None = None
+) -> Tensor:
     precisions = precisions_chol.square()  # (B, K, d)
+    x_squared = X.square() if x_squared is None else x_squared
+    # 2 (X @ M), not (2 X) @ M: the same bits (doubling is exact), without an (N, d) product.
     return (
         (means.square() * precisions).sum(-1)[:, None, :]
-        - 2.0 * X @ (means * precisions).mT
-        + X.square() @ precisions.mT
+        - 2.0 * (X @ (means * precisions).mT)
+        + x_squared @ precisions.mT
     )
 
 
-def _mahalanobis_spherical(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
+def _mahalanobis_spherical(
+    X: Tensor, means: Tensor, precisions_chol: Tensor, x_squared: Tensor | None = None
+) -> Tensor:
     precisions = precisions_chol.square()[:, None, :]  # (B, 1, K)
+    x_squared = X.square() if x_squared is None else x_squared
     return (
         means.square().sum(-1)[:, None, :] * precisions
         - 2.0 * (X @ means.mT) * precisions
-        + X.square().sum(-1, keepdim=True) * precisions
+        + x_squared.sum(-1, keepdim=True) * precisions
     )
 
 
@@ -310,6 +317,7 @@ def estimate_log_gaussian_prob(
     covariance_type: str,
     *,
     at_once: bool = False,
+    x_squared: Tensor | None = None,
 ) -> Tensor:
     """log N(x_n | mu_k, Sigma_k): (B, N, K), as scikit-learn's ``_estimate_log_gaussian_prob``.
 
@@ -326,6 +334,9 @@ def estimate_log_gaussian_prob(
         Full covariances: every component in one product, faster on small problems (EM
         asks for it by :func:`all_components_at_once`); equal to the default up to
         rounding, which then depends on the number of rows.
+    x_squared : Tensor of shape (B, N, d) or (1, N, d), optional
+        ``X.square()``, where the caller holds it (diag and spherical read it): EM's loop
+        squares its rows once, not at every step. The same result to the bit.
 
     Returns
     -------
@@ -348,7 +359,10 @@ def estimate_log_gaussian_prob(
     mahalanobis = lookup(_MAHALANOBIS, covariance_type)
     if at_once and covariance_type == "full" and not needs_grad(X, means, precisions_cholesky):
         mahalanobis = _mahalanobis_full_at_once
-    distances = mahalanobis(X, means, precisions_cholesky)
+    if x_squared is not None and covariance_type in ("diag", "spherical"):
+        distances = mahalanobis(X, means, precisions_cholesky, x_squared)
+    else:
+        distances = mahalanobis(X, means, precisions_cholesky)
     log_det = _LOG_DET_CHOLESKY[covariance_type](precisions_cholesky, n_features)[:, None, :]
     constant = n_features * math.log(2 * math.pi)
     if needs_grad(distances) or distances.shape != log_det.broadcast_to(distances.shape).shape:

@@ -46,7 +46,8 @@ def _squared_distances(X: Tensor, centers: Tensor, x_norms: Tensor) -> Tensor:
 
     ``x_norms`` is ``_squared_norms(X)``.
     """
-    dist = x_norms - 2.0 * X @ centers.mT + centers.square().sum(-1)[:, None, :]
+    # 2 (X @ C), not (2 X) @ C: the same bits (doubling is exact), without an (N, d) product.
+    dist = x_norms - 2.0 * (X @ centers.mT) + centers.square().sum(-1)[:, None, :]
     return dist.clamp_min_(0.0)  # rounding can leave tiny negatives
 
 

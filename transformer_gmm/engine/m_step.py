@@ -111,10 +111,20 @@ def _covariances_tied(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: f
     return covariance + reg * torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
 
 
-def _covariances_diag(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: float) -> Tensor:
-    avg_X2 = resp.mT @ X.square() / nk[..., None]  # (B, K, d)
-    avg_X = resp.mT @ X / nk[..., None]  # (B, K, d)
-    return avg_X2 - 2.0 * means * avg_X + means.square() + reg
+def _covariances_diag(
+    resp: Tensor,
+    X: Tensor,
+    nk: Tensor,
+    means: Tensor,
+    reg: float,
+    x_squared: Tensor | None = None,
+    avg_X: Tensor | None = None,
+) -> Tensor:
+    # x_squared is X.square() and avg_X the weighted means, where the caller holds them.
+    avg_X2 = resp.mT @ (X.square() if x_squared is None else x_squared) / nk[..., None]
+    if avg_X is None:
+        avg_X = resp.mT @ X / nk[..., None]  # (B, K, d)
+    return avg_X2 - 2.0 * means * avg_X + means.square() + reg  # (B, K, d)
 
 
 COVARIANCE_ESTIMATORS = {
@@ -126,16 +136,30 @@ COVARIANCE_ESTIMATORS = {
 
 
 def estimate_parameters_unchecked(
-    X: Tensor, resp: Tensor, covariance_type: str, reg_covar: float, means: Tensor | None
+    X: Tensor,
+    resp: Tensor,
+    covariance_type: str,
+    reg_covar: float,
+    means: Tensor | None,
+    x_squared: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """scikit-learn's ``_estimate_gaussian_parameters``: (nk, means, covariances), on
     inputs already checked, with padding zeroed in ``X`` and in ``resp`` and the sample
-    weights multiplied into ``resp``: the M-step inside the EM loop."""
+    weights multiplied into ``resp``: the M-step inside the EM loop. ``x_squared`` is
+    ``X.square()`` where the loop holds it (diag and spherical read it)."""
     # The 10 eps keep empty components from dividing by zero, exactly as scikit-learn.
     nk = resp.sum(1) + 10 * torch.finfo(resp.dtype).eps  # (B, K)
+    weighted_means = None
     if means is None:
-        means = resp.mT @ X / nk[..., None]  # (B, K, d)
-    covariances = lookup(COVARIANCE_ESTIMATORS, covariance_type)(resp, X, nk, means, reg_covar)
+        means = weighted_means = resp.mT @ X / nk[..., None]  # (B, K, d)
+    if covariance_type in ("diag", "spherical"):
+        # The weighted means once, not again inside: the same product, the same bits.
+        covariances = _covariances_diag(resp, X, nk, means, reg_covar, x_squared, weighted_means)
+        if covariance_type == "spherical":
+            covariances = covariances.mean(-1)  # (B, K)
+    else:
+        estimator = lookup(COVARIANCE_ESTIMATORS, covariance_type)
+        covariances = estimator(resp, X, nk, means, reg_covar)
     return nk, means.expand(nk.shape[0], -1, -1), covariances
 
 
