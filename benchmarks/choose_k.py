@@ -31,7 +31,17 @@ Methods (the seed of the task or of the real-data run is each one's ``random_sta
   criterion="posterior")``;
 - ``clusterer-bic`` "Clusterer auto bic": ``TransformerClusterer(n_clusters="auto",
   criterion="bic")``, the lowest BIC of its hard-assignment mixture of spherical Gaussians
-  (X-means).
+  (X-means);
+- ``clusterer-merge`` "Clusterer merged": ``TransformerClusterer(n_clusters="auto",
+  merge=True)``, the posterior's mixture with its components merged into clusters by the
+  entropy criterion (Baudry et al. 2010);
+- ``hdbscan`` "HDBSCAN": ``sklearn.cluster.HDBSCAN()``'s number of clusters (the noise
+  label -1 not counted; its noise points are one more group for the ARI).
+
+A ``shapes`` setting holds clusters that are not Gaussian (``shapes.py``: moons, circles,
+anisotropic and varied-variance blobs, rings, spirals and nested shells, 2 to 10
+clusters), ``--shape-tasks`` of them (35 by default, 14 with ``--quick``), fixed by
+``--seed``.
 
 Besides the four settings (pooled as "synthetic"), two settings of well-separated
 clusters, in 2 and 5 dimensions (``separated``: equal sizes, means at least 6 noise
@@ -40,9 +50,11 @@ standard deviations apart), show where the posterior fails.
 Metrics per setting and method: the share of tasks where the chosen K is the true K
 (exact) or within one of it, the mean of chosen minus true K (bias), the mean time per
 task, the median over tasks of the time as a ratio to "BIC loop GMM(n_init=1)" on the
-same task, and the exact accuracy minus that of "TGMM posterior" on the same tasks with its
-paired standard error. A failed choice counts as a miss. The methods run interleaved,
-task by task, with one BLAS, OpenMP and torch thread, timed by ``time.perf_counter``.
+same task, the median |chosen - true K|, the mean adjusted Rand index of the partition
+each method returns against the true labels (ARI), and the exact accuracy minus that of
+"TGMM posterior" on the same tasks with its paired standard error. A failed choice counts
+as a miss. The methods run interleaved, task by task, with one BLAS, OpenMP and torch
+thread, timed by ``time.perf_counter``.
 Warnings are kept from the output during the run (``ConvergenceWarning`` and
 ``FallbackWarning`` are expected) and counted at the end, with the choices that failed.
 
@@ -73,9 +85,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sklearn.cluster import KMeans
+from sklearn.cluster import HDBSCAN, KMeans
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.metrics import silhouette_score
+from sklearn.metrics import adjusted_rand_score, silhouette_score
 from sklearn.mixture import BayesianGaussianMixture, GaussianMixture
 from sklearn.preprocessing import StandardScaler
 
@@ -89,6 +101,7 @@ from common import (  # noqa: E402
     write_csv,
 )
 from real_datasets import DATASETS, load_dataset  # noqa: E402
+from shapes import shape_task  # noqa: E402
 
 from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM  # noqa: E402
 from transformer_gmm.training.tasks import Prior, sample_task  # noqa: E402
@@ -111,9 +124,12 @@ SILHOUETTE, TGMM, TGMM_BIC, TGMM_POSTERIOR_BIC, CLUSTERER, CLUSTERER_BIC = (
     "Clusterer posterior",
     "Clusterer auto bic",
 )
+CLUSTERER_MERGE, HDBSCAN_NAME = "Clusterer merged", "HDBSCAN"
+SHAPES = "shapes"
 TIME_REFERENCE, ACCURACY_REFERENCE = BIC1, TGMM
 
-Chooser = Callable[[np.ndarray, int, str], tuple[int, str]]  # (X, seed, checkpoint) -> (K, how)
+# (X, seed, checkpoint) -> (K, how, labels of the partition returned)
+Chooser = Callable[[np.ndarray, int, str], tuple[int, str, np.ndarray]]
 
 
 # --- tasks ---------------------------------------------------------------------------------
@@ -190,7 +206,17 @@ def separated_problems(seed: int, n_tasks: int) -> list[Problem]:
 
 def is_pooled(setting: str) -> bool:
     """The four settings of means in a box, pooled as "synthetic"."""
-    return setting not in (REAL, SYNTHETIC) and not setting.endswith(SEPARATED)
+    return setting not in (REAL, SYNTHETIC, SHAPES) and not setting.endswith(SEPARATED)
+
+
+def shape_problems(seed: int, n_tasks: int) -> list[Problem]:
+    """``n_tasks`` tasks of non-Gaussian clusters (``shapes.py``), fixed by ``seed``."""
+    rng = task_rng(seed, "choose_k", SHAPES)
+    problems = []
+    for index in range(n_tasks):
+        family, X, labels, k = shape_task(rng, index, N_SAMPLES)
+        problems.append(Problem(SHAPES, index, family, X, k, 1000 * seed + index, labels))
+    return problems
 
 
 def real_problems(seed: int, n_seeds: int) -> list[Problem]:
@@ -224,32 +250,38 @@ class Method:
 
 
 def bic_loop(n_init: int) -> Chooser:
-    def choose(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str]:
-        bics = [
-            GaussianMixture(k, n_init=n_init, random_state=seed).fit(X).bic(X)
-            for k in range(1, MAX_K + 1)
+    def choose(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str, np.ndarray]:
+        fits = [
+            GaussianMixture(k, n_init=n_init, random_state=seed).fit(X) for k in range(1, MAX_K + 1)
         ]
-        return int(np.argmin(bics)) + 1, ""
+        best = int(np.argmin([f.bic(X) for f in fits]))
+        return best + 1, "", fits[best].predict(X)
 
     return choose
 
 
-def dirichlet_process(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str]:
+def dirichlet_process(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str, np.ndarray]:
     model = BayesianGaussianMixture(
         n_components=MAX_K,
         weight_concentration_prior_type="dirichlet_process",
         random_state=seed,
         max_iter=500,
     ).fit(X)
-    return int((model.weights_ > 1 / (2 * MAX_K)).sum()), ""
+    return int((model.weights_ > 1 / (2 * MAX_K)).sum()), "", model.predict(X)
 
 
-def kmeans_silhouette(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str]:
-    scores = [
-        silhouette_score(X, KMeans(k, n_init="auto", random_state=seed).fit_predict(X))
-        for k in range(2, MAX_K + 1)
+def kmeans_silhouette(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str, np.ndarray]:
+    labels = [
+        KMeans(k, n_init="auto", random_state=seed).fit_predict(X) for k in range(2, MAX_K + 1)
     ]
-    return int(np.argmax(scores)) + 2, ""
+    best = int(np.argmax([silhouette_score(X, y) for y in labels]))
+    return best + 2, "", labels[best]
+
+
+def hdbscan(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str, np.ndarray]:
+    """HDBSCAN's clusters with its defaults; noise (-1) is no cluster."""
+    labels = HDBSCAN(copy=True).fit_predict(X)  # copy: its default's FutureWarning
+    return len(set(labels.tolist()) - {-1}), "", labels
 
 
 def transformer(estimator: type, **params) -> Chooser:
@@ -260,19 +292,20 @@ def transformer(estimator: type, **params) -> Chooser:
         else ("n_clusters", "max_clusters")
     )
 
-    def choose(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str]:
+    def choose(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str, np.ndarray]:
         model = estimator(
             **{k_name: "auto", max_name: MAX_K},
             checkpoint=checkpoint,
             random_state=seed,
             **params,
         ).fit(X)
-        return int(getattr(model, k_name + "_")), model.selection_criterion_
+        labels = model.labels_ if hasattr(model, "labels_") else model.predict(X)
+        return int(getattr(model, k_name + "_")), model.selection_criterion_, labels
 
     return choose
 
 
-def posterior_and_bic(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str]:
+def posterior_and_bic(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, str, None]:
     """The posterior as a prior over BIC: the lowest BIC / 2 - log P(K | X), both from
     one ``criterion="bic"`` fit (which reports ``k_posterior_`` where the model reads it)."""
     model = TransformerGMM(
@@ -283,10 +316,10 @@ def posterior_and_bic(X: np.ndarray, seed: int, checkpoint: str) -> tuple[int, s
         random_state=seed,
     ).fit(X)
     if not hasattr(model, "k_posterior_"):
-        return int(model.n_components_), "bic"
+        return int(model.n_components_), "bic", None
     with np.errstate(divide="ignore"):
         score = model.criterion_ / 2 - np.log(model.k_posterior_)
-    return int(model.candidates_[np.argmin(score)]), "posterior+bic"
+    return int(model.candidates_[np.argmin(score)]), "posterior+bic", None
 
 
 METHODS = (
@@ -299,11 +332,13 @@ METHODS = (
     Method(TGMM_POSTERIOR_BIC, "tgmm-posterior-bic", posterior_and_bic),
     Method(CLUSTERER, "clusterer", transformer(TransformerClusterer, criterion="posterior")),
     Method(CLUSTERER_BIC, "clusterer-bic", transformer(TransformerClusterer, criterion="bic")),
+    Method(CLUSTERER_MERGE, "clusterer-merge", transformer(TransformerClusterer, merge=True)),
+    Method(HDBSCAN_NAME, "hdbscan", hdbscan),
 )
 
 
 def baseline_posterior(baseline: str) -> Method:
-    """"TGMM posterior" with the checkpoint ``baseline``, whatever the run's checkpoint."""
+    """ "TGMM posterior" with the checkpoint ``baseline``, whatever the run's checkpoint."""
     choose = transformer(TransformerGMM, criterion="posterior")
     return Method(
         TGMM + " [baseline]", "tgmm-baseline", lambda X, seed, _: choose(X, seed, baseline)
@@ -328,11 +363,14 @@ def run_one(method: Method, problem: Problem, checkpoint: str) -> dict:
         warnings.simplefilter("always")  # recorded, so counted and never printed
         start = time.perf_counter()
         try:
-            chosen, how = method.choose(problem.X, problem.seed, checkpoint)
+            chosen, how, labels = method.choose(problem.X, problem.seed, checkpoint)
             error = ""
         except Exception as exc:
-            chosen, how, error = np.nan, "", f"{type(exc).__name__}: {exc}"
+            chosen, how, labels, error = np.nan, "", None, f"{type(exc).__name__}: {exc}"
         seconds = time.perf_counter() - start
+    ari = np.nan
+    if labels is not None and problem.labels is not None:
+        ari = adjusted_rand_score(problem.labels, np.asarray(labels))
     return dict(
         setting=problem.setting,
         task=problem.index,
@@ -343,6 +381,7 @@ def run_one(method: Method, problem: Problem, checkpoint: str) -> dict:
         seed=problem.seed,
         method=method.name,
         chosen_k=chosen,
+        ari=ari,
         time_s=seconds if not error else np.nan,
         criterion=how,
         warnings=" ".join(sorted({w.category.__name__ for w in caught})),
@@ -431,6 +470,8 @@ def summary_rows(rows: list[dict], setting: str) -> list[dict]:
                 exact=_mean([_exact(r) for r in mine]),
                 within_one=_mean([_within_one(r) for r in mine]),
                 bias=_mean([r["chosen_k"] - r["true_k"] for r in mine]),
+                median_abs_error=_median([abs(r["chosen_k"] - r["true_k"]) for r in mine]),
+                ari=_mean([r["ari"] for r in mine]),
                 ms=1000 * _mean([r["time_s"] for r in mine]),
                 time_ratio=_median(
                     paired(rows, method, TIME_REFERENCE, lambda r: r["time_s"], ratio=True)
@@ -445,10 +486,12 @@ def summary_rows(rows: list[dict], setting: str) -> list[dict]:
 def summary(rows: list[dict]) -> list[dict]:
     """Per synthetic setting, the synthetic settings pooled, and real data."""
     settings = list(dict.fromkeys(r["setting"] for r in rows))
-    synthetic = [s for s in settings if s != REAL]
+    synthetic = [s for s in settings if s not in (REAL, SHAPES)]
     out = []
     for setting in synthetic:
         out += summary_rows([r for r in rows if r["setting"] == setting], setting)
+    if SHAPES in settings:
+        out += summary_rows([r for r in rows if r["setting"] == SHAPES], SHAPES)
     if len(synthetic) > 1:
         out += summary_rows([r for r in rows if is_pooled(r["setting"])], SYNTHETIC)
     if REAL in settings:
@@ -515,6 +558,8 @@ def print_summary(table: list[dict]) -> None:
         "exact",
         "within 1",
         "bias",
+        "median abs err",
+        "ARI",
         "ms",
         "time ratio",
         f"exact - {ACCURACY_REFERENCE}",
@@ -527,6 +572,8 @@ def print_summary(table: list[dict]) -> None:
             _f(r["exact"], ".2f"),
             _f(r["within_one"], ".2f"),
             _f(r["bias"], "+.2f"),
+            _f(r["median_abs_error"], ".1f"),
+            _f(r["ari"], ".2f"),
             _f(r["ms"], ".0f"),
             _f(r["time_ratio"], ".2f"),
             "-"
@@ -685,6 +732,9 @@ def main(argv=None):
     )
     parser.add_argument("--no-real", action="store_true", help="synthetic tasks only")
     parser.add_argument(
+        "--shape-tasks", type=int, default=None, help="shapes tasks (35; 14 with --quick)"
+    )
+    parser.add_argument(
         "--baseline-checkpoint",
         default=None,
         help="also choose by the posterior of this checkpoint, paired on the same problems",
@@ -700,7 +750,9 @@ def main(argv=None):
         parser.error(str(exc))
     if args.baseline_checkpoint is not None:
         methods.append(baseline_posterior(args.baseline_checkpoint))
+    n_shapes = args.shape_tasks if args.shape_tasks is not None else (14 if args.quick else 35)
     problems = synthetic_problems(args.seed, n_tasks) + separated_problems(args.seed, n_tasks)
+    problems += shape_problems(args.seed, n_shapes)
     if not args.no_real:
         problems += real_problems(args.seed, n_seeds)
     print(

@@ -310,28 +310,32 @@ def test_every_script_takes_the_shared_options(name, tmp_path, monkeypatch):
 
 def test_choose_k_quick_runs(tmp_path):
     choose_k = _load("choose_k")
-    choose_k.main(["--quick", "--tasks", "2", "--no-real", "--methods", "bic1", "tgmm",
-                   "silhouette", "--results", str(tmp_path)])
+    choose_k.main(["--quick", "--tasks", "2", "--shape-tasks", "2", "--no-real", "--methods",
+                   "bic1", "tgmm", "silhouette", "hdbscan", "--results", str(tmp_path)])
     assert (tmp_path / "choose_k.png").stat().st_size > 0
     rows = _csv(tmp_path / "choose_k.csv")
-    assert len(rows) == 6 * 2 * 3  # settings (four, and two well separated) x tasks x methods
+    # settings (four, two well separated, shapes) x tasks x methods
+    assert len(rows) == 7 * 2 * 4
     assert not any(r["error"] for r in rows)
     for row in rows:
-        assert 1 <= int(row["chosen_k"]) <= 10 and 1 <= int(row["true_k"]) <= 10
+        assert 0 <= int(row["chosen_k"]) <= 10 and 1 <= int(row["true_k"]) <= 10
+        assert -1 <= float(row["ari"]) <= 1
+    assert {r["dataset"] for r in rows if r["setting"] == "shapes"} == {"moons", "circles"}
     # The same task for every method: the same true K.
     truths = {(r["setting"], r["task"], r["true_k"]) for r in rows}
-    assert len(truths) == 6 * 2
+    assert len(truths) == 7 * 2
     summary = _csv(tmp_path / "choose_k_summary.csv")
     assert {r["method"] for r in summary} == {
-        "BIC loop GMM(n_init=1)", "TGMM posterior", "KMeans silhouette"
+        "BIC loop GMM(n_init=1)", "TGMM posterior", "KMeans silhouette", "HDBSCAN"
     }
+    assert {"ari", "median_abs_error"} <= set(summary[0])
 
 
 def test_choose_k_pairs_a_baseline_checkpoint(tmp_path):
     # The same checkpoint as its own baseline: every choice the same, a paired difference of 0.
     choose_k = _load("choose_k")
-    choose_k.main(["--quick", "--tasks", "2", "--no-real", "--methods", "tgmm",
-                   "--baseline-checkpoint", "default", "--results", str(tmp_path)])
+    choose_k.main(["--quick", "--tasks", "2", "--shape-tasks", "1", "--no-real", "--methods",
+                   "tgmm", "--baseline-checkpoint", "default", "--results", str(tmp_path)])
     rows = _csv(tmp_path / "choose_k.csv")
     by_method = {}
     for row in rows:

@@ -16,7 +16,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from . import _array_api, _choose_k, _dask, _fitting, _initialization, _streaming
+from . import _array_api, _choose_k, _dask, _fitting, _initialization, _merge, _streaming
 from ._base import TransformerMixtureBase
 from ._cluster_initialization import init_kind
 from ._warnings import warn_user
@@ -65,6 +65,16 @@ class TransformerClusterer(
         mixture of spherical Gaussians with one shared variance wins (X-means); where the
         checkpoint reads P(K | X), all candidates start from that one pass. ``"auto"``:
         the posterior where the checkpoint reads P(K | X) for every candidate, else BIC.
+    merge : bool, default=False
+        With ``n_clusters`` not an int: count clusters rather than Gaussian components.
+        The mixture that ``TransformerGMM(n_components=n_clusters)`` fits has its
+        components merged into clusters by the entropy criterion of Baudry et al. (2010):
+        the pair whose merge lowers the entropy of the soft assignment most is merged
+        while that merge removes at least 0.1 nats per point of the pair. A curved or
+        elongated cluster that the mixture draws with several components then counts
+        once; ``labels_`` and :meth:`predict` follow the merged mixture, not the nearest
+        centre. Off by default: Gaussian clusters that overlap merge too (see "Merged
+        clusters" in the documentation). Ignored with an int ``n_clusters``.
     init : {"transformer", "k-means++", "random"}, callable or array-like, default="transformer"
         Where Lloyd starts. ``"transformer"``: the transformer's clusterings, then
         k-means++ (see ``n_init``). The others skip the transformer and are
@@ -149,6 +159,11 @@ class TransformerClusterer(
         Number of features seen during fit.
     feature_names_in_ : ndarray of shape (`n_features_in_`,)
         Names of features seen during fit, when ``X`` has string column names.
+    mixture_ : TransformerGMM
+        With ``merge=True`` and ``n_clusters`` not an int: the fitted mixture whose
+        components were merged.
+    component_to_cluster_ : ndarray of shape (n_components,)
+        With ``merge=True``: the cluster of each of ``mixture_``'s components.
     n_steps_ : int
         Batches :meth:`partial_fit` has read since the stream started (the first
         included), as in :class:`~sklearn.cluster.MiniBatchKMeans`; set by
@@ -172,6 +187,15 @@ class TransformerClusterer(
     [50, 50]
     >>> bool(km.predict([[-5.0, -5.0]])[0] == km.labels_[0])
     True
+
+    Two clusters, each drawn as two overlapping Gaussians, counted as two with ``merge``:
+
+    >>> X = np.vstack([rng.normal(m, 1, (100, 2)) for m in (-12, -10, 10, 12)])
+    >>> km = TransformerClusterer(
+    ...     n_clusters=[4], merge=True, checkpoint=None, random_state=0
+    ... ).fit(X)
+    >>> km.mixture_.n_components_, km.n_clusters_
+    (4, 2)
     """
 
     _parameter_constraints: dict = {
@@ -183,6 +207,7 @@ class TransformerClusterer(
         ],
         "max_clusters": [Interval(Integral, 1, None, closed="left"), None],
         "criterion": [StrOptions({"auto", "bic", "posterior"})],
+        "merge": ["boolean"],
         "init": [StrOptions({"transformer", "k-means++", "random"}), callable, "array-like"],
         "verbose": ["verbose"],
         "copy_x": ["boolean"],
@@ -196,6 +221,7 @@ class TransformerClusterer(
         *,
         max_clusters=None,
         criterion="auto",
+        merge=False,
         init="transformer",
         n_init="auto",
         max_iter=300,
@@ -211,6 +237,7 @@ class TransformerClusterer(
         self.n_clusters = n_clusters
         self.max_clusters = max_clusters
         self.criterion = criterion
+        self.merge = merge
         self.init = init
         self.n_init = n_init
         self.max_iter = max_iter
@@ -296,6 +323,16 @@ class TransformerClusterer(
         if sample_weight is not None:
             sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
         n_clusters, reading = self.n_clusters, None
+        for name in ("mixture_", "component_to_cluster_"):  # of an earlier merged fit
+            self.__dict__.pop(name, None)
+        if auto and self.merge:
+            if init_kind(self.init) == "array":
+                raise ValueError(
+                    "An array init fixes the number of clusters; pass n_clusters as an int "
+                    f"to use it, not {self.n_clusters!r}."
+                )
+            _merge.fit_merged(self, X, sample_weight)
+            return
         if not auto:
             _choose_k.store_choice(self, None)
         else:
@@ -500,6 +537,10 @@ class TransformerClusterer(
             X = self._validate_predict_data(X)
             return _dask.map_rows(_nearest, X, self.cluster_centers_, dtype=np.int32)
         distances, namespace = self._distances(X, "predict")
+        if hasattr(self, "component_to_cluster_"):  # merged: the mixture's component's cluster
+            components = self.mixture_.predict(self._validate_predict_data(_array_api.to_numpy(X)))
+            labels = self.component_to_cluster_[np.asarray(components)].astype(np.int32)
+            return _array_api.returned(labels, namespace)
         return _array_api.returned(distances.argmin(axis=1).astype(np.int32), namespace)
 
     def transform(self, X):

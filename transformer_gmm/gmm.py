@@ -9,6 +9,8 @@ from sklearn.base import DensityMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import _num_samples as _num_rows
+from sklearn.utils.validation import check_is_fitted
 
 from . import (
     _array_api,
@@ -16,6 +18,7 @@ from . import (
     _dask,
     _fitting,
     _initialization,
+    _merge,
     _missing,
     _streaming,
     _verbose,
@@ -399,6 +402,60 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         X = self._fit(X, sample_weight)
         return _array_api.returned(self._estimate_weighted_log_prob(X).argmax(axis=1), namespace)
 
+    def merge_components(self, X, n_clusters=None, sample_weight=None):
+        """The cluster of each component: components merged by the entropy criterion.
+
+        ``n_components_`` describes the density; a curved or elongated cluster takes
+        several of them. Starting from the fitted mixture, the pair of components whose
+        merge lowers the entropy of the soft assignment of ``X`` most is merged, again and
+        again (Baudry, Raftery, Celeux, Lo & Gottardo 2010). Without ``n_clusters``,
+        merges go on while each removes at least 0.1 nats per point of the pair it
+        merges. The fitted mixture is left unchanged: one fit answers both how many
+        components describe the density and how many clusters they form.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            The samples whose soft assignment is merged, usually the training data.
+        n_clusters : int, default=None
+            Cut the hierarchy at this number of clusters (1 to ``n_components_``);
+            ``None`` chooses it.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples in the entropy.
+
+        Returns
+        -------
+        component_to_cluster : ndarray of shape (n_components_,)
+            The cluster of each component, numbered from 0 by their smallest component;
+            ``component_to_cluster[gmm.predict(X)]`` labels the rows by cluster.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm import TransformerGMM
+        >>> rng = np.random.default_rng(0)
+        >>> X = np.vstack([rng.normal(m, 1, (100, 2)) for m in (-12, -10, 10, 12)])
+        >>> gmm = TransformerGMM(n_components=4, checkpoint=None, random_state=0).fit(X)
+        >>> mapping = gmm.merge_components(X)
+        >>> int(mapping.max()) + 1
+        2
+        >>> np.bincount(mapping[gmm.predict(X)]).tolist()
+        [200, 200]
+        """
+        check_is_fitted(self)
+        if n_clusters is not None and not (
+            isinstance(n_clusters, Integral) and 1 <= n_clusters <= len(self.weights_)
+        ):
+            raise ValueError(
+                f"n_clusters must be an int from 1 to n_components_={len(self.weights_)}, "
+                f"got {n_clusters!r}; pass None to choose it."
+            )
+        if sample_weight is not None:
+            sample_weight = _initialization.checked_sample_weight(
+                np.asarray(sample_weight, dtype=float), _num_rows(X), 0
+            )
+        return _merge.merge_mixture(self, X, sample_weight, n_clusters)
+
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y=None, sample_weight=None):
         """Update the mixture with one batch of samples: online (stepwise) EM.
@@ -526,7 +583,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         _fitting.store_mixture(self, fits, 0, plan, X.dtype)
         n_samples = X.shape[0] if sample_weight is None else float(np.sum(sample_weight))
         self.collapsed_components_ = collapsed_components(
-            self.weights_, self.means_, self.covariances_, self.covariance_type, n_samples,
+            self.weights_,
+            self.means_,
+            self.covariances_,
+            self.covariance_type,
+            n_samples,
             self.reg_covar,
         )
         if self.verbose and fits.lower_bounds is not None:

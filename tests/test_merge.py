@@ -1,0 +1,125 @@
+"""Merging a mixture's components into clusters (transformer_gmm._merge)."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from transformer_gmm import TransformerClusterer, TransformerGMM
+from transformer_gmm._merge import (
+    choose_n_clusters,
+    component_to_cluster,
+    entropy,
+    merge_hierarchy,
+)
+
+
+def two_clusters_of_two_gaussians(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Two clusters far apart, each drawn as two overlapping Gaussians."""
+    rng = np.random.default_rng(seed)
+    means = [(-12, 0), (-10, 0), (10, 0), (12, 0)]
+    X = np.vstack([rng.normal(m, 1, (100, 2)) for m in means])
+    return X, np.repeat([0, 0, 1, 1], 100)
+
+
+def fitted_attributes(estimator) -> dict:
+    return {k: copy.deepcopy(v) for k, v in vars(estimator).items() if k.endswith("_")}
+
+
+def test_overlapping_pairs_merge_into_two_clusters():
+    X, truth = two_clusters_of_two_gaussians()
+    gmm = TransformerGMM(n_components=4, checkpoint=None, random_state=0).fit(X)
+    mapping = gmm.merge_components(X)
+    labels = mapping[gmm.predict(X)]
+    assert mapping.max() + 1 == 2
+    assert np.array_equal(labels == labels[0], truth == truth[0])
+
+
+def test_separated_gaussians_are_not_merged():
+    rng = np.random.default_rng(1)
+    X = np.vstack([rng.normal(m, 1, (80, 2)) for m in ((-10, -10), (-10, 10), (10, -10), (10, 10))])
+    gmm = TransformerGMM(n_components=4, checkpoint=None, random_state=0).fit(X)
+    assert len(np.unique(gmm.merge_components(X))) == 4
+
+
+def test_merging_leaves_the_mixture_unchanged():
+    X, _ = two_clusters_of_two_gaussians()
+    gmm = TransformerGMM(n_components=4, checkpoint=None, random_state=0).fit(X)
+    before = fitted_attributes(gmm)
+    gmm.merge_components(X)
+    gmm.merge_components(X, n_clusters=1)
+    after = fitted_attributes(gmm)
+    assert before.keys() == after.keys()
+    for name, value in before.items():
+        np.testing.assert_array_equal(np.asarray(after[name]), np.asarray(value), err_msg=name)
+
+
+def test_entropy_never_increases_along_the_hierarchy():
+    rng = np.random.default_rng(2)
+    for _ in range(5):
+        resp = rng.dirichlet(np.full(6, 0.5), size=200)
+        hierarchy = merge_hierarchy(resp)
+        assert len(hierarchy.entropy) == 6
+        assert np.isclose(hierarchy.entropy[0], entropy(resp))
+        assert np.all(np.diff(hierarchy.entropy) <= 1e-9)
+        assert np.isclose(hierarchy.entropy[-1], 0.0)
+        assert np.allclose(hierarchy.entropy[:-1] - hierarchy.entropy[1:], hierarchy.drops)
+
+
+def test_greedy_merge_takes_the_largest_drop():
+    rng = np.random.default_rng(3)
+    resp = rng.dirichlet(np.full(5, 0.7), size=100)
+    first = merge_hierarchy(resp).drops[0]
+    for a in range(5):
+        for b in range(a + 1, 5):
+            merged = np.delete(resp, b, axis=1)
+            merged[:, a] += resp[:, b]
+            assert entropy(resp) - entropy(merged) <= first + 1e-9
+
+
+def test_hierarchy_is_deterministic_and_weighted():
+    rng = np.random.default_rng(4)
+    resp = rng.dirichlet(np.ones(4), size=50)
+    one, two = merge_hierarchy(resp), merge_hierarchy(resp.copy())
+    assert one.pairs == two.pairs and np.array_equal(one.entropy, two.entropy)
+    # Integer weights count as repeated rows.
+    weights = rng.integers(1, 4, 50)
+    weighted = merge_hierarchy(resp, weights)
+    repeated = merge_hierarchy(np.repeat(resp, weights, axis=0))
+    assert weighted.pairs == repeated.pairs
+    assert np.allclose(weighted.entropy, repeated.entropy)
+
+
+def test_cut_and_choice():
+    resp = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
+    hierarchy = merge_hierarchy(resp)
+    assert choose_n_clusters(hierarchy) == 2  # the 50/50 pair merges, the third stays
+    assert component_to_cluster(hierarchy, 2).tolist() == [0, 0, 1]
+    assert component_to_cluster(hierarchy, 3).tolist() == [0, 1, 2]
+    assert component_to_cluster(hierarchy, 1).tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="between 1 and"):
+        component_to_cluster(hierarchy, 4)
+
+
+def test_merge_components_rejects_a_bad_n_clusters():
+    X, _ = two_clusters_of_two_gaussians()
+    gmm = TransformerGMM(n_components=4, checkpoint=None, random_state=0).fit(X)
+    with pytest.raises(ValueError, match="pass None to choose it"):
+        gmm.merge_components(X, n_clusters=5)
+    assert gmm.merge_components(X, n_clusters=3).max() == 2
+
+
+def test_clusterer_counts_merged_clusters():
+    X, truth = two_clusters_of_two_gaussians()
+    params = dict(n_clusters=[4], merge=True, checkpoint=None, random_state=0)
+    km = TransformerClusterer(**params).fit(X)
+    assert km.mixture_.n_components_ == 4 and km.n_clusters_ == 2
+    assert km.cluster_centers_.shape == (2, 2)
+    assert np.array_equal(km.predict(X), km.labels_)
+    assert np.array_equal(km.labels_ == km.labels_[0], truth == truth[0])
+    assert np.isclose(km.inertia_, ((X - km.cluster_centers_[km.labels_]) ** 2).sum())
+    again = TransformerClusterer(**params).fit(X)
+    assert np.array_equal(again.labels_, km.labels_)
+    # An int n_clusters ignores merge, and forgets the merged fit's attributes.
+    km.set_params(n_clusters=4).fit(X)
+    assert km.n_clusters_ == 4 and not hasattr(km, "component_to_cluster_")

@@ -1,0 +1,169 @@
+"""Merging a mixture's components into clusters: the entropy criterion of Baudry, Raftery,
+Celeux, Lo & Gottardo (2010), "Combining mixture components for clustering", JCGS 19(2).
+
+A Gaussian mixture describes one curved or elongated cluster with several components,
+whose soft assignments overlap: points between two such components are split between
+them. Merging the pair whose merge lowers the entropy of the soft assignment most, again
+and again, gives a hierarchy of K, K - 1, ..., 1 clusters. Merging two components that
+describe one cluster removes much entropy; merging two clusters that stand apart removes
+almost none. The number of clusters is read where that drop stops being large.
+
+The rule (``choose_n_clusters``): a merge is taken while its entropy drop per point of the
+pair it merges (nats; at most log 2 = 0.69, reached when every point of the pair is split
+50/50 between them) is at least ``threshold``. The first merge below it stops the
+hierarchy. This is the "normalized entropy difference" of Baudry et al. (their Section
+4.2, the drop divided by the number of observations merged), with a fixed threshold
+instead of reading the elbow from a plot. Clusters that stand apart share no points and
+are never merged; Gaussian clusters that overlap are, as pieces of one curved cluster
+are: measured, no threshold told the two apart (docs/choosing_k.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# The drop per merged point, in nats, above which two components are one cluster: chosen
+# among 0.05 to 0.3 on shapes, separated and Gaussian tasks (docs/choosing_k.md).
+DEFAULT_THRESHOLD = 0.1
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """The merges of a K-component mixture, from K clusters down to one."""
+
+    entropy: np.ndarray  # (K,) the entropy of the soft assignment with K, K-1, ..., 1 clusters
+    pairs: list[tuple[int, int]]  # (K - 1,) the clusters merged at each step, by their index
+    drops: np.ndarray  # (K - 1,) the entropy removed by each merge
+    mass: np.ndarray  # (K - 1,) the (weighted) number of points of the pair merged
+    groups: list[list[list[int]]]  # groups[j]: the components of each cluster after j merges
+
+
+def _xlogx(p: np.ndarray) -> np.ndarray:
+    # 0 log 0 = 0: a point with no responsibility for a component adds no entropy.
+    return np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
+
+
+def entropy(resp: np.ndarray, sample_weight: np.ndarray | None = None) -> float:
+    """The entropy of a soft assignment, ``-sum_i w_i sum_k t_ik log t_ik``."""
+    per_point = -_xlogx(np.asarray(resp, dtype=float)).sum(axis=1)
+    return float(per_point.sum() if sample_weight is None else per_point @ sample_weight)
+
+
+def merge_hierarchy(resp: np.ndarray, sample_weight: np.ndarray | None = None) -> Hierarchy:
+    """Merge the columns of ``resp`` (n, K), two at a time, each time the pair whose merge
+    lowers the entropy most. Ties go to the pair of lowest indices, so the result is
+    deterministic."""
+    t = np.array(resp, dtype=float, copy=True)
+    if t.ndim != 2 or t.shape[1] < 1:
+        raise ValueError(f"resp must be a 2-D array of responsibilities, got shape {t.shape}.")
+    w = np.ones(len(t)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
+    groups = [[k] for k in range(t.shape[1])]
+    history = [[list(g) for g in groups]]
+    entropies = [entropy(t, w)]
+    pairs, steps, masses = [], [], []
+    while t.shape[1] > 1:
+        k = t.shape[1]
+        own = w @ _xlogx(t)  # (k,)
+        drops = np.full((k, k), -np.inf)
+        for a in range(k - 1):
+            joined = w @ _xlogx(t[:, a : a + 1] + t[:, a + 1 :])  # (k - a - 1,)
+            drops[a, a + 1 :] = joined - own[a] - own[a + 1 :]  # >= 0: x log x is superadditive
+        # The first of the largest in row-major order: the pair of lowest indices on ties.
+        a, b = np.unravel_index(int(np.argmax(drops)), drops.shape)
+        a, b, best_drop = int(a), int(b), float(drops[a, b])
+        masses.append(float(w @ (t[:, a] + t[:, b])))
+        t[:, a] += t[:, b]
+        t = np.delete(t, b, axis=1)
+        groups[a] = groups[a] + groups[b]
+        del groups[b]
+        pairs.append((a, b))
+        steps.append(max(best_drop, 0.0))
+        entropies.append(entropy(t, w))
+        history.append([list(g) for g in groups])
+    return Hierarchy(np.array(entropies), pairs, np.array(steps), np.array(masses), history)
+
+
+def choose_n_clusters(hierarchy: Hierarchy, threshold: float = DEFAULT_THRESHOLD) -> int:
+    """The number of clusters: merges are taken while each removes at least ``threshold``
+    nats per point of the pair it merges."""
+    n_components = len(hierarchy.entropy)
+    per_point = hierarchy.drops / np.maximum(hierarchy.mass, np.finfo(float).tiny)
+    taken = 0
+    while taken < len(per_point) and per_point[taken] >= threshold:
+        taken += 1
+    return n_components - taken
+
+
+def component_to_cluster(hierarchy: Hierarchy, n_clusters: int) -> np.ndarray:
+    """(K,) the cluster of each component when the hierarchy is cut at ``n_clusters``;
+    clusters are numbered by their smallest component."""
+    n_components = len(hierarchy.entropy)
+    if not 1 <= n_clusters <= n_components:
+        raise ValueError(
+            f"n_clusters must be between 1 and the mixture's {n_components} components, "
+            f"got {n_clusters}."
+        )
+    mapping = np.empty(n_components, dtype=np.int64)
+    groups = sorted(hierarchy.groups[n_components - n_clusters], key=min)
+    for cluster, members in enumerate(groups):
+        mapping[members] = cluster
+    return mapping
+
+
+def merge_mixture(mixture, X, sample_weight=None, n_clusters=None, threshold=DEFAULT_THRESHOLD):
+    """(K,) the cluster of each of ``mixture``'s components, from its soft assignment of
+    ``X``: cut at ``n_clusters``, or where :func:`choose_n_clusters` stops."""
+    hierarchy = merge_hierarchy(np.asarray(mixture.predict_proba(X)), sample_weight)
+    if n_clusters is None:
+        n_clusters = choose_n_clusters(hierarchy, threshold)
+    return component_to_cluster(hierarchy, int(n_clusters))
+
+
+def fit_merged(clusterer, X, sample_weight) -> None:
+    """Fit ``clusterer`` (``n_clusters`` "auto" or candidates, ``merge=True``): the mixture
+    that ``TransformerGMM(n_components=n_clusters)`` fits, its components merged into
+    clusters. ``labels_`` are the merged clusters, ``cluster_centers_`` their weighted
+    means and ``inertia_`` the weighted squared distances to the centre of each label."""
+    from .gmm import TransformerGMM  # the mixture module imports this one's users
+
+    params = clusterer.get_params(deep=False)
+    mixture = TransformerGMM(
+        n_components=params["n_clusters"],
+        max_components=params["max_clusters"],
+        criterion=params["criterion"],
+        max_iter=params["max_iter"],
+        random_state=params["random_state"],
+        checkpoint=params["checkpoint"],
+        n_views=params["n_views"],
+        device=params["device"],
+    ).fit(X, sample_weight=sample_weight)
+    mapping = merge_mixture(mixture, X, sample_weight)
+    labels = mapping[np.asarray(mixture.predict(X))].astype(np.int32)
+    w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
+    n_clusters = int(mapping.max()) + 1
+    mass = np.bincount(labels, weights=w, minlength=n_clusters)
+    centers = (
+        np.stack(
+            [
+                np.bincount(labels, weights=w * X[:, j], minlength=n_clusters)
+                for j in range(X.shape[1])
+            ],
+            axis=1,
+        )
+        / np.maximum(mass, np.finfo(float).tiny)[:, None]
+    )
+    clusterer.mixture_ = mixture
+    clusterer.component_to_cluster_ = mapping
+    clusterer.cluster_centers_ = centers.astype(X.dtype, copy=False)
+    clusterer.labels_ = labels
+    clusterer.inertia_ = float(w @ ((X - centers[labels]) ** 2).sum(axis=1))
+    clusterer.n_iter_ = mixture.n_iter_
+    clusterer.init_method_ = mixture.init_method_
+    clusterer.device_ = mixture.device_
+    clusterer.n_clusters_ = n_clusters
+    clusterer._n_init = getattr(mixture, "_n_init", 1)
+    for name in ("candidates_", "criterion_", "selection_criterion_", "k_posterior_"):
+        if hasattr(mixture, name):
+            setattr(clusterer, name, getattr(mixture, name))
