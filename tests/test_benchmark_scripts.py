@@ -271,7 +271,7 @@ def test_stages_account_for_the_whole_fit(tmp_path):
 
 SCRIPTS = sorted(path.stem for path in BENCHMARKS.glob("*.py")
                  if 'if __name__ == "__main__":' in path.read_text())
-HELPERS = {"common", "spectral", "real_datasets", "large_datasets"}  # imported, never run
+HELPERS = {"common", "spectral", "real_datasets", "large_datasets", "shapes"}  # imported, never run
 
 
 def test_every_benchmark_file_is_a_script_or_a_helper():
@@ -383,6 +383,20 @@ def test_gpu_dry_run_runs_every_section_on_the_cpu(tmp_path):
                if "datasets_per_s" in row)
     for section in ("train", "mfu", "large", "throughput"):
         assert _csv(tmp_path / f"gpu_{section}.csv")
+
+
+def test_embeddings_quick_runs(tmp_path):
+    rows = _load("embeddings").main(["--quick", "--results", str(tmp_path)])
+    methods = {row["method"] for row in rows}
+    assert {"TGMM", "GMM n_init=3", "TransformerClusterer", "KMeans n_init=10"} <= methods
+    for row in rows:
+        assert row["features"] == 256 and row["seconds"] > 0 and -1 <= row["ari"] <= 1
+        # Each family's times are ratios to its reference's, measured in the same loop.
+        if row["method"] in ("GMM n_init=1", "KMeans n_init=1"):
+            assert row["time_ratio"] == 1.0
+    mixtures = [row["quality"] for row in rows if row["family"] == "mixture"]
+    assert all(np.isfinite(mixtures))
+    assert len(_csv(tmp_path / "embeddings.csv")) == len(rows)
 
 
 def test_realdata_large_quick_runs(tmp_path):
