@@ -331,7 +331,7 @@ class TransformerClusterer(
                     "An array init fixes the number of clusters; pass n_clusters as an int "
                     f"to use it, not {self.n_clusters!r}."
                 )
-            _merge.fit_merged(self, X, sample_weight)
+            self._fit_merged(X, sample_weight)
             return
         if not auto:
             _choose_k.store_choice(self, None)
@@ -507,6 +507,48 @@ class TransformerClusterer(
         (4, 2)
         """
         return self.fit(X, sample_weight=sample_weight).transform(X)
+
+    def _fit_merged(self, X, sample_weight) -> None:
+        """``merge=True``: the mixture that ``TransformerGMM(n_components=n_clusters)``
+        fits, its components merged into clusters (:mod:`~transformer_gmm._merge`).
+        ``labels_`` are the merged clusters, ``cluster_centers_`` their weighted means and
+        ``inertia_`` the weighted squared distances to the centre of each label."""
+        from .gmm import TransformerGMM
+
+        mixture = TransformerGMM(
+            n_components=self.n_clusters,
+            max_components=self.max_clusters,
+            criterion=self.criterion,
+            max_iter=self.max_iter,
+            random_state=self.random_state,
+            checkpoint=self.checkpoint,
+            n_views=self.n_views,
+            device=self.device,
+        ).fit(X, sample_weight=sample_weight)
+        mapping = _merge.merge_mixture(mixture, X, sample_weight)
+        labels = mapping[np.asarray(mixture.predict(X))].astype(np.int32)
+        w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
+        n_clusters = int(mapping.max()) + 1
+        mass = np.bincount(labels, weights=w, minlength=n_clusters)
+        sums = np.stack(
+            [np.bincount(labels, weights=w * X[:, j], minlength=n_clusters)
+             for j in range(X.shape[1])],
+            axis=1,
+        )
+        centers = sums / np.maximum(mass, np.finfo(float).tiny)[:, None]
+        self.mixture_ = mixture
+        self.component_to_cluster_ = mapping
+        self.cluster_centers_ = centers.astype(X.dtype, copy=False)
+        self.labels_ = labels
+        self.inertia_ = float(w @ ((X - centers[labels]) ** 2).sum(axis=1))
+        self.n_iter_ = mixture.n_iter_
+        self.init_method_ = mixture.init_method_
+        self.device_ = mixture.device_
+        self.n_clusters_ = n_clusters
+        self._n_init = getattr(mixture, "_n_init", 1)
+        for name in ("candidates_", "criterion_", "selection_criterion_", "k_posterior_"):
+            if hasattr(mixture, name):
+                setattr(self, name, getattr(mixture, name))
 
     def predict(self, X):
         """The nearest cluster centre of each sample.
