@@ -356,7 +356,8 @@ def lloyd(
     mask: Tensor | None = None,
     sample_weight: Tensor | None = None,
     trace: list | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    with_inertia: bool = True,
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
     """Lloyd's k-means from ``centers``, batched, with scikit-learn's stopping rule.
 
     A dataset stops when its labels do not change (strict convergence) or when the
@@ -382,13 +383,16 @@ def lloyd(
         stays unweighted, as there.
     trace : list, optional
         Receives a :class:`LloydStep` per iteration (for a ``verbose`` report).
+    with_inertia : bool, default=True
+        False: no inertia (None), for callers that read the labels alone; on wide data
+        its pass over the rows costs several Lloyd iterations.
 
     Returns
     -------
     centers : Tensor of shape (B, K, d)
     labels : long Tensor of shape (B, N)
         Closest returned centre of each point; -1 for padded points.
-    inertia : Tensor of shape (B,)
+    inertia : Tensor of shape (B,) or None
         Sum of (weighted) squared distances of real points to their centre.
     n_iter : long Tensor of shape (B,)
 
@@ -441,5 +445,5 @@ def lloyd(
     # Final assignment, so that labels and inertia belong to the returned centres.
     centered = centers - offset
     labels = assign(X, centered)  # (B, N)
-    inertia = inertia_of(X, centered, labels, weights)  # (B,)
+    inertia = inertia_of(X, centered, labels, weights) if with_inertia else None  # (B,)
     return centers, labels.masked_fill(padded, -1), inertia, n_iter
