@@ -16,7 +16,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from . import _array_api, _choose_k, _dask, _fitting, _initialization, _streaming
+from . import _array_api, _choose_k, _dask, _fitting, _initialization, _missing, _streaming
 from ._base import TransformerMixtureBase
 from ._cluster_initialization import init_kind
 from ._warnings import warn_user
@@ -189,6 +189,8 @@ class TransformerClusterer(
         "algorithm": [StrOptions({"lloyd", "elkan"})],
     }
     _accept_sparse = "csr"
+    # NaN marks a missing entry in fit and the methods that read rows (see _missing).
+    _allow_nan = True
 
     def __init__(
         self,
@@ -276,13 +278,21 @@ class TransformerClusterer(
         _array_api.attributes_to_input(self, namespace)
         return self
 
-    def _fit_numpy(self, X, sample_weight) -> None:
-        """:meth:`fit` on numpy (or dask, or sparse) ``X``."""
+    def _fit_numpy(self, X, sample_weight, allow_nan: bool = True) -> None:
+        """:meth:`fit` on numpy (or dask, or sparse) ``X``. ``X`` with NaN (where
+        ``allow_nan``) is clustered by :func:`~transformer_gmm._missing.fit_clusters`;
+        without, as it always was."""
         _array_api.attributes_to_numpy(self)
         auto = _choose_k.is_auto(self.n_clusters)
         X = _fitting.validate_fit_data(
-            self, X, 1 if auto else self.n_clusters, self._accept_sparse, _too_few_samples_message
+            self, X, 1 if auto else self.n_clusters, self._accept_sparse,
+            _too_few_samples_message, allow_nan=allow_nan,
         )
+        has_missing = _missing.has_missing(X)
+        rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
+        if has_missing:
+            _missing.check_fit_data(self, X)
+            rows = _missing.mean_imputed(X)
         if _dask.is_dask_array(X) and (
             auto
             or sample_weight is not None
@@ -305,14 +315,20 @@ class TransformerClusterer(
                     f"to use it, not {self.n_clusters!r}."
                 )
             choice = _choose_k.choose(
-                self, X, sample_weight, check_random_state(self.random_state), "n_clusters"
+                self, rows, sample_weight, check_random_state(self.random_state), "n_clusters"
             )
             _choose_k.store_choice(self, choice)
             if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
                 _choose_k.take_fitted_attributes(self, choice.fitted)
-                return
-            n_clusters, reading = choice.n_components, choice.reading
-        self._fit_k(X, sample_weight, n_clusters, reading)
+                if not has_missing:
+                    return
+                n_clusters = self.n_clusters_  # fitted on the imputed rows: refitted below
+            else:
+                n_clusters, reading = choice.n_components, choice.reading
+        if has_missing:
+            _missing.fit_clusters(self, X, rows, sample_weight, n_clusters, reading)
+        else:
+            self._fit_k(X, sample_weight, n_clusters, reading)
 
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y=None, sample_weight=None):
@@ -364,8 +380,13 @@ class TransformerClusterer(
         """
         _streaming.check_in_memory(X)
         _array_api.check_numpy_stream(type(self).__name__, X)
+        with _streaming.missing_values_refused(type(self).__name__):
+            return self._partial_fit(X, sample_weight)
+
+    def _partial_fit(self, X, sample_weight):
+        """:meth:`partial_fit` on a numpy batch without NaN."""
         if not _streaming.is_streaming(self, "cluster_centers_"):
-            self.fit(X, sample_weight=sample_weight)
+            self._fit_numpy(X, sample_weight, allow_nan=False)
             if sample_weight is not None:
                 sample_weight = _initialization.checked_sample_weight(
                     sample_weight, len(self.labels_), 0
@@ -543,6 +564,8 @@ class TransformerClusterer(
             X = _array_api.to_numpy(X)
         X = self._validate_predict_data(X)
         centers = _array_api.to_numpy(self.cluster_centers_)
+        if _missing.has_missing(X):  # over each row's observed coordinates
+            return _missing.observed_distances(X, centers), namespace
         if _dask.is_dask_array(X):
             return _dask.map_rows(
                 euclidean_distances, X, centers, n_columns=centers.shape[0]
