@@ -242,7 +242,14 @@ class TransformerClusterer(
             clustered where its chunks live, on the active Dask scheduler, without
             gathering it: the starts come from a sample of it, and each Lloyd
             iteration is one pass that sums the chunks' counts and sums; ``labels_`` is
-            then lazy.
+            then lazy. In memory (dense or sparse), NaN marks a missing entry: the starts
+            and Lloyd read the rows with each missing entry replaced by its column's mean,
+            then k-POD (Chi, Chi and Baraniuk, 2016) minimises the inertia over the
+            observed entries alone, each iteration one Lloyd step on the rows with their
+            missing entries filled from their centre. ``inertia_`` is then that inertia,
+            ``n_iter_`` counts the k-POD iterations, and ``labels_`` are the nearest centres
+            over each row's observed coordinates (see "Missing values" in the
+            documentation). A row or a column with every value missing is an error.
         y : Ignored
             Not used, present for API consistency.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -498,7 +505,8 @@ class TransformerClusterer(
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            Samples.
+            Samples; NaN marks a missing entry, and a row with gaps goes to the centre
+            nearest over its observed coordinates.
 
         Returns
         -------
@@ -534,7 +542,9 @@ class TransformerClusterer(
         Returns
         -------
         distances : ndarray of shape (n_samples, n_clusters)
-            Euclidean distances.
+            Euclidean distances; of a row with missing entries (NaN), over its observed
+            coordinates alone, not rescaled (so the squared distance to the nearest centre
+            is the row's share of the inertia over the observed entries).
 
         Examples
         --------
@@ -587,7 +597,8 @@ class TransformerClusterer(
         Returns
         -------
         score : float
-            ``-sum(w * min_k ||x - c_k||^2)``.
+            ``-sum(w * min_k ||x - c_k||^2)``, the norm over each row's observed
+            coordinates where it has missing entries (NaN).
 
         Examples
         --------
