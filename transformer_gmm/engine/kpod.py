@@ -11,8 +11,8 @@ are never imputed in the result: they only carry the current centres through a s
 Why k-POD rather than Lloyd with distances and means over the observed coordinates (the
 other common variant, which minimises the same inertia): from the same starts, on iris and
 wine with 30 and 50 % of the entries missing completely at random (three seeds), the other
-variant's inertia was 0.1 to 1.3 % lower and the ARI of the two within 0.03 of each other
-either way (k-POD's 0.003 higher on average): nothing clearly better, and k-POD reuses
+variant's inertia was 0.04 to 1.3 % lower and the ARI of the two within 0.03 of each other
+either way (k-POD's 0.0035 higher on average): nothing clearly better, and k-POD reuses
 Lloyd as it is.
 """
 
