@@ -356,6 +356,8 @@ def plot(table: list[dict], path: Path) -> Path:
                 rate, mean, se = (np.array(v) for v in zip(*points, strict=True))
                 ax.errorbar(100 * rate, mean, yerr=se, marker="o", capsize=3, label=method,
                             lw=2.5 if method in (TGMM, CLUSTERER) else 1)
+            if metric == "heldout_ll":  # complete-case fits reach -10^5: a log scale past -10
+                ax.set_yscale("symlog", linthresh=10)
             ax.set_title(f"{title} ({pattern})")
             ax.set_xlabel("entries missing (%)")
             if i == 0:
