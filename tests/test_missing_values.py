@@ -190,3 +190,16 @@ def test_the_number_of_components_is_chosen_on_the_imputed_rows():
     assert gmm.n_components_ in gmm.candidates_
     assert not np.isnan(gmm.means_).any()
     assert np.isclose(gmm.lower_bound_, gmm.score(X), rtol=1e-9)
+
+
+def test_runs_of_patterns_give_the_fit_of_one_run(monkeypatch):
+    # The patterns are batched in runs that bound the temporaries' memory: the same fit,
+    # up to rounding, whatever the runs.
+    _, X = mixture_with_gaps(rate=0.3)
+    whole = TransformerGMM(3, checkpoint=None, random_state=0).fit(X)
+    monkeypatch.setattr(missing, "_CHUNK_ELEMENTS", 100)
+    assert len(missing.Patterns.of(X, "cpu").chunks(3)) > 5
+    runs = TransformerGMM(3, checkpoint=None, random_state=0).fit(X)
+    np.testing.assert_allclose(runs.means_, whole.means_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(runs.covariances_, whole.covariances_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(runs.score_samples(X), whole.score_samples(X), rtol=1e-10)
