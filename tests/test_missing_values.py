@@ -169,8 +169,12 @@ def test_without_nan_the_fit_is_the_fit_of_the_plan():
 def test_rows_are_grouped_by_pattern():
     X = np.array([[1.0, np.nan], [2.0, 3.0], [np.nan, 1.0], [4.0, np.nan], [5.0, 6.0]])
     patterns = missing.Patterns.of(X, "cpu")
-    groups = sorted(sorted(r.tolist()) for r in patterns.rows)
+    bounds = patterns.bounds
+    groups = sorted(
+        sorted(patterns.order[bounds[p] : bounds[p + 1]].tolist()) for p in range(len(bounds) - 1)
+    )
     assert groups == [[0, 3], [1, 4], [2]]
+    assert sorted(patterns.masks.tolist()) == [[False, True], [True, False], [True, True]]
 
 
 def test_the_transformer_starts_from_the_imputed_rows():

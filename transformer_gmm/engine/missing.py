@@ -52,14 +52,10 @@ _CHUNK_ELEMENTS = 2**22
 
 @dataclass(frozen=True)
 class Patterns:
-    """The rows grouped by missing pattern: for each pattern, its rows' indices and the
-    indices of its observed and missing features (tensors on the data's device); and the
-    same as arrays for the batched products: each pattern's mask of observed features
-    (P, d), the rows in pattern order and where each pattern's rows start in it."""
+    """The rows grouped by missing pattern: each pattern's mask of observed features
+    (P, d), the rows in pattern order, and where each pattern's rows start in it (tensors
+    on the data's device)."""
 
-    rows: list[Tensor]
-    observed: list[Tensor]
-    missing: list[Tensor]
     masks: Tensor  # (P, d) bool, True where observed
     order: Tensor  # (n,) the rows, pattern by pattern
     bounds: np.ndarray  # (P + 1,) pattern p's rows are order[bounds[p]:bounds[p + 1]]
@@ -71,14 +67,9 @@ class Patterns:
         inverse = inverse.ravel()
         order = np.argsort(inverse, kind="stable")
         bounds = np.searchsorted(inverse[order], np.arange(len(patterns) + 1))
-        rows, observed, missing = [], [], []
-        for p, pattern in enumerate(patterns):
-            rows.append(torch.as_tensor(order[bounds[p] : bounds[p + 1]], device=device))
-            observed.append(torch.as_tensor(np.flatnonzero(~pattern), device=device))
-            missing.append(torch.as_tensor(np.flatnonzero(pattern), device=device))
         return cls(
-            rows, observed, missing, torch.as_tensor(~patterns, device=device),
-            torch.as_tensor(order, device=device), bounds,
+            torch.as_tensor(~patterns, device=device), torch.as_tensor(order, device=device),
+            bounds,
         )
 
     def chunks(self, n_components: int) -> list[tuple[int, int]]:
@@ -125,13 +116,12 @@ def _chunk(patterns: Patterns, first: int, last: int, covariances: Tensor) -> _C
     return _Chunk(patterns.order[start:stop], pattern, masks, factors, log_det)
 
 
-def _whitened(x: Tensor, chunk: _Chunk, means: Tensor) -> tuple[Tensor, Tensor]:
-    """The chunk's rows' observed deviations from each mean, zero where missing, (m, K, d),
-    and their whitened form (x_o - mu_o)^T P_oo (embedded), (m, K, d)."""
+def _whitened(x: Tensor, chunk: _Chunk, means: Tensor) -> Tensor:
+    """The chunk's rows' observed deviations from each mean (zero where missing),
+    whitened: (x_o - mu_o)^T P_oo, embedded, (m, K, d)."""
     observed = chunk.masks[chunk.pattern]  # (m, d)
     deviations = (x[chunk.rows][:, None, :] - means[None]) * observed[:, None, :]
-    whitened = torch.einsum("mkd,mkde->mke", deviations, chunk.factors[chunk.pattern])
-    return deviations, whitened
+    return torch.einsum("mkd,mkde->mke", deviations, chunk.factors[chunk.pattern])
 
 
 def _log_prob_by_pattern(
@@ -143,7 +133,7 @@ def _log_prob_by_pattern(
     chunks = []
     for first, last in patterns.chunks(len(weights)):
         chunk = _chunk(patterns, first, last, covariances)
-        _, whitened = _whitened(x, chunk, means)
+        whitened = _whitened(x, chunk, means)
         n_observed = chunk.masks.sum(1)[chunk.pattern]  # (m,)
         out[chunk.rows] = (
             -0.5 * (n_observed[:, None] * math.log(2 * math.pi) + whitened.square().sum(-1))
@@ -161,7 +151,7 @@ def _completed(
     and the missing ones' conditional means mu_m + Sigma_mo Sigma_oo^-1 (x_o - mu_o); and
     each pattern's conditional covariance of its missing entries, Sigma_mm - Sigma_mo
     Sigma_oo^-1 Sigma_om, embedded in (p, K, d, d) with zeros on the observed features."""
-    _, whitened = _whitened(x, chunk, means)
+    whitened = _whitened(x, chunk, means)
     factors = chunk.factors[chunk.pattern]  # (m, K, d, d)
     # Sigma_oo^-1 (x_o - mu_o) = P P^T (x_o - mu_o), zero on the missing features.
     solved = torch.einsum("mkde,mke->mkd", factors, whitened)
