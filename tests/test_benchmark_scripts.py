@@ -97,6 +97,25 @@ def test_realdata_quick_runs(tmp_path):
     assert float(oracle["iris"]["ll"]) <= float(oracle["iris"]["best_ll"]) + 1e-9
 
 
+def test_missing_quick_runs_and_its_gaps_hit_their_rates(tmp_path):
+    missing = _load("missing")
+    rows, table, pairs = missing.main(["--quick", "--datasets", "iris",
+                                       "--results", str(tmp_path)])
+    assert (tmp_path / "missing.png").stat().st_size > 0
+    n_methods = 2 + 2 * len(missing.IMPUTERS) + 1  # ours x 2, pipelines, complete-case
+    assert len(_csv(tmp_path / "missing_fits.csv")) == len(rows) == 2 * n_methods
+    assert {r["method"] for r in table} >= {missing.TGMM, missing.CLUSTERER}
+    assert all(np.isfinite(r["ari"]) for r in rows if not r["error"])
+    assert len(pairs) == 2 * 3  # patterns x (two metrics of TGMM, one of the clusterer)
+    X = np.random.default_rng(0).normal(size=(4000, 5))
+    for pattern in missing.PATTERNS:
+        gaps = np.isnan(missing.with_gaps(np.random.default_rng(1), X, pattern, 0.3))
+        assert abs(gaps.mean() - 0.3) < 0.02
+        assert not gaps.all(axis=1).any()
+    driver_observed = ~np.isnan(missing.with_gaps(np.random.default_rng(1), X, "MAR", 0.3))
+    assert driver_observed.all(axis=0).sum() == 1  # MAR: one feature always observed
+
+
 def test_class_mixture_is_one_m_step_on_the_classes():
     realdata = _load("realdata")
     dataset = realdata.load_dataset("iris")

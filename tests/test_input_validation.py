@@ -18,13 +18,10 @@ ESTIMATORS = [
 ]
 
 X_GOOD = np.random.default_rng(0).normal(size=(30, 2))
-X_NAN = X_GOOD.copy()
-X_NAN[3, 1] = np.nan
 X_INF = X_GOOD.copy()
 X_INF[5, 0] = np.inf
 
 BAD_INPUTS = {
-    "nan": (X_NAN, ValueError, "Input X contains NaN"),
     "inf": (X_INF, ValueError, "Input X contains infinity"),
     "fewer samples than components": (X_GOOD[:2], ValueError, "Pass more samples or lower"),
     "1-D": (X_GOOD[:, 0], ValueError, "Reshape your data"),
@@ -37,13 +34,13 @@ BAD_INPUTS = {
 
 
 # The clusterer takes sparse input, as KMeans does (tests/test_cluster_sklearn_parameters.py);
-# the mixture takes NaN as missing entries (tests/test_missing_values.py).
+# both take NaN as missing entries (tests/test_missing_values.py,
+# tests/test_missing_clusterer.py).
 BAD_INPUT_CASES = [
     pytest.param(estimator, case, id=f"{case}-{estimator!r}")
     for estimator in ESTIMATORS
     for case in BAD_INPUTS
     if not (case == "sparse matrix" and isinstance(estimator, TransformerClusterer))
-    and not (case == "nan" and isinstance(estimator, TransformerGMM))
 ]
 
 

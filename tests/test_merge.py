@@ -123,3 +123,10 @@ def test_clusterer_counts_merged_clusters():
     # An int n_clusters ignores merge, and forgets the merged fit's attributes.
     km.set_params(n_clusters=4).fit(X)
     assert km.n_clusters_ == 4 and not hasattr(km, "component_to_cluster_")
+
+
+def test_merged_clusterer_refuses_missing_values_with_a_clear_error():
+    X = np.random.default_rng(0).normal(size=(60, 2))
+    X[3, 1] = np.nan
+    with pytest.raises(ValueError, match="merge=True does not take missing values"):
+        TransformerClusterer(n_clusters=[2], merge=True, checkpoint=None).fit(X)

@@ -145,8 +145,9 @@ def _summarize(X, seed: int, estimator_name: str) -> _Summary:
         if any(part.get("nan", False) for part in parts):
             raise ValueError(
                 f"Input X contains NaN. {estimator_name} does not accept missing values "
-                "encoded as NaN: impute them (for example with dask-ml's SimpleImputer) or "
-                "drop the rows that hold them."
+                "encoded as NaN in a dask array: impute them (for example with dask-ml's "
+                "SimpleImputer), drop the rows that hold them, or fit on X.compute() in "
+                "memory, where NaN marks a missing entry."
             )
         raise ValueError(f"Input X contains infinity or a value too large for {X.dtype!r}.")
     parts = [part for part in parts if part["n_rows"] > 0]

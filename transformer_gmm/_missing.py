@@ -1,5 +1,7 @@
-"""TransformerGMM on data with missing entries (NaN): the checks, the start, and EM on the
-observed entries (:mod:`transformer_gmm.engine.missing`). Data without NaN never come here.
+"""The estimators on data with missing entries (NaN): the checks, the start, and, for
+TransformerGMM, EM on the observed entries (:mod:`transformer_gmm.engine.missing`); for
+TransformerClusterer, k-POD (:mod:`transformer_gmm.engine.kpod`). Data without NaN never
+come here.
 """
 
 from __future__ import annotations
@@ -7,19 +9,23 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import torch
+from scipy import sparse
 from sklearn.exceptions import ConvergenceWarning
 
 from . import _dask
 from ._collapsed import collapsed_components
 from ._mixture_methods import precisions_from_cholesky
 from ._warnings import warn_user
-from .engine import backend, missing
+from .engine import backend, kpod, missing, row_order
 
 
 def has_missing(X) -> bool:
-    """Whether the validated ``X`` (in memory) holds a NaN."""
+    """Whether the validated ``X`` (in memory, dense or sparse) holds a NaN."""
     if _dask.is_dask_array(X):
         return False
+    if sparse.issparse(X):  # NaN can only be a stored value
+        return has_missing(X.data)
     # A sum is one pass with no (n, d) mask; it is NaN where X holds one, and also where
     # finite values overflowed to inf of both signs: then the exact check decides.
     with np.errstate(over="ignore", invalid="ignore"):
@@ -42,7 +48,10 @@ def check_fit_data(estimator, X: np.ndarray) -> None:
 
 def mean_imputed(X: np.ndarray) -> np.ndarray:
     """``X`` with each NaN replaced by its column's mean over the observed entries."""
-    means = np.nanmean(X, axis=0)
+    # Summed in sorted order, so that the means, and with them the imputed rows, the
+    # canonical row order and every start, are the same to the bit whatever the row order.
+    ordered = np.sort(X, axis=0)  # NaN last
+    means = np.nansum(ordered, axis=0) / np.count_nonzero(~np.isnan(X), axis=0)
     return np.where(np.isnan(X), means, X).astype(X.dtype, copy=False)
 
 
@@ -96,3 +105,46 @@ def fit_k(
             "parameters, or increase max_iter, tol, or check for degenerate data.",
             ConvergenceWarning,
         )
+
+
+def fit_clusters(
+    estimator, X: np.ndarray, imputed: np.ndarray, sample_weight, n_clusters: int,
+    reading=None,
+) -> None:
+    """Cluster ``X`` with NaN into ``n_clusters``: the usual fit (the transformer's or
+    k-means++ starts, and Lloyd) on the ``imputed`` rows gives the start, then k-POD
+    (:func:`~transformer_gmm.engine.kpod.fit_kpod`) minimises the inertia over the
+    observed entries, and its centres, labels and inertia are kept."""
+    estimator._fit_k(imputed, sample_weight, n_clusters, reading)
+    # In the rows' canonical order, as every fit reads them: the same result, to the bit,
+    # whatever their order.
+    order = row_order.canonical_order(X, sample_weight)
+    result = kpod.fit_kpod(
+        X[order],
+        estimator.cluster_centers_.astype(np.float64),
+        max_iter=estimator.max_iter,
+        tol=estimator.tol,
+        sample_weight=None if sample_weight is None else sample_weight[order],
+        device=estimator.device_,
+    )
+    labels = np.empty_like(result.labels)
+    labels[order] = result.labels
+    estimator.cluster_centers_ = result.centers.astype(X.dtype, copy=False)
+    estimator.labels_ = labels
+    estimator.inertia_ = result.inertia
+    estimator.n_iter_ = result.n_iter
+
+
+def observed_distances(X, centers: np.ndarray) -> np.ndarray:
+    """Euclidean distances (n, K) from the rows of ``X`` (with NaN; dense or sparse) to
+    ``centers``, over each row's observed coordinates alone (not rescaled for the missing
+    ones, so that the squared distances to the nearest centres sum to the inertia)."""
+    if sparse.issparse(X):
+        X = X.toarray()
+    missing.check_rows(X)
+    x = torch.as_tensor(X, dtype=torch.float64)
+    observed = ~torch.isnan(x)
+    squared = kpod.observed_squared_distances(
+        torch.where(observed, x, 0.0), observed, torch.as_tensor(centers, dtype=torch.float64)
+    )
+    return squared.sqrt_().numpy().astype(X.dtype, copy=False)

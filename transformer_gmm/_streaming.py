@@ -5,6 +5,8 @@ estimator goes on where it stopped. No torch here."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 from scipy import sparse
 from sklearn.utils.validation import validate_data
@@ -34,6 +36,23 @@ def check_in_memory(X) -> None:
             "partial_fit takes a batch in memory; pass batch.compute(), or fit the whole "
             "dask array with fit."
         )
+
+
+@contextmanager
+def missing_values_refused(estimator_name: str):
+    """scikit-learn's NaN error of a ``partial_fit`` batch, reworded: ``fit`` takes NaN,
+    a stream does not (its steps have no estimate of the missing entries)."""
+    try:
+        yield
+    except ValueError as error:
+        if not str(error).startswith("Input X contains NaN"):
+            raise
+        raise ValueError(
+            f"Input X contains NaN. {estimator_name}.partial_fit does not take missing "
+            "values: impute the batch first (e.g. sklearn.impute.SimpleImputer fitted on "
+            "an earlier batch), or fit all the rows at once with fit, which takes NaN as "
+            "a missing entry."
+        ) from error
 
 
 def start(estimator, attribute: str, n_samples: int) -> None:

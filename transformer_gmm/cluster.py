@@ -16,7 +16,16 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from . import _array_api, _choose_k, _dask, _fitting, _initialization, _merge, _streaming
+from . import (
+    _array_api,
+    _choose_k,
+    _dask,
+    _fitting,
+    _initialization,
+    _merge,
+    _missing,
+    _streaming,
+)
 from ._base import TransformerMixtureBase
 from ._cluster_initialization import init_kind
 from ._warnings import warn_user
@@ -214,6 +223,8 @@ class TransformerClusterer(
         "algorithm": [StrOptions({"lloyd", "elkan"})],
     }
     _accept_sparse = "csr"
+    # NaN marks a missing entry in fit and the methods that read rows (see _missing).
+    _allow_nan = True
 
     def __init__(
         self,
@@ -267,7 +278,14 @@ class TransformerClusterer(
             clustered where its chunks live, on the active Dask scheduler, without
             gathering it: the starts come from a sample of it, and each Lloyd
             iteration is one pass that sums the chunks' counts and sums; ``labels_`` is
-            then lazy.
+            then lazy. In memory (dense or sparse), NaN marks a missing entry: the starts
+            and Lloyd read the rows with each missing entry replaced by its column's mean,
+            then k-POD (Chi, Chi and Baraniuk, 2016) minimises the inertia over the
+            observed entries alone, each iteration one Lloyd step on the rows with their
+            missing entries filled from their centre. ``inertia_`` is then that inertia,
+            ``n_iter_`` counts the k-POD iterations, and ``labels_`` are the nearest centres
+            over each row's observed coordinates (see "Missing values" in the
+            documentation). A row or a column with every value missing is an error.
         y : Ignored
             Not used, present for API consistency.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -303,13 +321,21 @@ class TransformerClusterer(
         _array_api.attributes_to_input(self, namespace)
         return self
 
-    def _fit_numpy(self, X, sample_weight) -> None:
-        """:meth:`fit` on numpy (or dask, or sparse) ``X``."""
+    def _fit_numpy(self, X, sample_weight, allow_nan: bool = True) -> None:
+        """:meth:`fit` on numpy (or dask, or sparse) ``X``. ``X`` with NaN (where
+        ``allow_nan``) is clustered by :func:`~transformer_gmm._missing.fit_clusters`;
+        without, as it always was."""
         _array_api.attributes_to_numpy(self)
         auto = _choose_k.is_auto(self.n_clusters)
         X = _fitting.validate_fit_data(
-            self, X, 1 if auto else self.n_clusters, self._accept_sparse, _too_few_samples_message
+            self, X, 1 if auto else self.n_clusters, self._accept_sparse,
+            _too_few_samples_message, allow_nan=allow_nan,
         )
+        has_missing = _missing.has_missing(X)
+        rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
+        if has_missing:
+            _missing.check_fit_data(self, X)
+            rows = _missing.mean_imputed(X)
         if _dask.is_dask_array(X) and (
             auto
             or sample_weight is not None
@@ -326,6 +352,11 @@ class TransformerClusterer(
         for name in ("mixture_", "component_to_cluster_"):  # of an earlier merged fit
             self.__dict__.pop(name, None)
         if auto and self.merge:
+            if has_missing:
+                raise ValueError(
+                    "merge=True does not take missing values (NaN) yet: impute X first "
+                    "(sklearn.impute.SimpleImputer), or fit with merge=False, which reads them."
+                )
             if init_kind(self.init) == "array":
                 raise ValueError(
                     "An array init fixes the number of clusters; pass n_clusters as an int "
@@ -342,14 +373,20 @@ class TransformerClusterer(
                     f"to use it, not {self.n_clusters!r}."
                 )
             choice = _choose_k.choose(
-                self, X, sample_weight, check_random_state(self.random_state), "n_clusters"
+                self, rows, sample_weight, check_random_state(self.random_state), "n_clusters"
             )
             _choose_k.store_choice(self, choice)
             if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
                 _choose_k.take_fitted_attributes(self, choice.fitted)
-                return
-            n_clusters, reading = choice.n_components, choice.reading
-        self._fit_k(X, sample_weight, n_clusters, reading)
+                if not has_missing:
+                    return
+                n_clusters = self.n_clusters_  # fitted on the imputed rows: refitted below
+            else:
+                n_clusters, reading = choice.n_components, choice.reading
+        if has_missing:
+            _missing.fit_clusters(self, X, rows, sample_weight, n_clusters, reading)
+        else:
+            self._fit_k(X, sample_weight, n_clusters, reading)
 
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y=None, sample_weight=None):
@@ -401,8 +438,13 @@ class TransformerClusterer(
         """
         _streaming.check_in_memory(X)
         _array_api.check_numpy_stream(type(self).__name__, X)
+        with _streaming.missing_values_refused(type(self).__name__):
+            return self._partial_fit(X, sample_weight)
+
+    def _partial_fit(self, X, sample_weight):
+        """:meth:`partial_fit` on a numpy batch without NaN."""
         if not _streaming.is_streaming(self, "cluster_centers_"):
-            self.fit(X, sample_weight=sample_weight)
+            self._fit_numpy(X, sample_weight, allow_nan=False)
             if sample_weight is not None:
                 sample_weight = _initialization.checked_sample_weight(
                     sample_weight, len(self.labels_), 0
@@ -556,7 +598,8 @@ class TransformerClusterer(
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            Samples.
+            Samples; NaN marks a missing entry, and a row with gaps goes to the centre
+            nearest over its observed coordinates.
 
         Returns
         -------
@@ -596,7 +639,9 @@ class TransformerClusterer(
         Returns
         -------
         distances : ndarray of shape (n_samples, n_clusters)
-            Euclidean distances.
+            Euclidean distances; of a row with missing entries (NaN), over its observed
+            coordinates alone, not rescaled (so the squared distance to the nearest centre
+            is the row's share of the inertia over the observed entries).
 
         Examples
         --------
@@ -626,6 +671,8 @@ class TransformerClusterer(
             X = _array_api.to_numpy(X)
         X = self._validate_predict_data(X)
         centers = _array_api.to_numpy(self.cluster_centers_)
+        if _missing.has_missing(X):  # over each row's observed coordinates
+            return _missing.observed_distances(X, centers), namespace
         if _dask.is_dask_array(X):
             return _dask.map_rows(
                 euclidean_distances, X, centers, n_columns=centers.shape[0]
@@ -647,7 +694,8 @@ class TransformerClusterer(
         Returns
         -------
         score : float
-            ``-sum(w * min_k ||x - c_k||^2)``.
+            ``-sum(w * min_k ||x - c_k||^2)``, the norm over each row's observed
+            coordinates where it has missing entries (NaN).
 
         Examples
         --------

@@ -513,6 +513,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         """
         _streaming.check_in_memory(X)
         _array_api.check_numpy_stream(type(self).__name__, X)
+        with _streaming.missing_values_refused(type(self).__name__):
+            return self._partial_fit(X, sample_weight)
+
+    def _partial_fit(self, X, sample_weight):
+        """:meth:`partial_fit` on a numpy batch without NaN."""
         if not _streaming.is_streaming(self, "means_"):
             X = self._fit(X, sample_weight, allow_nan=False)
             _streaming.start(self, "means_", X.shape[0])

@@ -5,8 +5,11 @@ M-step reads the conditional expectations of the missing entries given the obser
 and their conditional covariances (Ghahramani and Jordan, 1994). Rows that share a missing
 pattern share every matrix those need (the marginal covariances, their factors, the
 regressions of the missing features on the observed ones), so the rows are grouped by
-pattern and each group is one batched product over its rows and every component: the
-cost grows with the number of patterns, not of rows.
+pattern, and each pattern's matrices are computed once. Each pattern's Sigma_oo is taken
+as Sigma with its missing rows and columns replaced by the identity's, a (d, d) matrix
+whose factors are those of Sigma_oo embedded: every pattern then has the same shape, and
+runs of patterns (as many as a bounded temporary holds) are one batched product over
+their patterns, rows and components, with no loop over patterns in Python.
 
 Every covariance type runs through the full (K, d, d) covariances: the conditional
 moments need the cross-covariances, which are zero for the diagonal types, so this costs
@@ -17,17 +20,14 @@ complete-data likelihood under the type's constraint.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .gaussian import (
-    compute_precision_cholesky,
-    covariances_from_precisions_cholesky,
-    estimate_log_gaussian_prob,
-)
+from .gaussian import compute_precision_cholesky, covariances_from_precisions_cholesky
 
 __all__ = ["MissingEMResult", "Patterns", "check_rows", "fit_em_missing", "weighted_log_prob"]
 
@@ -45,14 +45,20 @@ def check_rows(X: np.ndarray) -> None:
         )
 
 
+# Elements of the largest (rows, K, d, d) temporary of one chunk of patterns (32 MiB in
+# float64): the rows' factors, gathered from their patterns'.
+_CHUNK_ELEMENTS = 2**22
+
+
 @dataclass(frozen=True)
 class Patterns:
-    """The rows grouped by missing pattern: for each pattern, its rows' indices and the
-    indices of its observed and missing features (tensors on the data's device)."""
+    """The rows grouped by missing pattern: each pattern's mask of observed features
+    (P, d), the rows in pattern order, and where each pattern's rows start in it (tensors
+    on the data's device)."""
 
-    rows: list[Tensor]
-    observed: list[Tensor]
-    missing: list[Tensor]
+    masks: Tensor  # (P, d) bool, True where observed
+    order: Tensor  # (n,) the rows, pattern by pattern
+    bounds: np.ndarray  # (P + 1,) pattern p's rows are order[bounds[p]:bounds[p + 1]]
 
     @classmethod
     def of(cls, X: np.ndarray, device: str | torch.device) -> Patterns:
@@ -61,62 +67,103 @@ class Patterns:
         inverse = inverse.ravel()
         order = np.argsort(inverse, kind="stable")
         bounds = np.searchsorted(inverse[order], np.arange(len(patterns) + 1))
-        rows, observed, missing = [], [], []
-        for p, pattern in enumerate(patterns):
-            rows.append(torch.as_tensor(order[bounds[p] : bounds[p + 1]], device=device))
-            observed.append(torch.as_tensor(np.flatnonzero(~pattern), device=device))
-            missing.append(torch.as_tensor(np.flatnonzero(pattern), device=device))
-        return cls(rows, observed, missing)
+        return cls(
+            torch.as_tensor(~patterns, device=device), torch.as_tensor(order, device=device),
+            bounds,
+        )
+
+    def chunks(self, n_components: int) -> list[tuple[int, int]]:
+        """Runs of consecutive patterns, (first, last + 1), whose rows' factors, (rows, K,
+        d, d), hold at most ``_CHUNK_ELEMENTS`` (at least one pattern a run)."""
+        n_features = self.masks.shape[1]
+        limit = max(1, _CHUNK_ELEMENTS // (n_components * n_features**2))
+        runs, first, n_patterns = [], 0, len(self.bounds) - 1
+        while first < n_patterns:
+            last = int(np.searchsorted(self.bounds, self.bounds[first] + limit, "right")) - 1
+            last = min(max(last, first + 1), n_patterns)
+            runs.append((first, last))
+            first = last
+        return runs
 
 
-def _marginal_log_prob(
-    x_observed: Tensor, means: Tensor, covariances: Tensor, observed: Tensor
-) -> tuple[Tensor, Tensor]:
-    """log N(x_o | mu_o, Sigma_oo) of one pattern's rows, (n_p, K), and the precisions'
-    Cholesky factors of Sigma_oo, (K, o, o)."""
-    sigma_oo = covariances[:, observed][:, :, observed]
-    precisions_cholesky = compute_precision_cholesky(sigma_oo, "full")
-    log_prob = estimate_log_gaussian_prob(
-        x_observed[None], means[None][:, :, observed], precisions_cholesky[None], "full"
-    )[0]
-    return log_prob, precisions_cholesky
+@dataclass(frozen=True)
+class _Chunk:
+    """One run of patterns, for every component: its rows, each row's pattern within the
+    run, the patterns' observed masks (p, d) in the data's dtype, the precisions' Cholesky
+    factors of Sigma_oo embedded in (d, d) with the identity on the missing features
+    (p, K, d, d), and their log-determinants, sum(log(diag)), (p, K)."""
+
+    rows: Tensor
+    pattern: Tensor
+    masks: Tensor
+    factors: Tensor
+    log_det: Tensor
+
+
+def _chunk(patterns: Patterns, first: int, last: int, covariances: Tensor) -> _Chunk:
+    """Every pattern of the run at once: Sigma with its missing rows and columns replaced by
+    the identity's is block-diagonal up to a permutation, so its Cholesky factor is that of
+    Sigma_oo, embedded, and the identity on the missing features (which add 0 to the
+    log-determinant and to every quadratic form of a vector zero there)."""
+    masks = patterns.masks[first:last].to(covariances.dtype)  # (p, d)
+    embedded = covariances[None] * masks[:, None, :, None] * masks[:, None, None, :]
+    embedded = embedded + torch.diag_embed(1.0 - masks)[:, None]  # (p, K, d, d)
+    factors = compute_precision_cholesky(embedded, "full")
+    log_det = torch.log(torch.diagonal(factors, dim1=-2, dim2=-1)).sum(-1)
+    start, stop = int(patterns.bounds[first]), int(patterns.bounds[last])
+    counts = torch.as_tensor(np.diff(patterns.bounds[first : last + 1]), device=masks.device)
+    pattern = torch.repeat_interleave(torch.arange(last - first, device=masks.device), counts)
+    return _Chunk(patterns.order[start:stop], pattern, masks, factors, log_det)
+
+
+def _whitened(x: Tensor, chunk: _Chunk, means: Tensor) -> Tensor:
+    """The chunk's rows' observed deviations from each mean (zero where missing),
+    whitened: (x_o - mu_o)^T P_oo, embedded, (m, K, d)."""
+    observed = chunk.masks[chunk.pattern]  # (m, d)
+    deviations = (x[chunk.rows][:, None, :] - means[None]) * observed[:, None, :]
+    return torch.einsum("mkd,mkde->mke", deviations, chunk.factors[chunk.pattern])
 
 
 def _log_prob_by_pattern(
     x: Tensor, patterns: Patterns, weights: Tensor, means: Tensor, covariances: Tensor
-) -> tuple[Tensor, list[Tensor]]:
-    """log p(x_o | k) + log w_k for every row, (n, K), and each pattern's precisions'
-    Cholesky factors over its observed features."""
+) -> tuple[Tensor, list[_Chunk]]:
+    """log p(x_o | k) + log w_k for every row, (n, K), and each run of patterns' factors
+    over its observed features. ``x`` is zero where missing."""
     out = x.new_empty((x.shape[0], weights.shape[0]))
-    factors = []
-    for rows, observed in zip(patterns.rows, patterns.observed, strict=True):
-        x_observed = x[rows][:, observed]
-        log_prob, factor = _marginal_log_prob(x_observed, means, covariances, observed)
-        out[rows] = log_prob + weights.log()
-        factors.append(factor)
-    return out, factors
+    chunks = []
+    for first, last in patterns.chunks(len(weights)):
+        chunk = _chunk(patterns, first, last, covariances)
+        whitened = _whitened(x, chunk, means)
+        n_observed = chunk.masks.sum(1)[chunk.pattern]  # (m,)
+        out[chunk.rows] = (
+            -0.5 * (n_observed[:, None] * math.log(2 * math.pi) + whitened.square().sum(-1))
+            + chunk.log_det[chunk.pattern]
+            + weights.log()
+        )
+        chunks.append(chunk)
+    return out, chunks
 
 
 def _completed(
-    x_observed: Tensor, means: Tensor, covariances: Tensor, factor: Tensor,
-    observed: Tensor, missing: Tensor,
+    x: Tensor, chunk: _Chunk, means: Tensor, covariances: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """One pattern's rows completed under each component, (K, n_p, d): the observed entries,
+    """The chunk's rows completed under each component, (m, K, d): the observed entries,
     and the missing ones' conditional means mu_m + Sigma_mo Sigma_oo^-1 (x_o - mu_o); and
-    the conditional covariance of the missing entries, Sigma_mm - Sigma_mo Sigma_oo^-1
-    Sigma_om, (K, m, m) (the same for every row of the pattern)."""
-    n_components, n_features = means.shape
-    completed = x_observed.new_empty((n_components, x_observed.shape[0], n_features))
-    completed[:, :, observed] = x_observed[None]
-    if len(missing) == 0:
-        return completed, x_observed.new_zeros((n_components, 0, 0))
-    sigma_mo = covariances[:, missing][:, :, observed]  # (K, m, o)
-    # Sigma_oo^-1 = P P^T with P the precisions' Cholesky factor.
-    regression = (sigma_mo @ factor) @ factor.mT  # Sigma_mo Sigma_oo^-1, (K, m, o)
-    centred = x_observed[None] - means[:, None, observed]  # (K, n_p, o)
-    completed[:, :, missing] = means[:, None, missing] + centred @ regression.mT
-    sigma_mm = covariances[:, missing][:, :, missing]
-    conditional = sigma_mm - regression @ sigma_mo.mT
+    each pattern's conditional covariance of its missing entries, Sigma_mm - Sigma_mo
+    Sigma_oo^-1 Sigma_om, embedded in (p, K, d, d) with zeros on the observed features."""
+    whitened = _whitened(x, chunk, means)
+    factors = chunk.factors[chunk.pattern]  # (m, K, d, d)
+    # Sigma_oo^-1 (x_o - mu_o) = P P^T (x_o - mu_o), zero on the missing features.
+    solved = torch.einsum("mkde,mke->mkd", factors, whitened)
+    regressed = torch.einsum("kfd,mkd->mkf", covariances, solved)  # Sigma_:o Sigma_oo^-1 (.)
+    observed = chunk.masks[chunk.pattern][:, None, :] > 0  # (m, 1, d)
+    completed = torch.where(observed, x[chunk.rows][:, None, :], means[None] + regressed)
+    # Sigma_oo^-1 embedded: P P^T less the identity on the missing features.
+    masks = chunk.masks[:, None]  # (p, 1, d)
+    inverse = (chunk.factors @ chunk.factors.mT) * masks[..., :, None] * masks[..., None, :]
+    conditional = covariances[None] - covariances[None] @ inverse @ covariances[None]
+    missing = 1.0 - masks
+    conditional = conditional * missing[..., :, None] * missing[..., None, :]
     return completed, conditional
 
 
@@ -148,7 +195,7 @@ def full_covariances(covariances: Tensor, covariance_type: str, n_features: int)
 
 def _m_step(
     x: Tensor, patterns: Patterns, resp: Tensor, means: Tensor, covariances: Tensor,
-    factors: list[Tensor], reg_covar: float, covariance_type: str,
+    chunks: list[_Chunk], reg_covar: float, covariance_type: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Weights, means and full covariances (K, d, d) from the responsibilities ``resp``
     (n, K, already weighted by the samples' weights) and the completed rows."""
@@ -156,28 +203,23 @@ def _m_step(
     nk = resp.sum(0) + 10 * torch.finfo(resp.dtype).eps  # as scikit-learn keeps nk > 0
     completed, conditionals = [], []
     new_means = means.new_zeros(means.shape)
-    for rows, observed, missing, factor in zip(
-        patterns.rows, patterns.observed, patterns.missing, factors, strict=True
-    ):
-        filled, conditional = _completed(
-            x[rows][:, observed], means, covariances, factor, observed, missing
-        )
+    for chunk in chunks:
+        filled, conditional = _completed(x, chunk, means, covariances)
         completed.append(filled)
         conditionals.append(conditional)
-        new_means += torch.einsum("nk,knd->kd", resp[rows], filled)
+        new_means += torch.einsum("mk,mkd->kd", resp[chunk.rows], filled)
     new_means /= nk[:, None]
     # A second pass centred on the new means: raw second moments minus the means' outer
     # product would lose the covariances' digits where the data sit far from the origin.
     scatter = means.new_zeros((n_components, n_features, n_features))
-    for rows, missing, filled, conditional in zip(
-        patterns.rows, patterns.missing, completed, conditionals, strict=True
-    ):
-        r = resp[rows]  # (n_p, K)
-        centred = filled - new_means[:, None]  # (K, n_p, d)
-        scatter += torch.einsum("nk,knd,kne->kde", r, centred, centred)
-        if len(missing):
-            block = r.sum(0)[:, None, None] * conditional  # (K, m, m)
-            scatter[:, missing[:, None], missing[None, :]] += block
+    for chunk, filled, conditional in zip(chunks, completed, conditionals, strict=True):
+        r = resp[chunk.rows]  # (m, K)
+        centred = filled - new_means[None]  # (m, K, d)
+        scatter += torch.einsum("mk,mkd,mke->kde", r, centred, centred)
+        by_pattern = r.new_zeros((len(chunk.masks), n_components)).index_add_(
+            0, chunk.pattern, r
+        )  # (p, K)
+        scatter += torch.einsum("pk,pkde->kde", by_pattern, conditional)
     new_covariances = scatter / nk[:, None, None]
     eye = torch.eye(n_features, dtype=x.dtype, device=x.device)
     projected = _project(new_covariances, nk, covariance_type)
@@ -227,6 +269,7 @@ def fit_em_missing(
     """
     dtype = torch.float64
     x = torch.as_tensor(X, dtype=dtype, device=device)
+    x = torch.where(torch.isnan(x), 0.0, x)  # the products read the observed entries alone
     patterns = Patterns.of(X, device)
     n_features = X.shape[1]
     row_weight = (
@@ -281,6 +324,7 @@ def weighted_log_prob(
     :func:`~transformer_gmm.engine.backend.estimate_weighted_log_prob` scores full rows."""
     dtype = torch.float64
     x = torch.as_tensor(X, dtype=dtype)
+    x = torch.where(torch.isnan(x), 0.0, x)
     factors = torch.as_tensor(precisions_cholesky, dtype=dtype)
     covariances = covariances_from_precisions_cholesky(factors[None], covariance_type)[0]
     sigma = full_covariances(covariances, covariance_type, X.shape[1])
