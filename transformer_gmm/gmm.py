@@ -35,133 +35,92 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
 
     A set transformer reads the whole (standardized) dataset and returns mixture
     weights, means and scales for the requested number of components; EM then polishes
-    that estimate on all of ``X`` in the original space. When the checkpoint has no
-    readout head for ``n_components`` (or no default checkpoint is bundled), the
-    estimator falls back to EM from k-means++ initialisation, as
-    :class:`sklearn.mixture.GaussianMixture` does, and says so with a
+    that estimate on all of ``X``. Where the checkpoint has no readout head for
+    ``n_components`` (or no default checkpoint is bundled), EM starts from k-means++, as
+    in :class:`sklearn.mixture.GaussianMixture`, with a
     :class:`~transformer_gmm.FallbackWarning`.
+
+    Read more in the :ref:`User Guide <user-guide-fit>`; every parameter of
+    ``GaussianMixture`` is taken, with the differences listed in
+    :ref:`Coming from scikit-learn <coming-from-sklearn>`.
 
     Parameters
     ----------
     n_components : int, "auto" or array-like of int, default=1
         The number of mixture components. ``"auto"`` chooses it among ``1`` to
-        ``max_components``, and a list (or range) among its values, by ``criterion``;
-        ``n_components_`` is then the K chosen, and the fitted estimator is the fit of that
-        K (see "Choosing the number of components" in the documentation).
+        ``max_components``, and a list (or range) among its values, by ``criterion``
+        (see :ref:`Choosing the number of components <choosing-k>`).
     max_components : int, default=None
         The largest K that ``n_components="auto"`` considers; by default the largest the
         checkpoint covers (10 without one), at most ``n_samples``. Ignored otherwise.
     criterion : {"auto", "bic", "posterior"}, default="auto"
-        How a K is chosen when ``n_components`` is not an int. ``"posterior"``: the most
-        probable K under the checkpoint's learned P(K | X), then its fit, all from one
-        forward pass (K's readout head reads the pass that chose it).
-        ``"bic"``: every candidate is fitted and the lowest BIC wins; where the checkpoint
-        reads P(K | X), all candidates start from that one pass. ``"auto"``: the
-        posterior where the checkpoint reads P(K | X) for every candidate, else BIC
-        (``checkpoint=None``, or candidates beyond its heads). The posterior is ahead of
-        BIC where components overlap and on real data, BIC on well-separated clusters in
-        two dimensions (see "Choosing the number of components" in the documentation).
+        How K is chosen when ``n_components`` is not an int: ``"posterior"``, the most
+        probable K under the checkpoint's learned P(K | X), from one forward pass;
+        ``"bic"``, the lowest BIC over every candidate's fit; ``"auto"``, the posterior
+        where the checkpoint reads it for every candidate, else BIC.
     covariance_type : {"full", "tied", "diag", "spherical"}, default="full"
         The covariance parameterisation, as in :class:`~sklearn.mixture.GaussianMixture`.
     checkpoint : str, path or None, default="default"
         The transformer: a bundled name, a local checkpoint folder, or a Hugging Face
-        Hub id ``"org/name"`` (optionally ``"org/name@revision"``). ``None`` skips the
-        transformer and uses EM from k-means++ initialisation, without a warning. A
-        checkpoint that is named but cannot be found or loaded raises an error.
+        Hub id ``"org/name"`` (optionally ``"org/name@revision"``). ``None`` uses EM from
+        k-means++ without a warning; a named checkpoint that cannot be loaded raises.
     max_iter : int, default=100
-        EM iterations that polish the transformer's estimate. ``0`` returns the
-        transformer's own estimate: weights and means from one M-step on its
-        responsibilities, and covariances from the same M-step (with ``n_init="auto"``,
-        of its two starts the one with the higher likelihood).
+        The number of EM iterations. ``0`` returns the transformer's own estimate (one
+        M-step on its responsibilities).
     tol : float, default=1e-3
         EM stops when the gain in the lower bound (mean log-likelihood per sample) is
         below this threshold.
     reg_covar : float, default=1e-6
         Non-negative regularisation added to the diagonal of the covariances.
     n_init : "auto" or int, default="auto"
-        Initialisations to run, all as one batch. The transformer gives the first
-        ``2 * n_views``, two per view: the responsibilities under its own mixture
-        (``n_init=1`` runs the first view's alone), then its per-point cluster
-        probabilities; the others come from k-means++. The run with the highest lower
-        bound among the transformer's is kept, unless a k-means++ run's log-likelihood
-        over the data is higher by more than 5 nats (on a few hundred overlapping
-        points, optima closer than that are noise, and the likelier is often the worse
-        estimate); among k-means++ starts alone, the highest lower bound, as in
-        ``GaussianMixture``. A run with a collapsed component (see
-        ``collapsed_components_``) is kept only where every run has one.
-        ``"auto"`` runs all of the transformer's starts and two k-means++ starts (a poor
-        start can trap EM, and the transformer's and k-means++'s fail on different
-        datasets); with ``max_iter=0``, the transformer's starts alone; and a single
-        k-means++ start when no transformer runs, as ``GaussianMixture`` does. With
-        another ``init_params``, ``"auto"`` is 1 and an integer counts its starts, kept
-        by the highest lower bound, as in ``GaussianMixture``.
+        The number of initialisations, run as one batch. With the transformer, the
+        first ``2 * n_views`` are its starts and the rest k-means++ starts; ``"auto"``
+        runs all of the transformer's and two k-means++ (the transformer's alone with
+        ``max_iter=0``, one k-means++ without a transformer). With another
+        ``init_params``, ``"auto"`` is 1. Which run is kept: see the User Guide.
     init_params : {"transformer", "kmeans", "k-means++", "random", \
 "random_from_data"}, default="transformer"
-        How EM starts. ``"transformer"``: from the transformer (and the k-means++
-        restarts that ``n_init`` asks for). The others start as ``GaussianMixture``'s do,
-        then the bundled EM runs: ``"kmeans"``, responsibilities from a k-means labelling
-        (k-means++ seeds, then Lloyd); ``"k-means++"``, k-means++ seeds alone;
-        ``"random"``, random responsibilities; ``"random_from_data"``, means at random
-        samples. The two random ones are drawn from ``random_state`` exactly as
-        scikit-learn draws them, so they are its starts; the k-means ones draw their
-        seeds with torch's generator, the same seeding with other numbers.
+        How EM starts: from the transformer (and the k-means++ restarts ``n_init``
+        asks for), or as ``GaussianMixture``'s other starts do.
     weights_init : array-like of shape (n_components,), default=None
-        Initial weights, which replace every start's (as in ``GaussianMixture``; checked
-        with its messages when ``fit`` starts, and never modified).
+        Initial weights, which replace every start's.
     means_init : array-like of shape (n_components, n_features), default=None
         Initial means, which replace every start's.
     precisions_init : array-like, default=None
-        Initial precisions (inverse covariances), which replace every start's; of the
-        shape of ``precisions_``. Given all three, EM starts from them alone, without the
-        transformer or ``init_params``, and ``n_init`` does not matter.
+        Initial precisions (inverse covariances), of the shape of ``precisions_``. Given
+        all three, EM starts from them alone.
     n_views : int, default=1
-        Readings of the data by the transformer, in one batch. Where the data have more
-        rows than the transformer's context, each view reads another random draw of
-        rows; each view after the first also reflects the principal axes (every axis
-        negated, then the odd ones, then the even ones, and so on). A reflected mixture
-        is a mixture, but the transformer is not exactly equivariant, so where it is
-        unsure each view gives other starts, and the likeliest is kept. Each view costs
-        a forward pass. More views lower the
-        error of the transformer's own estimate (``max_iter=0``) where components
-        overlap; with EM, they give more optima to choose from by likelihood, which is
-        not always the better estimate there, so the default reads the data once
-        (docs/benchmarks.md measures both).
+        Readings of the data by the transformer, in one batch: each view reads another
+        draw of rows (where ``X`` exceeds the transformer's context) and reflects the
+        principal axes, costs a forward pass and gives two more starts.
     device : str, default="auto"
-        Where to run: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when
-        available). Fitting uses float64 on CPU and float32 on CUDA.
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available). The fit
+        runs in float64 on CPU and float32 on CUDA.
     random_state : int, RandomState instance or None, default=None
-        Seeds the subsample the transformer reads when ``n_samples`` exceeds its context
-        size, and the k-means++ initialisations. The same seed gives the same result on
-        the same device.
+        Seeds the rows the transformer reads when ``n_samples`` exceeds its context,
+        and the other random starts. The same seed gives the same fit on one device.
     warm_start : bool, default=False
-        If True, each ``fit`` after the first goes on from the previous fit's parameters
-        (``n_init`` and ``init_params`` are then ignored, as in ``GaussianMixture``), its
-        first change of the lower bound measured from the previous ``lower_bound_``.
+        If True, each ``fit`` after the first goes on from the previous fit's
+        parameters and ``lower_bound_``; ``n_init`` and ``init_params`` are ignored.
     verbose : int, default=0
         1 prints each initialisation and every ``verbose_interval``-th iteration, 2 also
-        the time lapses and the changes of the lower bound, in ``GaussianMixture``'s
-        words. The starts run as one batch, so the lines come when EM has ended, and the
-        time lapses are the batch's.
+        the time lapses and the changes of the lower bound, when EM has ended.
     verbose_interval : int, default=10
         Iterations between two printed ones.
     learning_decay : float, default=0.7
-        How fast :meth:`partial_fit` forgets: batch ``t`` (the first is 0) weighs
-        ``rho_t = (t + learning_offset) ** -learning_decay`` in the running average of
-        the sufficient statistics, the earlier batches together ``1 - rho_t``. Values in
-        (0.5, 1] are those for which stepwise EM converges (1 averages the batches
-        alike once ``t`` outgrows the offset); ``0`` gives every batch a step of 1, so
-        that each replaces the average (EM iterations, when every batch is the whole
-        data). As in :class:`~sklearn.decomposition.LatentDirichletAllocation`. Not used
-        by :meth:`fit`.
+        How fast :meth:`partial_fit` forgets: batch ``t`` weighs
+        ``(t + learning_offset) ** -learning_decay`` in the running average of the
+        sufficient statistics (see :ref:`partial_fit <user-guide-partial-fit>`). Not
+        used by :meth:`fit`.
     learning_offset : float, default=10.0
-        Non-negative; larger values weigh the first batches' statistics longer, against
-        the noise of the early steps. Not used by :meth:`fit`.
+        Non-negative; larger values weigh the first batches longer in
+        :meth:`partial_fit`. Not used by :meth:`fit`.
 
     Attributes
     ----------
     weights_ : ndarray of shape (n_components,)
         The weight of each mixture component. This and the four arrays below have the
-        training data's dtype, float32 or float64 (EM computes in float64 on CPU).
+        training data's dtype.
     means_ : ndarray of shape (n_components, n_features)
         The mean of each component.
     covariances_ : ndarray
@@ -174,33 +133,24 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     precisions_ : ndarray
         The inverses of the covariances, of the same shape.
     precisions_cholesky_ : ndarray
-        Cholesky factors of the precisions, of the same shape (as in scikit-learn).
+        Cholesky factors of the precisions, of the same shape.
     converged_ : bool
         Whether EM converged (False when ``max_iter=0``).
     collapsed_components_ : ndarray of bool, shape (n_components,)
-        Components that collapsed: fewer points than their covariance needs (d + 1 for
-        ``"full"``, 2 for a variance), or a variance within 10 times ``reg_covar`` where
-        the data vary far more. A fit
-        that returns one warns (:class:`~transformer_gmm.CollapsedComponentWarning`), and
-        the choice of K by BIC passes over candidates that have one. A fit whose
-        components repeat others (the same mean and covariance: where X varies far less
-        than ``reg_covar``, say) warns too.
+        Components that collapsed onto too few points or onto the ``reg_covar`` floor;
+        a fit that returns one warns (see :ref:`Collapsed components
+        <user-guide-collapsed>`).
     n_iter_ : int
-        EM iterations run for the kept initialisation. Above 8,192 samples, where the
-        initialisations are compared on a subsample, those there plus those on all of X.
+        EM iterations of the kept initialisation (above 8,192 samples, those on the
+        subsample the starts are compared on, plus those on all of ``X``).
     lower_bound_ : float
-        Mean log-likelihood per sample (weighted by ``sample_weight``) at the last E-step
-        of the kept initialisation.
+        Mean (weighted) log-likelihood per sample at the last E-step of the kept
+        initialisation.
     lower_bounds_ : ndarray of shape (n_iterations,)
-        The lower bound at each EM iteration of the kept initialisation (above 8,192
-        samples, those on the subsample, then those on all of X).
+        The lower bound at each EM iteration of the kept initialisation.
     init_method_ : str
-        Where the kept estimate started: ``"transformer"``; ``"k-means++"``, the k-means
-        start of the default (k-means++ seeds and Lloyd, the fallback when the
-        transformer does not cover the request, or a restart that won); the value of
-        ``init_params`` when it is another; ``"user"`` when weights_init, means_init and
-        precisions_init were all given; ``"warm_start"`` when the fit went on from the
-        previous one.
+        Where the kept estimate started: ``"transformer"``, ``"k-means++"``, another
+        ``init_params``, ``"user"`` (the three ``*_init`` arrays) or ``"warm_start"``.
     device_ : str
         The device the fit ran on.
     n_components_ : int
@@ -228,6 +178,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     --------
     sklearn.mixture.GaussianMixture : EM from k-means initialisation.
     TransformerClusterer : Hard clustering with the same backbone.
+    fit_many : Fit one mixture per dataset, many datasets in one batch.
 
     Examples
     --------
