@@ -49,63 +49,51 @@ class TransformerClusterer(
 ):
     """K-means clustering started from the labels a pretrained transformer assigns.
 
-    The transformer's per-point head labels every point in one forward pass (a
-    permutation-invariant clustering, as in He et al. 2025); the cluster centres are the
-    means of those labels, and Lloyd's algorithm then refines them on all of ``X``. When
-    the checkpoint has no head for ``n_clusters`` (or no default checkpoint is bundled),
-    k-means++ seeds Lloyd instead, as in :class:`sklearn.cluster.KMeans`, with a
-    :class:`~transformer_gmm.FallbackWarning`.
+    The transformer's per-point head labels every point in one forward pass; the cluster
+    centres are the means of those labels, and Lloyd's algorithm then refines them on
+    all of ``X``. Where the checkpoint has no head for ``n_clusters`` (or no default
+    checkpoint is bundled), k-means++ seeds Lloyd instead, as in
+    :class:`sklearn.cluster.KMeans`, with a :class:`~transformer_gmm.FallbackWarning`.
+
+    Read more in the :ref:`User Guide <user-guide-fit>`; every parameter of ``KMeans``
+    is taken, with the differences listed in :ref:`Coming from scikit-learn
+    <coming-from-kmeans>`.
 
     Parameters
     ----------
     n_clusters : int, "auto" or array-like of int, default=8
         The number of clusters. ``"auto"`` chooses it among ``1`` to ``max_clusters``, and
-        a list (or range) among its values, by ``criterion``; ``n_clusters_`` is then the
-        K chosen, and the fitted estimator is the fit of that K (see "Choosing the number
-        of components" in the documentation).
+        a list (or range) among its values, by ``criterion`` (see :ref:`Choosing the
+        number of components <choosing-k>`).
     max_clusters : int, default=None
         The largest K that ``n_clusters="auto"`` considers; by default the largest the
         checkpoint covers (10 without one), at most ``n_samples``. Ignored otherwise.
     criterion : {"auto", "bic", "posterior"}, default="auto"
-        How a K is chosen when ``n_clusters`` is not an int. ``"posterior"``: the most
-        probable K under the checkpoint's learned P(K | X), then its clustering, all from
-        one forward pass (K's readout head reads the pass that chose it).
-        ``"bic"``: every candidate is clustered and the lowest BIC of its hard-assignment
-        mixture of spherical Gaussians with one shared variance wins (X-means); where the
-        checkpoint reads P(K | X), all candidates start from that one pass. ``"auto"``:
-        the posterior where the checkpoint reads P(K | X) for every candidate, else BIC.
+        How K is chosen when ``n_clusters`` is not an int: ``"posterior"``, the most
+        probable K under the checkpoint's learned P(K | X), from one forward pass;
+        ``"bic"``, the lowest BIC of every candidate's clustering (X-means); ``"auto"``,
+        the posterior where the checkpoint reads it for every candidate, else BIC.
     merge : bool, default=False
-        With ``n_clusters`` not an int: count clusters rather than Gaussian components.
-        The mixture that ``TransformerGMM(n_components=n_clusters)`` fits has its
-        components merged into clusters by the entropy criterion of Baudry et al. (2010):
-        the pair whose merge lowers the entropy of the soft assignment most is merged
-        while that merge removes at least 0.1 nats per point of the pair. A curved or
-        elongated cluster that the mixture draws with several components then counts
-        once; ``labels_`` and :meth:`predict` follow the merged mixture, not the nearest
-        centre. Off by default: Gaussian clusters that overlap merge too (see "Merged
-        clusters" in the documentation). Ignored with an int ``n_clusters``.
-    init : {"transformer", "k-means++", "random"}, callable or array-like, default="transformer"
-        Where Lloyd starts. ``"transformer"``: the transformer's clusterings, then
+        With ``n_clusters`` not an int, count clusters rather than Gaussian components:
+        the components of the mixture ``TransformerGMM`` fits are merged by the entropy
+        criterion, and ``labels_`` and :meth:`predict` follow the merged mixture (see
+        :ref:`Merged clusters <merged-clusters>`). Ignored with an int ``n_clusters``.
+    init : {"transformer", "k-means++", "random"}, callable or array-like, \
+default="transformer"
+        Where Lloyd starts: ``"transformer"``, the transformer's clusterings, then
         k-means++ (see ``n_init``). The others skip the transformer and are
-        :class:`~sklearn.cluster.KMeans`'s: k-means++ seeding; ``n_clusters`` rows drawn
-        at random (in proportion to ``sample_weight``); an array of shape
-        (n_clusters, n_features) of centres; or a callable
-        ``init(X, n_clusters, random_state=random_state)`` that returns one (it is
-        given ``X`` as passed to ``fit``, densified if sparse).
+        :class:`~sklearn.cluster.KMeans`'s: k-means++ seeding, ``n_clusters`` rows drawn in
+        proportion to ``sample_weight``, an array of shape (n_clusters, n_features), or a
+        callable ``init(X, n_clusters, random_state=random_state)`` that returns one.
     n_init : "auto" or int, default="auto"
-        Initialisations to run, all as one batch; the one with the lowest inertia is
-        kept. With ``init="transformer"``, the transformer gives the first
-        ``2 * n_views``, two per view: the centres of its per-point labels (``n_init=1``
-        runs the first view's alone), then the means of its mixture; the others come
-        from k-means++. ``"auto"`` then runs all of the transformer's starts and two
-        k-means++ starts (with ``max_iter=0``, the transformer's alone), or a single
-        k-means++ start when no transformer runs. With another ``init``, ``"auto"`` is
-        KMeans's: 1 for "k-means++" or an array, 10 for "random" or a callable.
+        The number of initialisations, run as one batch; the lowest inertia is kept.
+        With the transformer, the first ``2 * n_views`` are its starts and the rest
+        k-means++ starts; ``"auto"`` runs all of the transformer's and two k-means++
+        (the transformer's alone with ``max_iter=0``, one k-means++ without a
+        transformer). With another ``init``, ``"auto"`` is ``KMeans``'s: 1 for
+        ``"k-means++"`` or an array, 10 for ``"random"`` or a callable.
     max_iter : int, default=300
-        Lloyd iterations that refine the starts; ``0`` keeps the starting centres (with
-        the transformer and ``n_init="auto"``, of the centres of its labels and the means
-        of its mixture, those with the lower inertia; points are then labelled by their
-        nearest centre).
+        The number of Lloyd iterations; ``0`` keeps the starting centres.
     tol : float, default=1e-4
         Lloyd stops when the squared shift of the centres falls below ``tol`` times the
         mean variance of the features, or when no label changes.
@@ -113,29 +101,39 @@ class TransformerClusterer(
         Print scikit-learn's report of each initialisation's Lloyd iterations (after
         the batch has run).
     random_state : int, RandomState instance or None, default=None
-        Seeds the random starts, the subsample the transformer reads when ``n_samples``
-        exceeds its context size, and the k-means++ seedings.
+        Seeds the random starts, the rows the transformer reads when ``n_samples``
+        exceeds its context, and the k-means++ seedings.
     copy_x : bool, default=True
-        Accepted for :class:`~sklearn.cluster.KMeans`'s signature: ``X`` is never
-        modified, whatever its value.
+        Accepted for ``KMeans``'s signature: ``X`` is never modified.
     algorithm : {"lloyd", "elkan"}, default="lloyd"
-        Accepted for :class:`~sklearn.cluster.KMeans`'s signature: both run the same
-        batched Lloyd iterations (Elkan's triangle-inequality bounds give the same
-        result, and pay off for a single run on a CPU, not for a batch).
+        Accepted for ``KMeans``'s signature: both run the same batched Lloyd iterations.
     checkpoint : str, path or None, default="default"
         The transformer: a bundled name, a local checkpoint folder, or a Hugging Face
-        Hub id. ``None`` uses k-means++ without a warning. A checkpoint that is named
-        but cannot be found or loaded raises an error. Used by ``init="transformer"``
-        only.
+        Hub id. ``None`` uses k-means++ without a warning; a named checkpoint that
+        cannot be loaded raises. Used by ``init="transformer"`` only.
     n_views : int, default=1
-        Readings of the data by the transformer, in one batch: other rows where there
-        are more than its context, and reflections of the principal axes. Each view
-        costs a forward pass and gives two more starts; see :class:`TransformerGMM`.
+        Readings of the data by the transformer, in one batch; each costs a forward pass
+        and gives two more starts (see :class:`TransformerGMM`).
     device : str, default="auto"
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
 
     Attributes
     ----------
+    cluster_centers_ : ndarray of shape (n_clusters, n_features)
+        Cluster centres, of the dtype of the training data.
+    labels_ : ndarray of shape (n_samples,)
+        The nearest centre of each training sample; after a fit on a dask array, a lazy
+        dask array (see :ref:`Fitting on a Dask array <dask-fit>`).
+    inertia_ : float
+        Sum of squared distances of the training samples to their nearest centre,
+        weighted by ``sample_weight``.
+    n_iter_ : int
+        Lloyd iterations of the kept initialisation (above 8,192 samples, those on the
+        subsample the starts are compared on, plus those on all of ``X``).
+    init_method_ : {"transformer", "k-means++", "random", "array", "callable"}
+        Where the kept clustering started.
+    device_ : str
+        The device the fit ran on.
     n_clusters_ : int
         The number of clusters fitted: ``n_clusters``, or the K chosen.
     candidates_ : ndarray of shape (n_candidates,)
@@ -147,36 +145,18 @@ class TransformerClusterer(
         How K was chosen.
     k_posterior_ : ndarray of shape (n_candidates,)
         P(K | X) of each candidate under the checkpoint, when it reads one.
-    cluster_centers_ : ndarray of shape (n_clusters, n_features)
-        Cluster centres, of the dtype of the training data (float32 or float64).
-    labels_ : ndarray of shape (n_samples,)
-        The nearest centre of each training sample. After a fit on a dask array, a lazy
-        dask array (``labels_.compute()`` gives the ndarray); it holds the array's task
-        graph, which pickles with the estimator only where that graph pickles: compute
-        or delete it before pickling the estimator to keep the pickle small and portable.
-    inertia_ : float
-        Sum of squared distances of the training samples to their nearest centre,
-        weighted by ``sample_weight``.
-    n_iter_ : int
-        Lloyd iterations run for the kept initialisation. Above 8,192 samples, where the
-        initialisations are compared on a subsample, those there plus those on all of X.
-    init_method_ : {"transformer", "k-means++", "random", "array", "callable"}
-        Where the kept clustering started.
-    device_ : str
-        The device the fit ran on.
-    n_features_in_ : int
-        Number of features seen during fit.
-    feature_names_in_ : ndarray of shape (`n_features_in_`,)
-        Names of features seen during fit, when ``X`` has string column names.
     mixture_ : TransformerGMM
         With ``merge=True`` and ``n_clusters`` not an int: the fitted mixture whose
         components were merged.
     component_to_cluster_ : ndarray of shape (n_components,)
         With ``merge=True``: the cluster of each of ``mixture_``'s components.
+    n_features_in_ : int
+        Number of features seen during fit.
+    feature_names_in_ : ndarray of shape (`n_features_in_`,)
+        Names of features seen during fit, when ``X`` has string column names.
     n_steps_ : int
         Batches :meth:`partial_fit` has read since the stream started (the first
-        included), as in :class:`~sklearn.cluster.MiniBatchKMeans`; set by
-        :meth:`partial_fit` only.
+        included); set by :meth:`partial_fit` only.
     n_samples_seen_ : int
         Rows :meth:`partial_fit` has read since the stream started.
 
