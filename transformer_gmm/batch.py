@@ -83,20 +83,18 @@ def fit_many(
 ) -> list[TransformerGMM] | FittedMixtures:
     """Fit one :class:`TransformerGMM` per dataset, all datasets in one batch.
 
-    The datasets may have different numbers of samples (they are padded and masked) but
-    must share their number of features. Every step runs batched on the device: the
-    standardization, the transformer's forward pass, its readout and EM, with no loop
-    over the datasets in Python, which is much faster than a loop of ``fit`` calls when
-    there are many small datasets, on CPU and more so on a GPU. Each result is the same
-    as ``TransformerGMM(...).fit(X)`` would give, up to floating-point rounding and the
-    random draws (one generator serves the batch).
+    The datasets may differ in their number of samples but must share their number of
+    features. The transformer's pass and EM run batched on the device, much faster than
+    a loop of ``fit`` calls for many small datasets; each result is the one
+    ``TransformerGMM(...).fit(X)`` gives, up to rounding and the random draws.
+
+    Read more in the :ref:`User Guide <user-guide-fit-many>`.
 
     Parameters
     ----------
     datasets : sequence of array-like of shape (n_samples_i, n_features), or ndarray of \
 shape (n_datasets, n_samples, n_features)
-        The datasets. A 3-D float array is the fastest input: it is validated and moved
-        to the device in one piece.
+        The datasets; a 3-D float array is the fastest input.
     n_components : int
         Mixture components per dataset.
     covariance_type, checkpoint, max_iter, tol, reg_covar, n_init, n_views, device, \
@@ -105,14 +103,17 @@ random_state
     output : {"estimators", "arrays"}, default="estimators"
         ``"estimators"`` returns a fitted :class:`TransformerGMM` per dataset;
         ``"arrays"`` returns the same parameters stacked in one :class:`FittedMixtures`,
-        which skips building the estimators (for batches of many thousands of datasets,
-        that can cost more than the fit).
+        which skips building the estimators.
 
     Returns
     -------
     estimators : list of TransformerGMM, or FittedMixtures
         One fitted estimator per dataset, in order; or, with ``output="arrays"``, their
         parameters as arrays whose first axis is the dataset.
+
+    See Also
+    --------
+    TransformerGMM : One mixture, fitted to one dataset.
 
     Examples
     --------
