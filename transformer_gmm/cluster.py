@@ -252,20 +252,12 @@ default="transformer"
         Parameters
         ----------
         X : array-like, sparse matrix or dask array of shape (n_samples, n_features)
-            Training data. A sparse matrix is densified for the fit (a clear error says
-            when it would be too large; reduce its dimension first). A
-            ``dask.array.Array`` chunked by rows (all the columns in one chunk) is
-            clustered where its chunks live, on the active Dask scheduler, without
-            gathering it: the starts come from a sample of it, and each Lloyd
-            iteration is one pass that sums the chunks' counts and sums; ``labels_`` is
-            then lazy. In memory (dense or sparse), NaN marks a missing entry: the starts
-            and Lloyd read the rows with each missing entry replaced by its column's mean,
-            then k-POD (Chi, Chi and Baraniuk, 2016) minimises the inertia over the
-            observed entries alone, each iteration one Lloyd step on the rows with their
-            missing entries filled from their centre. ``inertia_`` is then that inertia,
-            ``n_iter_`` counts the k-POD iterations, and ``labels_`` are the nearest centres
-            over each row's observed coordinates (see "Missing values" in the
-            documentation). A row or a column with every value missing is an error.
+            Training data; a sparse matrix is densified for the fit. A
+            ``dask.array.Array`` chunked by rows is clustered where its chunks live, without
+            gathering it, and ``labels_`` is then lazy (see :ref:`Fitting on a Dask array
+            <dask-fit>`). In memory, NaN marks a missing entry: k-POD then minimises the
+            inertia over the observed entries (see :ref:`Missing values
+            <user-guide-missing-values>`).
         y : Ignored
             Not used, present for API consistency.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -372,19 +364,13 @@ default="transformer"
     def partial_fit(self, X, y=None, sample_weight=None):
         """Update the clustering with one batch of samples: mini-batch k-means.
 
-        The first call, on an estimator that :meth:`partial_fit` has not fitted (unfitted,
-        or fitted by :meth:`fit` since), clusters the batch as :meth:`fit` does, from the
-        transformer's labels, and counts the (weighted) samples each centre took. Each
-        later call is a step of :class:`~sklearn.cluster.MiniBatchKMeans`: every sample
-        of the batch goes to its nearest centre, and each centre moves to the mean of all
-        the samples it has taken so far, a learning rate of one over its count. A centre
-        that has still taken none moves onto the sample of the batch farthest from its
-        centre, as :meth:`fit` relocates an empty cluster (MiniBatchKMeans's random
-        reassignment of small clusters is not done).
+        The first call (on an estimator that :meth:`partial_fit` has not fitted) clusters
+        the batch as :meth:`fit` does; each later call is a step of
+        :class:`~sklearn.cluster.MiniBatchKMeans`: each centre moves to the mean of all
+        the samples it has taken. ``labels_`` and ``inertia_`` are then the latest
+        batch's.
 
-        ``n_steps_`` counts the batches; ``labels_`` and ``inertia_`` are the latest
-        batch's under the new centres, as MiniBatchKMeans's; ``n_iter_`` is the first
-        batch's Lloyd iterations. The centres keep the first batch's dtype.
+        Read more in the :ref:`User Guide <user-guide-partial-fit>`.
 
         Parameters
         ----------

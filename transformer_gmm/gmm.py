@@ -282,15 +282,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         Parameters
         ----------
         X : array-like or dask array of shape (n_samples, n_features)
-            Training data. A ``dask.array.Array`` chunked by rows (all the columns in one
-            chunk) is fitted where its chunks live, on the active Dask scheduler, without
-            gathering it: the transformer reads a sample of it, and each EM iteration is
-            one pass that sums the chunks' statistics (see "Fitting on a Dask array" in
-            the documentation). In memory, NaN marks a missing entry: the starts (and the
-            choice of K) read the rows with each NaN replaced by its column's mean, then
-            EM for data missing at random fits the observed entries alone, and
-            ``lower_bound_`` is their mean log-likelihood (see "Missing values" in the
-            documentation). Without NaN the fit is exactly the one it always was.
+            Training data. A ``dask.array.Array`` chunked by rows is fitted where its
+            chunks live, without gathering it (see :ref:`Fitting on a Dask array
+            <dask-fit>`). In memory, NaN marks a missing entry: EM then fits the
+            observed entries alone, and ``lower_bound_`` is their mean log-likelihood
+            (see :ref:`Missing values <user-guide-missing-values>`).
         y : Ignored
             Not used, present for API consistency.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -411,23 +407,13 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     def partial_fit(self, X, y=None, sample_weight=None):
         """Update the mixture with one batch of samples: online (stepwise) EM.
 
-        The first call, on an estimator that :meth:`partial_fit` has not fitted (unfitted,
-        or fitted by :meth:`fit` since), fits the batch as :meth:`fit` does, transformer
-        and all. Each later call is one step of stepwise EM (Cappé and Moulines, 2009):
-        an E-step on the batch under the current parameters gives its sufficient
-        statistics (counts, sums and scatter per component, normalized by the batch's
-        weight), which enter a running average with weight ``rho_t = (t +
-        learning_offset) ** -learning_decay``; the M-step then reads the average, with
-        ``reg_covar``, as :meth:`fit`'s reads its statistics. A component whose share
-        falls below a millionth of a row of the batch is re-seeded as :meth:`fit`
-        re-seeds it: onto the row of the batch the others explain worst, with their
-        average covariance. The result depends on the batches and their order, and on
-        the order of the rows within a batch only to rounding.
+        The first call (on an estimator that :meth:`partial_fit` has not fitted) fits the
+        batch as :meth:`fit` does; each later call is one step of stepwise EM (Cappé and
+        Moulines, 2009), whose running average of the sufficient statistics forgets as
+        ``learning_decay`` and ``learning_offset`` say. ``lower_bound_`` is then the
+        latest batch's mean log-likelihood.
 
-        ``n_steps_`` counts the batches; ``lower_bound_`` is the mean log-likelihood of
-        the latest batch at its E-step (before its step), and ``lower_bounds_`` gains
-        it; ``n_iter_`` counts the first batch's EM iterations and one per later batch;
-        ``converged_`` is the first batch's. The parameters keep the first batch's dtype.
+        Read more in the :ref:`User Guide <user-guide-partial-fit>`.
 
         Parameters
         ----------
@@ -438,8 +424,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             Not used, present for API consistency.
         sample_weight : array-like of shape (n_samples,), default=None
             Non-negative weights of the batch's samples, as frequencies (as :meth:`fit`
-            takes them): a batch's statistics are weighted sums, normalized by its total
-            weight.
+            takes them).
 
         Returns
         -------
