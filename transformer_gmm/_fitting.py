@@ -161,7 +161,7 @@ def mixture_plan(
     K = params["n_components"]
     em = dict(covariance_type=params["covariance_type"], reg_covar=params["reg_covar"])
     if previous is not None:
-        fields = dict(em, given=_previous_fit(previous, X.shape[1]), start_names=("warm_start",))
+        fields = dict(em, given=_warm_start_from(previous, X.shape[1]), start_names=("warm_start",))
         return _plan(params, K, device, fields, random_state)
     given = _initialization.initial_parameters(params, X.shape[1])
     init_params = params["init_params"]
@@ -185,7 +185,7 @@ def mixture_plan(
     return _plan(params, K, device, fields, random_state)
 
 
-def _previous_fit(previous, n_features: int) -> GivenStarts:
+def _warm_start_from(previous, n_features: int) -> GivenStarts:
     """The fitted parameters of ``previous``, for ``warm_start``."""
     shape = (len(previous.weights_), n_features)
     if previous.means_.shape != shape:

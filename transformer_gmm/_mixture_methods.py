@@ -75,7 +75,7 @@ class FittedMixtureMixin:
         arrays = (self.weights_, self.means_, self.precisions_cholesky_)
         return (*map(_array_api.to_numpy, arrays), self.covariance_type)
 
-    def _rows(self, X, method: str) -> tuple:
+    def _validated_rows(self, X, method: str) -> tuple:
         """``X`` validated as numpy rows, and the namespace its results go back to (None:
         numpy, or dispatch off): the door through which every method that scores rows
         takes them. With dispatch on, ``X`` must be of the fit's namespace and device."""
@@ -87,9 +87,9 @@ class FittedMixtureMixin:
         return self._validate_predict_data(X), namespace
 
     def _estimate_weighted_log_prob(self, X):
-        return self._per_row(_weighted_log_prob, X, self.weights_.shape[0])
+        return self._apply_to_rows(_weighted_log_prob, X, self.weights_.shape[0])
 
-    def _per_row(self, function, X, n_columns: int | None = None, dtype=np.float64):
+    def _apply_to_rows(self, function, X, n_columns: int | None = None, dtype=np.float64):
         """``function(X, *self._parameters())`` on validated ``X``; on a dask array, the
         same on each chunk, lazily (a dask array of shape (n,) or (n, n_columns))."""
         if _dask.is_dask_array(X):
@@ -125,8 +125,8 @@ class FittedMixtureMixin:
         >>> bool(gmm.score_samples([[-5.0, -5.0]])[0] > gmm.score_samples([[0.0, 0.0]])[0])
         True
         """
-        X, namespace = self._rows(X, "score_samples")
-        return _array_api.returned(self._per_row(_score_samples, X, dtype=X.dtype), namespace)
+        X, namespace = self._validated_rows(X, "score_samples")
+        return _array_api.returned(self._apply_to_rows(_score_samples, X, dtype=X.dtype), namespace)
 
     def score(self, X, y=None, sample_weight=None):
         """Mean log-likelihood per sample (higher is better).
@@ -157,8 +157,8 @@ class FittedMixtureMixin:
         >>> round(gmm.score(X, sample_weight=np.r_[np.ones(50), np.zeros(50)]), 1)  # first 50
         -3.4
         """
-        X, _ = self._rows(X, "score")  # a float whatever the namespace
-        log_prob = self._per_row(_score_samples, X, dtype=X.dtype)
+        X, _ = self._validated_rows(X, "score")  # a float whatever the namespace
+        log_prob = self._apply_to_rows(_score_samples, X, dtype=X.dtype)
         if sample_weight is None:
             return float(log_prob.mean())
         sample_weight = _initialization.checked_sample_weight(
@@ -179,8 +179,8 @@ class FittedMixtureMixin:
         labels : ndarray of shape (n_samples,)
             Component labels: the argmax of :meth:`predict_proba`'s rows.
         """
-        X, namespace = self._rows(X, "predict")
-        return _array_api.returned(self._per_row(_predict, X, dtype=np.intp), namespace)
+        X, namespace = self._validated_rows(X, "predict")
+        return _array_api.returned(self._apply_to_rows(_predict, X, dtype=np.intp), namespace)
 
     def predict_proba(self, X):
         """Posterior probability of each component for each sample.
@@ -210,8 +210,8 @@ class FittedMixtureMixin:
         >>> gmm.predict([[0.3, 0.2]])
         array([1])
         """
-        X, namespace = self._rows(X, "predict_proba")
-        proba = self._per_row(_predict_proba, X, self.weights_.shape[0], dtype=X.dtype)
+        X, namespace = self._validated_rows(X, "predict_proba")
+        proba = self._apply_to_rows(_predict_proba, X, self.weights_.shape[0], dtype=X.dtype)
         return _array_api.returned(proba, namespace)
 
     def sample(self, n_samples=1):

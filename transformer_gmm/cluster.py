@@ -39,7 +39,7 @@ def _too_few_samples_message(n_clusters: int, n_samples: int) -> str:
     )
 
 
-def _nearest(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
+def _nearest_center(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
     """The nearest of ``centers`` to each row, as ``predict`` gives it."""
     return euclidean_distances(X, centers).argmin(axis=1).astype(np.int32)
 
@@ -304,10 +304,10 @@ default="transformer"
             _too_few_samples_message, allow_nan=allow_nan,
         )
         has_missing = _missing.has_missing(X)
-        rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
+        start_rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
         if has_missing:
             _missing.check_fit_data(self, X)
-            rows = _missing.mean_imputed(X)
+            start_rows = _missing.mean_imputed(X)
         if _dask.is_dask_array(X) and (
             auto
             or sample_weight is not None
@@ -345,7 +345,7 @@ default="transformer"
                     f"to use it, not {self.n_clusters!r}."
                 )
             choice = _choose_k.choose(
-                self, rows, sample_weight, check_random_state(self.random_state), "n_clusters"
+                self, start_rows, sample_weight, check_random_state(self.random_state), "n_clusters"
             )
             _choose_k.store_choice(self, choice)
             if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
@@ -356,7 +356,7 @@ default="transformer"
             else:
                 n_clusters, reading = choice.n_components, choice.reading
         if has_missing:
-            _missing.fit_clusters(self, X, rows, sample_weight, n_clusters, reading)
+            _missing.fit_clusters(self, X, start_rows, sample_weight, n_clusters, reading)
         else:
             self._fit_k(X, sample_weight, n_clusters, reading)
 
@@ -586,7 +586,7 @@ default="transformer"
         if _dask.is_dask_array(X):  # one task a chunk, with nothing but the centres in it
             check_is_fitted(self)
             X = self._validate_predict_data(X)
-            return _dask.map_rows(_nearest, X, self.cluster_centers_, dtype=np.int32)
+            return _dask.map_rows(_nearest_center, X, self.cluster_centers_, dtype=np.int32)
         distances, namespace = self._distances(X, "predict")
         if hasattr(self, "component_to_cluster_"):  # merged: the mixture's component's cluster
             components = self.mixture_.predict(self._validate_predict_data(_array_api.to_numpy(X)))

@@ -483,11 +483,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             self, X, 1 if auto else self.n_components, allow_nan=allow_nan
         )
         has_missing = _missing.has_missing(X)
-        rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
+        start_rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
         if has_missing:
             _missing.check_fit_data(self, X)
-            rows = _missing.mean_imputed(X)
-        if _dask.is_dask_array(X) and (auto or self._starts_need_rows(sample_weight)):
+            start_rows = _missing.mean_imputed(X)
+        if _dask.is_dask_array(X) and (auto or self._needs_X_in_memory(sample_weight)):
             raise ValueError(
                 "sample_weight, warm_start, weights_init, means_init, precisions_init, "
                 "init_params other than 'transformer' and n_components other than an int "
@@ -498,10 +498,10 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         if not auto:
             _choose_k.store_choice(self, None)
         else:
-            n_components, reading = self._choose_n_components(rows, sample_weight)
+            n_components, reading = self._choose_n_components(start_rows, sample_weight)
         if has_missing:  # K chosen by BIC was fitted on the imputed rows: refitted here
             n_components = len(self.weights_) if n_components is None else n_components
-            _missing.fit_k(self, X, rows, sample_weight, n_components, reading)
+            _missing.fit_k(self, X, start_rows, sample_weight, n_components, reading)
         elif n_components is not None:  # else BIC fitted every candidate: the chosen one is kept
             self._fit_k(X, sample_weight, n_components, reading)
         warn_collapsed(self.collapsed_components_, self.covariance_type, X.shape[1])
@@ -591,8 +591,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         previous = self if warm else None
         return _fitting.mixture_plan(params, X, sample_weight, random_state, previous, reading)
 
-    def _starts_need_rows(self, sample_weight) -> bool:
-        """Whether the fit uses GaussianMixture's ways to start, or weights."""
+    def _needs_X_in_memory(self, sample_weight) -> bool:
+        """Whether this fit needs ``X`` in memory: a warm start, the ``*_init`` arrays,
+        another ``init_params`` or ``sample_weight``."""
         given = (self.weights_init, self.means_init, self.precisions_init, sample_weight)
         warm = self.warm_start and hasattr(self, "converged_")
         return warm or self.init_params != "transformer" or any(p is not None for p in given)
