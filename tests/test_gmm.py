@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_CHECKPOINT, OneStandardization, make_blobs
+from conftest import TINY_CHECKPOINT, OneStandardization, make_blobs, transformer_estimates
 from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
@@ -70,7 +70,7 @@ def test_max_iter_zero_returns_the_transformers_estimate(three_blobs):
     backbone = backend.load_backbone(TINY_CHECKPOINT)
     standardization = OneStandardization(X, backbone.d_max, 3, backbone.noise_directions)
     Z = standardization.transform(X).astype(np.float64)
-    estimate = backend.transformer_estimates(backbone, [Z], 3, "cpu")[0]
+    estimate = transformer_estimates(backbone, [Z], 3, "cpu")[0]
     # The transformer's responsibilities under its own mixture (scored on the two real
     # coordinates), and one M-step on them.
     densities = np.stack(

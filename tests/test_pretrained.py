@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import OneStandardization
+from conftest import OneStandardization, transformer_estimates
 from sklearn.mixture import GaussianMixture
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
@@ -79,7 +79,7 @@ def test_pinned_network_output(name):
     X = make_data()
     backbone = backend.load_backbone("default")
     standardization = OneStandardization(X, backbone.d_max, n_components, backbone.noise_directions)
-    (estimate,) = backend.transformer_estimates(
+    (estimate,) = transformer_estimates(
         backbone, [standardization.transform(X)], n_components, "cpu"
     )
     order = np.argsort(estimate.means[:, 0])

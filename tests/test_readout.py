@@ -11,7 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_CHECKPOINT, TINY_NOISE_CHECKPOINT, OneStandardization
+from conftest import (
+    TINY_CHECKPOINT,
+    TINY_NOISE_CHECKPOINT,
+    OneStandardization,
+    TransformerEstimate,
+    transformer_estimates,
+)
 from scipy.special import logsumexp
 
 from transformer_gmm.engine import backend, readout
@@ -51,7 +57,7 @@ def reference_weights_and_means(X, resp, fallback_weights, fallback_means):
 def reference_init(backbone, X: np.ndarray, n_components: int, rows: np.ndarray):
     """The old per-dataset path: standardize, read ``rows``, score all rows, one M-step."""
     standardization = OneStandardization(X, backbone.d_max, n_components, backbone.noise_directions)
-    (estimate,) = backend.transformer_estimates(
+    (estimate,) = transformer_estimates(
         backbone, [standardization.transform(X[rows])], n_components, "cpu"
     )
     n_kept = standardization.basis.shape[1]
@@ -285,7 +291,7 @@ def test_cluster_centers_match_the_per_dataset_reference():
     index, _ = subsample_rows((1, 100), None, 64, torch.Generator().manual_seed(5))
     rows = index[0].numpy()
     standardization = OneStandardization(X, backbone.d_max, 3)
-    (estimate,) = backend.transformer_estimates(
+    (estimate,) = transformer_estimates(
         backbone, [standardization.transform(X[rows])], 3, "cpu"
     )
     labels = estimate.point_probs.argmax(axis=1)
@@ -327,7 +333,7 @@ def test_model_space_responsibilities_score_only_real_coordinates():
     z = torch.zeros(1, 6, 4, dtype=torch.float64)
     z[0, :, :2] = torch.tensor(np.random.default_rng(0).normal(size=(6, 2)))
     resp = readout.model_space_responsibilities(z, 2, out, None)
-    estimate = backend.TransformerEstimate(
+    estimate = TransformerEstimate(
         weights[0].double().numpy(), means[0].double().numpy(), scales[0].double().numpy(), None
     )
     expected = reference_responsibilities(estimate, z[0].numpy(), 2)

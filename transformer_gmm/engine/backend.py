@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ..storage import checkpoints
-from . import e_step, m_step, precision, readout
+from . import e_step, m_step, precision
 
 # Rows per chunk when scoring: bounds memory at O(chunk * K * d) whatever n_samples is.
 _CHUNK_ROWS = 65536
@@ -185,17 +185,6 @@ def clear_model_cache() -> None:
         _MODELS_ON_DEVICES.clear()
 
 
-@dataclass(frozen=True)
-class TransformerEstimate:
-    """The backbone's raw answer for one dataset, in model space (to inspect and test it;
-    fitting reads the backbone through :mod:`transformer_gmm.engine.readout`)."""
-
-    weights: np.ndarray  # (K,)
-    means: np.ndarray  # (K, d_max)
-    scales: np.ndarray  # (K, 1) or (K, d_max) standard deviations, or (K, d_max, d_max) Cholesky
-    point_probs: np.ndarray  # (n, K), the per-point head's cluster probabilities
-
-
 def pad(arrays, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Stack arrays of shape (n_i, ...) into (B, max n_i, ...), zero-padded, and the mask
     (B, max n_i) of real rows; the mask is None when no row is padding. A 3-D array is
@@ -211,22 +200,6 @@ def pad(arrays, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Te
         padded[i, : len(array)] = array
     mask = np.arange(max(lengths))[None] < np.array(lengths)[:, None]
     return tensor(padded, device, dtype), torch.tensor(mask, device=device)
-
-
-@explain_out_of_memory
-def transformer_estimates(
-    backbone: Backbone, Zs: list[np.ndarray], n_components: int, device: str
-) -> list[TransformerEstimate]:
-    """One forward pass over B standardized datasets, each of shape (n_i, d_max)."""
-    model = model_on(backbone.model, device)
-    x, mask = pad(Zs, device, torch.float32)  # (B, N, d_max), (B, N) or None
-    out = readout.forward(model, x, n_components, mask)
-    point_probs = to_numpy(out.point_logits.softmax(dim=-1))  # (B, N, K)
-    weights, means, scales = (to_numpy(t) for t in (out.weights, out.means, out.scales))
-    return [
-        TransformerEstimate(weights[i], means[i], scales[i], point_probs[i, : len(Z)])
-        for i, Z in enumerate(Zs)
-    ]
 
 
 # --- input range ---------------------------------------------------------------------
