@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_gmm.engine import backend, readout
+from transformer_gmm.engine import model_cache, readout
+from transformer_gmm.engine.device import pad, to_numpy
 from transformer_gmm.engine.standardize import fit_standardization
 from transformer_gmm.nn import MixtureTransformer, config_from_preset
 from transformer_gmm.storage import save_checkpoint
@@ -94,14 +95,14 @@ class TransformerEstimate:
 
 
 def transformer_estimates(
-    backbone: backend.Backbone, Zs: list[np.ndarray], n_components: int, device: str
+    backbone: MixtureTransformer, Zs: list[np.ndarray], n_components: int, device: str
 ) -> list[TransformerEstimate]:
     """One forward pass over B standardized datasets, each of shape (n_i, d_max)."""
-    model = backend.model_on(backbone.model, device)
-    x, mask = backend.pad(Zs, device, torch.float32)  # (B, N, d_max), (B, N) or None
+    model = model_cache.model_on(backbone, device)
+    x, mask = pad(Zs, device, torch.float32)  # (B, N, d_max), (B, N) or None
     out = readout.forward(model, x, n_components, mask)
-    point_probs = backend.to_numpy(out.point_logits.softmax(dim=-1))  # (B, N, K)
-    weights, means, scales = (backend.to_numpy(t) for t in (out.weights, out.means, out.scales))
+    point_probs = to_numpy(out.point_logits.softmax(dim=-1))  # (B, N, K)
+    weights, means, scales = (to_numpy(t) for t in (out.weights, out.means, out.scales))
     return [
         TransformerEstimate(weights[i], means[i], scales[i], point_probs[i, : len(Z)])
         for i, Z in enumerate(Zs)
