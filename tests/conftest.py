@@ -6,12 +6,15 @@ import atexit
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from transformer_gmm.engine import model_cache, readout
+from transformer_gmm.engine.device import pad, to_numpy
 from transformer_gmm.engine.standardize import fit_standardization
 from transformer_gmm.nn import MixtureTransformer, config_from_preset
 from transformer_gmm.storage import save_checkpoint
@@ -78,6 +81,32 @@ class OneStandardization:
         """(K, d_max) model-space means as float64 (K, d)."""
         means = torch.as_tensor(np.asarray(means, dtype=np.float64))[None]
         return self.map.inverse_transform_means(means)[0].numpy()
+
+
+@dataclass(frozen=True)
+class TransformerEstimate:
+    """The backbone's raw answer for one dataset, in model space, to inspect and test it
+    (fitting reads the backbone through :mod:`transformer_gmm.engine.readout`)."""
+
+    weights: np.ndarray  # (K,)
+    means: np.ndarray  # (K, d_max)
+    scales: np.ndarray  # (K, 1) or (K, d_max) standard deviations, or (K, d_max, d_max) Cholesky
+    point_probs: np.ndarray  # (n, K), the per-point head's cluster probabilities
+
+
+def transformer_estimates(
+    backbone: MixtureTransformer, Zs: list[np.ndarray], n_components: int, device: str
+) -> list[TransformerEstimate]:
+    """One forward pass over B standardized datasets, each of shape (n_i, d_max)."""
+    model = model_cache.model_on(backbone, device)
+    x, mask = pad(Zs, device, torch.float32)  # (B, N, d_max), (B, N) or None
+    out = readout.forward(model, x, n_components, mask)
+    point_probs = to_numpy(out.point_logits.softmax(dim=-1))  # (B, N, K)
+    weights, means, scales = (to_numpy(t) for t in (out.weights, out.means, out.scales))
+    return [
+        TransformerEstimate(weights[i], means[i], scales[i], point_probs[i, : len(Z)])
+        for i, Z in enumerate(Zs)
+    ]
 
 
 @pytest.fixture

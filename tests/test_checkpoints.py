@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import transformer_gmm
-from transformer_gmm.engine import backend
+from transformer_gmm.engine import model_cache
 from transformer_gmm.nn import MixtureTransformer, config_from_preset
 from transformer_gmm.storage import checkpoints
 from transformer_gmm.storage.checkpoints import (
@@ -264,18 +264,18 @@ def test_load_model_keeps_the_most_recently_used_models(tmp_path, monkeypatch):
 
 
 def test_copies_on_other_devices_are_bounded_and_cleared(tmp_path, monkeypatch):
-    monkeypatch.setattr(backend, "_MODELS_ON_DEVICES", type(backend._MODELS_ON_DEVICES)())
+    monkeypatch.setattr(model_cache, "_MODELS_ON_DEVICES", type(model_cache._MODELS_ON_DEVICES)())
     monkeypatch.setattr(checkpoints, "_CACHE", type(checkpoints._CACHE)())
-    size = backend._DEVICE_CACHE_SIZE
+    size = model_cache._DEVICE_CACHE_SIZE
     models = [tiny_model(seed) for seed in range(size + 1)]
     # The "meta" device holds no data, so this runs without a GPU.
-    copies = [backend.model_on(model, "meta") for model in models[:size]]
-    assert copies[0].readin.weight.is_meta and backend.model_on(models[0], "cpu") is models[0]
-    assert backend.model_on(models[0], "meta") is copies[0]
-    backend.model_on(models[size], "meta")
-    assert len(backend._MODELS_ON_DEVICES) == size
-    assert backend.model_on(models[0], "meta") is copies[0]
-    assert backend.model_on(models[1], "meta") is not copies[1]  # the oldest went
+    copies = [model_cache.model_on(model, "meta") for model in models[:size]]
+    assert copies[0].readin.weight.is_meta and model_cache.model_on(models[0], "cpu") is models[0]
+    assert model_cache.model_on(models[0], "meta") is copies[0]
+    model_cache.model_on(models[size], "meta")
+    assert len(model_cache._MODELS_ON_DEVICES) == size
+    assert model_cache.model_on(models[0], "meta") is copies[0]
+    assert model_cache.model_on(models[1], "meta") is not copies[1]  # the oldest went
     load_model(save_checkpoint(models[0], tmp_path / "ckpt"))
     transformer_gmm.clear_model_cache()
-    assert len(checkpoints._CACHE) == 0 and len(backend._MODELS_ON_DEVICES) == 0
+    assert len(checkpoints._CACHE) == 0 and len(model_cache._MODELS_ON_DEVICES) == 0

@@ -15,7 +15,7 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.model_selection import GridSearchCV
 
 from transformer_gmm import FallbackWarning, TransformerClusterer, TransformerGMM
-from transformer_gmm.engine import backend
+from transformer_gmm.engine import model_cache
 from transformer_gmm.engine.k_posterior import k_posteriors
 from transformer_gmm.nn import MixtureTransformer, ModelConfig, config_from_preset
 
@@ -62,7 +62,7 @@ def test_configs_written_before_the_head_load_without_it():
 
 
 def test_the_engine_reads_a_posterior_whatever_the_row_order(three_blobs_100):
-    backbone = backend.load_backbone(TINY_K_CHECKPOINT)
+    backbone = model_cache.load_backbone(TINY_K_CHECKPOINT)
     X = three_blobs_100
     p = k_posteriors(backbone, [X], seed=0)
     assert p.shape == (1, 4) and np.isclose(p.sum(), 1.0)

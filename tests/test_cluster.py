@@ -6,13 +6,13 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import TINY_CHECKPOINT, OneStandardization, make_blobs
+from conftest import TINY_CHECKPOINT, OneStandardization, make_blobs, transformer_estimates
 from sklearn.cluster import KMeans
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import adjusted_rand_score
 
 from transformer_gmm import FallbackWarning, TransformerClusterer, _fitting
-from transformer_gmm.engine import backend, fit
+from transformer_gmm.engine import fit, model_cache
 
 
 def test_transformer_path_clusters_separated_blobs(three_blobs):
@@ -30,9 +30,10 @@ def test_transformer_path_clusters_separated_blobs(three_blobs):
 def test_max_iter_zero_uses_the_heads_labels(three_blobs):
     X = three_blobs[:60]  # within the tiny model's context: the head reads every point
     km = TransformerClusterer(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
-    backbone = backend.load_backbone(TINY_CHECKPOINT)
-    standardization = OneStandardization(X, backbone.d_max, 3, backbone.noise_directions)
-    estimate = backend.transformer_estimates(backbone, [standardization.transform(X)], 3, "cpu")[0]
+    backbone = model_cache.load_backbone(TINY_CHECKPOINT)
+    config = backbone.config
+    standardization = OneStandardization(X, config.d_max, 3, config.noise_directions)
+    estimate = transformer_estimates(backbone, [standardization.transform(X)], 3, "cpu")[0]
     head_labels = estimate.point_probs.argmax(axis=1)
     lifted_means = standardization.inverse_transform_means(estimate.means)
     for k in range(3):

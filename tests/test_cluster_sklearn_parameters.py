@@ -19,7 +19,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from transformer_gmm import TransformerClusterer, _base
-from transformer_gmm.engine import backend, kmeans
+from transformer_gmm.engine import kmeans, model_cache
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_other_inits_skip_the_transformer(blobs, init, monkeypatch):
     def no_backbone(checkpoint):
         raise AssertionError("the transformer was loaded")
 
-    monkeypatch.setattr(backend, "load_backbone", no_backbone)
+    monkeypatch.setattr(model_cache, "load_backbone", no_backbone)
     init = {
         "array": near_centers(blobs),
         "callable": lambda X, k, random_state: near_centers(X),

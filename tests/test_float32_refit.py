@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transformer_gmm import TransformerGMM, fit_many
-from transformer_gmm.engine import backend, fit
+from transformer_gmm.engine import fit
 from transformer_gmm.engine.gaussian import IllDefinedCovariance
 
 
@@ -22,7 +22,7 @@ def _near_singular(seed: int) -> np.ndarray:
 
 @pytest.fixture
 def float32_fits(monkeypatch):
-    monkeypatch.setattr(backend, "dtype_for", lambda device: torch.float32)
+    monkeypatch.setattr(fit, "dtype_for", lambda device: torch.float32)
 
 
 @pytest.mark.parametrize("checkpoint", [None, "default"])

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_CHECKPOINT, OneStandardization, make_blobs
+from conftest import TINY_CHECKPOINT, OneStandardization, make_blobs, transformer_estimates
 from scipy.stats import multivariate_normal
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.mixture import GaussianMixture
@@ -20,7 +20,7 @@ from transformer_gmm import (
     _fitting,
     fit_many,
 )
-from transformer_gmm.engine import backend, fit, runs
+from transformer_gmm.engine import fit, model_cache, runs
 from transformer_gmm.engine.standardize import subsample_rows
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
@@ -67,10 +67,11 @@ def test_restarts_recover_separated_blobs(three_blobs, covariance_type):
 def test_max_iter_zero_returns_the_transformers_estimate(three_blobs):
     X = three_blobs[:60]  # within the tiny model's context: the backbone reads every point
     gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
-    backbone = backend.load_backbone(TINY_CHECKPOINT)
-    standardization = OneStandardization(X, backbone.d_max, 3, backbone.noise_directions)
+    backbone = model_cache.load_backbone(TINY_CHECKPOINT)
+    config = backbone.config
+    standardization = OneStandardization(X, config.d_max, 3, config.noise_directions)
     Z = standardization.transform(X).astype(np.float64)
-    estimate = backend.transformer_estimates(backbone, [Z], 3, "cpu")[0]
+    estimate = transformer_estimates(backbone, [Z], 3, "cpu")[0]
     # The transformer's responsibilities under its own mixture (scored on the two real
     # coordinates), and one M-step on them.
     densities = np.stack(

@@ -53,7 +53,7 @@ def test_every_public_name_loads():
     for name in transformer_gmm.__all__:
         assert getattr(transformer_gmm, name) is not None
     assert transformer_gmm.TransformerGMM is TransformerGMM
-    assert transformer_gmm.DeviceMemoryError.__module__ == "transformer_gmm.engine.backend"
+    assert transformer_gmm.DeviceMemoryError.__module__ == "transformer_gmm.engine.device"
     assert sorted(dir(transformer_gmm)) == sorted(transformer_gmm.__all__)
     assert transformer_gmm.engine.em.fit_em is not None  # submodules, as when imported eagerly
     with pytest.raises(AttributeError, match="no attribute 'TransformerGmm'"):
@@ -127,7 +127,7 @@ def package_imports() -> dict[str, set[str]]:
 
 def test_no_import_cycles():
     graph = package_imports()
-    assert "transformer_gmm.storage.checkpoints" in graph["transformer_gmm.engine.backend"]
+    assert "transformer_gmm.storage.checkpoints" in graph["transformer_gmm.engine.model_cache"]
     cycles, state = [], {}  # state: 1 while on the search path, 2 once done
 
     def visit(module: str, path: list[str]) -> None:
@@ -199,5 +199,5 @@ def test_the_engine_imports_no_estimator():
         for target in targets
         if not target.startswith(allowed)
     }
-    assert {"transformer_gmm.engine.em", "transformer_gmm.engine.backend"} <= set(graph)
+    assert {"transformer_gmm.engine.em", "transformer_gmm.engine.model_cache"} <= set(graph)
     assert outside == set()

@@ -10,7 +10,7 @@ from conftest import TINY_CHECKPOINT, make_blobs
 from sklearn.mixture.tests.test_gaussian_mixture import RandomData
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
-from transformer_gmm.engine import backend, em, fit, runs
+from transformer_gmm.engine import em, fit, model_cache, runs
 from transformer_gmm.engine.kmeans import kmeans_plusplus
 from transformer_gmm.engine.m_step import MixtureParams
 from transformer_gmm.engine.plan import FitPlan
@@ -85,7 +85,7 @@ def test_the_transformers_starts_leave_the_generator_as_they_found_it(starts):
     datasets = [
         make_blobs(40, [[-4.0, 0.0], [4.0, 1.0]], seed=s)[:n] for s, n in [(2, 80), (3, 71)]
     ]
-    backbone = backend.load_backbone(TINY_CHECKPOINT)
+    backbone = model_cache.load_backbone(TINY_CHECKPOINT)
     options = dict(n_components=2, covariance_type="full", reg_covar=1e-6, max_iter=5, tol=1e-3)
     for n_transformer in (1, 2):
         plan = FitPlan(

@@ -16,7 +16,7 @@ from transformer_gmm import (
     TransformerGMM,
     fit_many,
 )
-from transformer_gmm.engine import backend, e_step, em, kmeans
+from transformer_gmm.engine import e_step, em, kmeans, model_cache
 
 CUDA_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB"
 
@@ -83,7 +83,7 @@ def test_scoring_explains_out_of_memory(monkeypatch, X):
 
 def test_transformer_forward_pass_explains_out_of_memory(monkeypatch, X, tiny_checkpoint):
     original = torch.cuda.OutOfMemoryError(CUDA_OOM)
-    monkeypatch.setattr(backend, "model_on", raising(original))
+    monkeypatch.setattr(model_cache, "model_on", raising(original))
     with pytest.raises(DeviceMemoryError) as excinfo:
         TransformerGMM(2, checkpoint=tiny_checkpoint, random_state=0).fit(X)
     assert_helpful(excinfo, original)

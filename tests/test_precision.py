@@ -8,7 +8,7 @@ import torch
 from conftest import make_blobs
 
 from transformer_gmm import TransformerGMM
-from transformer_gmm.engine import backend, precision
+from transformer_gmm.engine import model_cache, precision
 from transformer_gmm.nn import MixtureTransformer, config_from_preset
 from transformer_gmm.storage import checkpoints
 
@@ -19,7 +19,7 @@ def matmul_precision():
     previous = torch.get_float32_matmul_precision()
     yield torch.set_float32_matmul_precision
     torch.set_float32_matmul_precision(previous)
-    backend.clear_model_cache()
+    model_cache.clear_model_cache()
 
 
 @pytest.fixture
@@ -78,13 +78,13 @@ def test_native_bfloat16_is_a_bool():
 
 def test_model_on_keeps_one_bfloat16_copy(matmul_precision, native):
     model = tiny_model()
-    assert backend.model_on(model, "cpu") is model
+    assert model_cache.model_on(model, "cpu") is model
     matmul_precision("medium")
-    copied = backend.model_on(model, "cpu")
-    assert copied is not model and backend.model_on(model, "cpu") is copied
+    copied = model_cache.model_on(model, "cpu")
+    assert copied is not model and model_cache.model_on(model, "cpu") is copied
     assert isinstance(copied.blocks[0].mlp.fc, precision.BFloat16Linear)
     matmul_precision("highest")
-    assert backend.model_on(model, "cpu") is model
+    assert model_cache.model_on(model, "cpu") is model
 
 
 def test_fit_in_bfloat16_matches_float32_and_stays_deterministic(matmul_precision, native):
@@ -112,7 +112,7 @@ def test_bundled_checkpoint_copy_is_close(matmul_precision, native):
     model = checkpoints.load_model("default")
     z = torch.randn(2, 100, model.config.d_max, generator=torch.Generator().manual_seed(2))
     matmul_precision("medium")
-    copied = backend.model_on(model, "cpu")
+    copied = model_cache.model_on(model, "cpu")
     with torch.inference_mode():
         exact, rounded = model(z, 4, None), copied(z, 4, None)
     # Means in model space (the data has unit scale there): within 1 % of that scale.

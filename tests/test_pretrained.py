@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import OneStandardization
+from conftest import OneStandardization, transformer_estimates
 from sklearn.mixture import GaussianMixture
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
-from transformer_gmm.engine import backend
+from transformer_gmm.engine import model_cache
 from transformer_gmm.storage import checkpoints
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
@@ -40,7 +40,7 @@ def four_blobs_in_20d() -> np.ndarray:
 def test_default_checkpoint_is_bundled_and_covers_2_to_10_components():
     bundled = checkpoints.bundled_checkpoints()
     assert "default" in bundled
-    backbone = backend.load_backbone("default")
+    backbone = model_cache.load_backbone("default")
     assert backbone.supported_n_components == range(2, 11)
     card = (bundled["default"] / "README.md").read_text()
     for fact in ("steps", "tasks seen", "hardware", "wall time", "benchmarks/accuracy.py"):
@@ -77,9 +77,10 @@ DATA = {"overlapping": (overlapping_blobs, 3), "20d": (four_blobs_in_20d, 4)}
 def test_pinned_network_output(name):
     make_data, n_components = DATA[name]
     X = make_data()
-    backbone = backend.load_backbone("default")
-    standardization = OneStandardization(X, backbone.d_max, n_components, backbone.noise_directions)
-    (estimate,) = backend.transformer_estimates(
+    backbone = model_cache.load_backbone("default")
+    config = backbone.config
+    standardization = OneStandardization(X, config.d_max, n_components, config.noise_directions)
+    (estimate,) = transformer_estimates(
         backbone, [standardization.transform(X)], n_components, "cpu"
     )
     order = np.argsort(estimate.means[:, 0])
@@ -136,8 +137,8 @@ def three_separated_blobs() -> np.ndarray:
 
 
 def test_the_bundled_checkpoint_reads_p_of_k():
-    backbone = backend.load_backbone("default")
-    assert backbone.model.has_k_posterior and backbone.model.config.k_posterior_seeds == 4
+    backbone = model_cache.load_backbone("default")
+    assert backbone.has_k_posterior and backbone.config.k_posterior_seeds == 4
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_CHECKPOINT, TINY_NOISE_CHECKPOINT, OneStandardization
+from conftest import (
+    TINY_CHECKPOINT,
+    TINY_NOISE_CHECKPOINT,
+    OneStandardization,
+    TransformerEstimate,
+    transformer_estimates,
+)
 from scipy.special import logsumexp
 
-from transformer_gmm.engine import backend, readout
+from transformer_gmm.engine import model_cache, readout
+from transformer_gmm.engine.device import pad
 from transformer_gmm.engine.standardize import (
     fit_standardization,
     n_kept_directions,
@@ -50,8 +57,9 @@ def reference_weights_and_means(X, resp, fallback_weights, fallback_means):
 
 def reference_init(backbone, X: np.ndarray, n_components: int, rows: np.ndarray):
     """The old per-dataset path: standardize, read ``rows``, score all rows, one M-step."""
-    standardization = OneStandardization(X, backbone.d_max, n_components, backbone.noise_directions)
-    (estimate,) = backend.transformer_estimates(
+    config = backbone.config
+    standardization = OneStandardization(X, config.d_max, n_components, config.noise_directions)
+    (estimate,) = transformer_estimates(
         backbone, [standardization.transform(X[rows])], n_components, "cpu"
     )
     n_kept = standardization.basis.shape[1]
@@ -64,7 +72,7 @@ def reference_init(backbone, X: np.ndarray, n_components: int, rows: np.ndarray)
 
 
 def padded(datasets):
-    x, mask = backend.pad(datasets, "cpu", torch.float64)
+    x, mask = pad(datasets, "cpu", torch.float64)
     return x, mask
 
 
@@ -242,14 +250,14 @@ def test_subsample_reads_each_datasets_own_rows_in_order():
     ids=["unequal n", "d < K - 1", "d > d_max", "n > context"],
 )
 def test_mixture_inits_match_the_per_dataset_reference(sizes, n_features, n_components, checkpoint):
-    backbone = backend.load_backbone(checkpoint)  # d_max 4, context 64
+    backbone = model_cache.load_backbone(checkpoint)  # d_max 4, context 64
     datasets = random_datasets(sizes, n_features, seed=n_components)
     x, mask = padded(datasets)
     init, from_labels = readout.mixture_inits(
-        backbone.model, x, mask, n_components, torch.Generator().manual_seed(3)
+        backbone, x, mask, n_components, torch.Generator().manual_seed(3)
     )
     index, read_mask = subsample_rows(
-        tuple(x.shape[:2]), mask, backbone.context_size, torch.Generator().manual_seed(3)
+        tuple(x.shape[:2]), mask, backbone.config.context_size, torch.Generator().manual_seed(3)
     )
     for i, X in enumerate(datasets):
         rows = np.arange(len(X))
@@ -276,16 +284,16 @@ def test_mixture_inits_match_the_per_dataset_reference(sizes, n_features, n_comp
 
 
 def test_cluster_centers_match_the_per_dataset_reference():
-    backbone = backend.load_backbone(TINY_CHECKPOINT)
+    backbone = model_cache.load_backbone(TINY_CHECKPOINT)
     X = random_datasets([100], 3, seed=4)[0]  # above the context: one subsample
     x = torch.tensor(X)[None]
     centers, from_mixture = readout.cluster_centers(
-        backbone.model, x, None, 3, torch.Generator().manual_seed(5)
+        backbone, x, None, 3, torch.Generator().manual_seed(5)
     )
     index, _ = subsample_rows((1, 100), None, 64, torch.Generator().manual_seed(5))
     rows = index[0].numpy()
-    standardization = OneStandardization(X, backbone.d_max, 3)
-    (estimate,) = backend.transformer_estimates(
+    standardization = OneStandardization(X, backbone.config.d_max, 3)
+    (estimate,) = transformer_estimates(
         backbone, [standardization.transform(X[rows])], 3, "cpu"
     )
     labels = estimate.point_probs.argmax(axis=1)
@@ -327,7 +335,7 @@ def test_model_space_responsibilities_score_only_real_coordinates():
     z = torch.zeros(1, 6, 4, dtype=torch.float64)
     z[0, :, :2] = torch.tensor(np.random.default_rng(0).normal(size=(6, 2)))
     resp = readout.model_space_responsibilities(z, 2, out, None)
-    estimate = backend.TransformerEstimate(
+    estimate = TransformerEstimate(
         weights[0].double().numpy(), means[0].double().numpy(), scales[0].double().numpy(), None
     )
     expected = reference_responsibilities(estimate, z[0].numpy(), 2)
@@ -369,21 +377,22 @@ def test_full_covariance_responsibilities_follow_the_cholesky_factors():
 def test_each_view_reads_a_reflection_of_the_data():
     """View v runs the backbone on the model-space rows times reflections(v); its
     estimate, reflected back, gives that view's starts, and view 0 is the data itself."""
-    backbone = backend.load_backbone(TINY_NOISE_CHECKPOINT)
+    backbone = model_cache.load_backbone(TINY_NOISE_CHECKPOINT)
     x, mask = padded(random_datasets([40, 55], 3, seed=6))
-    starts = readout.mixture_inits(backbone.model, x, mask, 3, torch.Generator(), n_starts=5)
+    starts = readout.mixture_inits(backbone, x, mask, 3, torch.Generator(), n_starts=5)
     assert len(starts) == 5  # two views' starts, and the first of a third view's
-    first_view = readout.mixture_inits(backbone.model, x, mask, 3, torch.Generator())
+    first_view = readout.mixture_inits(backbone, x, mask, 3, torch.Generator())
     # The backbone runs in float32, and a larger batch may sum in another order.
     for alone, batched in zip(first_view, starts[:2], strict=True):
         torch.testing.assert_close(alone.means, batched.means, rtol=1e-5, atol=1e-6)
-    standardization = fit_standardization(x, mask, backbone.d_max, 3, backbone.noise_directions)
+    config = backbone.config
+    standardization = fit_standardization(x, mask, config.d_max, 3, config.noise_directions)
     z = standardization.transform(x)
-    signs = readout.reflections(3, backbone.d_max)
-    assert signs[1].tolist() == [-1.0] * backbone.d_max
+    signs = readout.reflections(3, config.d_max)
+    assert signs[1].tolist() == [-1.0] * config.d_max
     for view in (1, 2):
         with torch.no_grad():
-            out = backbone.model(z * signs[view], 3, mask)
+            out = backbone(z * signs[view], 3, mask)
         out = out._replace(means=out.means * signs[view])  # back to the data's axes
         resp = readout.model_space_responsibilities(
             z.to(x.dtype), standardization.n_kept, out, mask
@@ -398,37 +407,38 @@ def test_each_view_reads_a_reflection_of_the_data():
 def test_views_of_large_data_read_other_rows():
     """Where a dataset has more rows than the context, view v reads the v-th draw of the
     fit's generator, reflected; a dataset that fits the context is read whole in each."""
-    backbone = backend.load_backbone(TINY_NOISE_CHECKPOINT)  # context: 64 rows
+    backbone = model_cache.load_backbone(TINY_NOISE_CHECKPOINT)  # context: 64 rows
     x, mask = padded(random_datasets([150, 40], 3, seed=8))
     starts = readout.mixture_inits(
-        backbone.model, x, mask, 3, torch.Generator().manual_seed(1), n_starts=4
+        backbone, x, mask, 3, torch.Generator().manual_seed(1), n_starts=4
     )
     generator = torch.Generator().manual_seed(1)
     draws = [subsample_rows((2, 150), mask, 64, generator) for _ in range(2)]
-    standardization = fit_standardization(x, mask, backbone.d_max, 3, backbone.noise_directions)
+    config = backbone.config
+    standardization = fit_standardization(x, mask, config.d_max, 3, config.noise_directions)
     z = standardization.transform(x)
-    signs = readout.reflections(2, backbone.d_max)
+    signs = readout.reflections(2, config.d_max)
     for view, (index, read_mask) in enumerate(draws):
         per_point = starts[2 * view + 1]  # the per-point start scores the rows it read
         torch.testing.assert_close(per_point.x, take_rows(x, index))
         with torch.no_grad():
-            out = backbone.model(take_rows(z, index) * signs[view], 3, read_mask)
+            out = backbone(take_rows(z, index) * signs[view], 3, read_mask)
         probs = out.point_logits.softmax(dim=-1).to(x.dtype).masked_fill(~read_mask[..., None], 0)
         torch.testing.assert_close(per_point.resp, probs, rtol=1e-5, atol=1e-7)
     first, second = (index[0] for index, _ in draws)
     assert not torch.equal(first, second)  # 150 rows: two draws of 64 differ
     real = [index[1][read_mask[1]] for index, read_mask in draws]
     assert real[0].tolist() == real[1].tolist() == list(range(40))  # 40 rows: all, twice
-    one_view = readout.mixture_inits(backbone.model, x, mask, 3, torch.Generator().manual_seed(1))
+    one_view = readout.mixture_inits(backbone, x, mask, 3, torch.Generator().manual_seed(1))
     for alone, batched in zip(one_view, starts[:2], strict=True):  # view 0 is unchanged
         torch.testing.assert_close(alone.means, batched.means, rtol=1e-5, atol=1e-6)
 
 
 def test_cluster_centers_come_two_per_view():
-    backbone = backend.load_backbone(TINY_CHECKPOINT)
+    backbone = model_cache.load_backbone(TINY_CHECKPOINT)
     x = torch.tensor(random_datasets([50], 3, seed=7)[0])[None]
-    one = readout.cluster_centers(backbone.model, x, None, 3, torch.Generator())
-    three = readout.cluster_centers(backbone.model, x, None, 3, torch.Generator(), n_starts=6)
+    one = readout.cluster_centers(backbone, x, None, 3, torch.Generator())
+    three = readout.cluster_centers(backbone, x, None, 3, torch.Generator(), n_starts=6)
     assert len(three) == 6
     for alone, batched in zip(one, three[:2], strict=True):  # float32 backbone: rounding
         torch.testing.assert_close(alone, batched, rtol=1e-5, atol=1e-6)

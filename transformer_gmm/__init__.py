@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # type checkers and IDEs see the names; the runtime imports t
     from ._collapsed import CollapsedComponentWarning
     from .batch import FittedMixtures, fit_many
     from .cluster import TransformerClusterer
-    from .engine.backend import DeviceMemoryError, clear_model_cache
+    from .engine.device import DeviceMemoryError
+    from .engine.model_cache import clear_model_cache
     from .gmm import TransformerGMM
     from .storage.format import CheckpointError
 
@@ -37,12 +38,12 @@ __version__ = "0.1.0"
 _LAZY_NAMES = {
     "CheckpointError": ".storage.format",
     "CollapsedComponentWarning": "._collapsed",
-    "DeviceMemoryError": ".engine.backend",
+    "DeviceMemoryError": ".engine.device",
     "FallbackWarning": "._base",
     "FittedMixtures": ".batch",
     "TransformerClusterer": ".cluster",
     "TransformerGMM": ".gmm",
-    "clear_model_cache": ".engine.backend",
+    "clear_model_cache": ".engine.model_cache",
     "fit_many": ".batch",
 }
 # Submodules reachable as attributes after `import transformer_gmm` (as in

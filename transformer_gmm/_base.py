@@ -14,7 +14,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
 from . import _dask, storage
-from .engine import backend
+from .engine import model_cache
 
 
 class FallbackWarning(UserWarning):
@@ -130,7 +130,7 @@ class TransformerMixtureBase(BaseEstimator):
         """
         estimator = cls(checkpoint=checkpoint, **params)
         if checkpoint is not None and not is_missing_default(checkpoint):
-            backend.load_backbone(checkpoint)  # raises CheckpointError for a bad checkpoint
+            model_cache.load_backbone(checkpoint)  # raises CheckpointError for a bad checkpoint
         return estimator
 
     def save_pretrained(self, folder: str | os.PathLike, *, model_card: str | None = None):
@@ -239,7 +239,7 @@ class TransformerMixtureBase(BaseEstimator):
 
 def is_missing_default(checkpoint) -> bool:
     """The default checkpoint was asked for, but this version bundles none."""
-    return checkpoint == DEFAULT_CHECKPOINT and not backend.has_bundled(DEFAULT_CHECKPOINT)
+    return checkpoint == DEFAULT_CHECKPOINT and not model_cache.has_bundled(DEFAULT_CHECKPOINT)
 
 
 # A fit densifies sparse input (EM and Lloyd run on dense tensors) up to this many

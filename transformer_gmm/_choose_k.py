@@ -29,11 +29,13 @@ import numpy as np
 
 from ._base import draw_seed, is_missing_default
 from ._collapsed import CollapsedComponentWarning
-from .engine import backend
+from .engine import model_cache
+from .engine.device import resolve_device
 from .engine.k_posterior import read_k_unknown
 
 if TYPE_CHECKING:
     from .engine.readout import Reading
+    from .nn import MixtureTransformer
 
 # The candidates' upper end without a checkpoint: the largest K the bundled one covers.
 DEFAULT_MAX_COMPONENTS = 10
@@ -90,11 +92,11 @@ def candidates(value, max_components, n_samples: int, backbone, k_name: str) -> 
     return ks
 
 
-def named_backbone(checkpoint) -> backend.Backbone | None:
+def named_backbone(checkpoint) -> MixtureTransformer | None:
     """The backbone the estimator names, or None (checkpoint=None, or no default bundled)."""
     if checkpoint is None or is_missing_default(checkpoint):
         return None
-    return backend.load_backbone(checkpoint)
+    return model_cache.load_backbone(checkpoint)
 
 
 def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
@@ -102,7 +104,7 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
     params = estimator.get_params(deep=False)
     backbone = named_backbone(params["checkpoint"])
     ks = candidates(params[k_name], params[_max_name(k_name)], len(X), backbone, k_name)
-    readable = backbone is not None and backbone.model.has_k_posterior
+    readable = backbone is not None and backbone.has_k_posterior
     covered = readable and ks.max() <= backbone.supported_n_components.stop - 1
     criterion = params["criterion"]
     if criterion == "auto":  # the posterior where the checkpoint reads it, BIC elsewhere
@@ -122,7 +124,7 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
     if covered:
         seed = draw_seed(random_state)
         weights = None if sample_weight is None else [sample_weight]
-        device = backend.resolve_device(params["device"])
+        device = resolve_device(params["device"])
         n_views = params["n_views"]
         p, reading = read_k_unknown(
             backbone, [X], weights, seed=seed, device=device, n_views=n_views

@@ -27,7 +27,8 @@ import numpy as np
 from sklearn.utils import check_array
 from sklearn.utils.validation import _check_feature_names, _check_n_features
 
-from .engine import backend, fit, fit_by_blocks
+from .engine import fit, fit_by_blocks
+from .engine.input_range import check_range
 
 
 def is_dask_array(X) -> bool:
@@ -215,7 +216,7 @@ def fit_plan(plan, X) -> fit.MixtureFits | fit.KMeansFit:
     fit's ``labels`` are None (the estimator labels lazily)."""
     name = "TransformerGMM" if plan.is_mixture else "TransformerClusterer"
     summary = _summarize(X, plan.seed, name)
-    backend.check_range(summary.highest, summary.lowest, summary.n_rows, X.dtype)
+    check_range(summary.highest, summary.lowest, summary.n_rows, X.dtype)
     if plan.is_mixture:
         return fit_by_blocks.fit_mixtures_by_blocks(
             _reducer(X), summary.sample, summary.n_rows, plan

@@ -2,9 +2,11 @@
 from an estimator's public parameters (``get_params(deep=False)``): checking them and the
 data, the fit's plan (:class:`~transformer_gmm.engine.plan.FitPlan`), its run, and the
 fitted attributes set from its result. No torch here: the backbone is loaded by
-:mod:`transformer_gmm.engine.backend` and read in :mod:`transformer_gmm.engine.starts`."""
+:mod:`transformer_gmm.engine.model_cache` and read in :mod:`transformer_gmm.engine.starts`."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import sparse
@@ -18,9 +20,13 @@ from ._cluster_initialization import given_centers, init_kind, n_runs
 from ._mixture_methods import precisions_from_cholesky
 from ._verbose import kmeans_report
 from ._warnings import warn_user
-from .engine import backend, fit
+from .engine import fit, model_cache
+from .engine.device import resolve_device
 from .engine.plan import FitPlan
 from .engine.starts import GivenStarts
+
+if TYPE_CHECKING:
+    from .nn import MixtureTransformer
 
 # What runs without the transformer, as the FallbackWarning names it.
 MIXTURE_FALLBACK = "EM with k-means++ initialisation"
@@ -90,7 +96,7 @@ def n_starts(params: dict, uses_transformer: bool) -> tuple[int, int]:
     return n_transformer, n_init - n_transformer
 
 
-def backbone_or_fallback(checkpoint, n_components: int, fallback: str) -> backend.Backbone | None:
+def backbone_or_fallback(checkpoint, n_components: int, fallback: str) -> MixtureTransformer | None:
     """The backbone that covers this request, or None (with a FallbackWarning when the
     user would expect the transformer). A checkpoint the user named that cannot be
     found or loaded raises CheckpointError: that is never silently replaced."""
@@ -107,7 +113,7 @@ def backbone_or_fallback(checkpoint, n_components: int, fallback: str) -> backen
             FallbackWarning,
         )
         return None
-    backbone = backend.load_backbone(checkpoint)
+    backbone = model_cache.load_backbone(checkpoint)
     if n_components not in backbone.supported_n_components:
         k = backbone.supported_n_components
         warn_user(
@@ -157,7 +163,7 @@ def mixture_plan(
     ``warm_start`` goes on from; ``reading`` the pass that read P(K | X) (see
     :func:`transformer_starts`). The random starts are drawn from ``random_state`` first,
     as scikit-learn does, then the seed of the fit's generator."""
-    device = backend.resolve_device(params["device"])
+    device = resolve_device(params["device"])
     K = params["n_components"]
     em = dict(covariance_type=params["covariance_type"], reg_covar=params["reg_covar"])
     if previous is not None:
@@ -210,7 +216,7 @@ def kmeans_plan(
     centres (R, K, d) or None, the name of each run's start) and whether to trace Lloyd
     (``verbose``); ``reading`` as :func:`mixture_plan`'s. Draws the random starts from
     ``random_state`` first, as scikit-learn does, then the seed of the fit's generator."""
-    device = backend.resolve_device(params["device"])
+    device = resolve_device(params["device"])
     K, init = params["n_clusters"], params["init"]
     kind = init_kind(init)
     trace = bool(params["verbose"]) and not _dask.is_dask_array(X)

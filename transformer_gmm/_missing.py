@@ -17,7 +17,8 @@ from . import _dask
 from ._collapsed import collapsed_components
 from ._mixture_methods import precisions_from_cholesky
 from ._warnings import warn_user
-from .engine import backend, kpod, missing, row_order
+from .engine import kpod, missing, row_order
+from .engine.device import to_numpy
 
 
 def has_missing(X) -> bool:
@@ -82,10 +83,10 @@ def fit_k(
         device=estimator.device_,
     )
     dtype = X.dtype
-    precisions_cholesky = backend.to_numpy(result.precisions_cholesky)
-    estimator.weights_ = backend.to_numpy(result.weights).astype(dtype, copy=False)
-    estimator.means_ = backend.to_numpy(result.means).astype(dtype, copy=False)
-    estimator.covariances_ = backend.to_numpy(result.covariances).astype(dtype, copy=False)
+    precisions_cholesky = to_numpy(result.precisions_cholesky)
+    estimator.weights_ = to_numpy(result.weights).astype(dtype, copy=False)
+    estimator.means_ = to_numpy(result.means).astype(dtype, copy=False)
+    estimator.covariances_ = to_numpy(result.covariances).astype(dtype, copy=False)
     estimator.precisions_cholesky_ = precisions_cholesky.astype(dtype, copy=False)
     estimator.precisions_ = precisions_from_cholesky(
         precisions_cholesky, covariance_type

@@ -15,7 +15,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from . import _array_api, _dask, _initialization
-from .engine import backend, missing
+from .engine import e_step, missing
 
 # Free parameters of the covariances, by type (for bic and aic).
 _N_COVARIANCE_PARAMETERS = {
@@ -45,7 +45,7 @@ def _weighted_log_prob(X: np.ndarray, *parameters) -> np.ndarray:
     density of its observed features. Rows without NaN are scored as they always were."""
     is_missing = np.isnan(X)
     if not is_missing.any():
-        return backend.estimate_weighted_log_prob(X, *parameters)
+        return e_step.weighted_log_prob_of_fitted(X, *parameters)
     missing.check_rows(X)
     return missing.weighted_log_prob(X, *parameters)
 

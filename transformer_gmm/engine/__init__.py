@@ -24,10 +24,16 @@ them in Python. The modules, from the estimators' side down:
     The canonical order of a dataset's rows (a fixed hash of their values), so that no
     fit depends on the order the rows came in. Numpy only.
 
-:mod:`~transformer_gmm.engine.backend`
-    The numpy/torch boundary: devices and dtypes, tensors in and out, the loaded backbone
-    and its copies on devices, the input-range check, out-of-memory errors, and scoring
-    a fitted mixture.
+:mod:`~transformer_gmm.engine.device`
+    The numpy/torch boundary: devices and dtypes, a fit's generator, tensors in and out
+    (datasets padded into one batch), and the error a device out of memory raises.
+
+:mod:`~transformer_gmm.engine.input_range`
+    Whether the data's values fit the dtype a fit computes in, checked before it sums
+    their squares.
+
+:mod:`~transformer_gmm.engine.model_cache`
+    The loaded transformer (the backbone) of a checkpoint, and its copies on devices.
 
 :mod:`~transformer_gmm.engine.standardize`
     The map to the model's input space (centring, principal directions, one scale), and
@@ -46,7 +52,8 @@ them in Python. The modules, from the estimators' side down:
     components that empty on the way.
 
 :mod:`~transformer_gmm.engine.e_step`
-    EM's E-step: weighted log-probabilities, responsibilities, the lower bound.
+    EM's E-step: weighted log-probabilities, responsibilities, the lower bound; and the
+    scores of a fitted mixture (``predict``, ``score_samples``) on CPU.
 
 :mod:`~transformer_gmm.engine.m_step`
     EM's M-step, the ``MixtureParams`` it estimates, and scikit-learn's k-means
@@ -76,15 +83,17 @@ from __future__ import annotations
 import importlib
 
 _SUBMODULES = {
-    "backend",
     "batching",
+    "device",
     "e_step",
     "em",
     "fit",
     "fit_by_blocks",
     "gaussian",
+    "input_range",
     "kmeans",
     "m_step",
+    "model_cache",
     "plan",
     "precision",
     "readout",

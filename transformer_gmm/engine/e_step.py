@@ -5,21 +5,34 @@ The formulas follow scikit-learn's ``_estimate_weighted_log_prob`` and ``_e_step
 Shapes and the ``mask`` convention are those of :mod:`transformer_gmm.engine.em`, whose
 loop runs this step; :func:`e_step_unchecked`, on inputs already checked and padded, is
 the step inside that loop and inside the sums over blocks of rows
-(:mod:`transformer_gmm.engine.sufficient_stats`).
+(:mod:`transformer_gmm.engine.sufficient_stats`). :func:`weighted_log_prob_of_fitted` is
+the same log-probabilities of a fitted mixture, numpy in and out, on CPU in bounded
+memory: what the estimators' ``predict`` and ``score_samples`` compute.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .batching import check_batch, compact, zero_padding
+from .device import explain_out_of_memory, tensor, to_numpy
 from .gaussian import PARAM_SHAPES, estimate_log_gaussian_prob, lookup, needs_grad
 from .m_step import MixtureParams
 
-__all__ = ["check_params", "e_step", "e_step_unchecked", "estimate_weighted_log_prob"]
+__all__ = [
+    "check_params",
+    "e_step",
+    "e_step_unchecked",
+    "estimate_weighted_log_prob",
+    "weighted_log_prob_of_fitted",
+]
+
+# Rows per chunk when scoring: bounds memory at O(chunk * K * d) whatever n_samples is.
+_CHUNK_ROWS = 65536
 
 
 def check_params(
@@ -170,3 +183,29 @@ def e_step(
     X, mask = compact(X), compact(mask)
     X = zero_padding(X, mask)
     return e_step_unchecked(X, params, covariance_type, mask, compact(sample_weight))
+
+
+@explain_out_of_memory
+def weighted_log_prob_of_fitted(
+    X: np.ndarray,
+    weights: np.ndarray,
+    means: np.ndarray,
+    precisions_cholesky: np.ndarray,
+    covariance_type: str,
+) -> np.ndarray:
+    """:func:`estimate_weighted_log_prob` of a fitted mixture's parameters (numpy, one
+    mixture) for the rows ``X`` (n, d): log p(x | k) + log w_k of shape (n, K), on CPU in
+    float64, in chunks of rows that bound the memory it takes."""
+    params = MixtureParams(
+        weights=tensor(weights, "cpu")[None],
+        means=tensor(means, "cpu")[None],
+        covariances=None,  # not needed to score
+        precisions_cholesky=tensor(precisions_cholesky, "cpu")[None],
+    )
+    out = np.empty((X.shape[0], means.shape[0]))
+    for start in range(0, X.shape[0], _CHUNK_ROWS):
+        chunk = tensor(X[start : start + _CHUNK_ROWS], "cpu")[None]
+        out[start : start + _CHUNK_ROWS] = to_numpy(
+            estimate_weighted_log_prob(chunk, params, covariance_type)[0]
+        )
+    return out

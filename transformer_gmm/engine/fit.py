@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import backend, em, kmeans, m_step, row_order, runs, starts
+from . import em, kmeans, m_step, row_order, runs, starts
+from .device import dtype_for, explain_out_of_memory, pad, seeded_generator, to_numpy
 from .gaussian import ONE_MATRIX_AT_A_TIME, IllDefinedCovariance, all_components_at_once
+from .input_range import check_magnitude
 from .plan import FitPlan
 from .standardize import subsample_rows, take_rows
 
@@ -69,7 +71,7 @@ def hash_on_device(device: str) -> bool:
     return device.startswith("cuda")
 
 
-@backend.explain_out_of_memory
+@explain_out_of_memory
 def fit(
     plan: FitPlan,
     Xs: list[np.ndarray] | np.ndarray,
@@ -84,7 +86,7 @@ def fit(
     uniform subsample and only the best runs on every row. ``sample_weight`` weighs rows as
     frequencies.
     """
-    # Each dataset's own dtype, whose range it is held to (backend.check_magnitude).
+    # Each dataset's own dtype, whose range it is held to (check_magnitude).
     dtypes = [Xs.dtype] * len(Xs) if isinstance(Xs, np.ndarray) else [X.dtype for X in Xs]
     if hash_on_device(plan.device) and (isinstance(Xs, np.ndarray) or len(Xs) == 1):
         Xs, sample_weight, orders = _in_canonical_order_on_device(Xs, sample_weight, plan.device)
@@ -94,7 +96,7 @@ def fit(
     if isinstance(given, starts.GivenStarts) and given.resp is not None:
         # (R, n, K), for the one dataset: its rows in their order too.
         given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
-    if backend.dtype_for(plan.device) == torch.float32:  # on a GPU
+    if dtype_for(plan.device) == torch.float32:  # on a GPU
         try:
             on_device = _on_device(plan, Xs, sample_weight, torch.float32, dtypes)
             return _fit_on_device(plan, *on_device, given, orders)
@@ -112,15 +114,15 @@ def _on_device(plan: FitPlan, Xs, sample_weight, dtype: torch.dtype, dtypes: lis
     """The datasets padded on the plan's device in ``dtype``: (B, N, d), the mask (B, N) or
     None, and the weights (B, N) or None; each dataset checked against the range of the
     narrower of ``dtype`` and its own (``dtypes``)."""
-    x, mask = backend.pad(Xs, plan.device, dtype)  # (B, N, d), (B, N) or None
-    weights = None if sample_weight is None else backend.pad(sample_weight, plan.device, dtype)[0]
-    backend.check_magnitude(x, mask, dtypes)
+    x, mask = pad(Xs, plan.device, dtype)  # (B, N, d), (B, N) or None
+    weights = None if sample_weight is None else pad(sample_weight, plan.device, dtype)[0]
+    check_magnitude(x, mask, dtypes)
     return x, mask, weights
 
 
 def _fit_on_device(plan: FitPlan, x, mask, weights_all, given, orders):
     """:func:`fit` on the padded datasets ``x`` (B, N, d) in canonical order."""
-    generator = backend.generator(plan.seed, plan.device)
+    generator = seeded_generator(plan.seed, plan.device)
     x_all, mask_all = x, mask
     x, mask, index = _selection_rows(x, mask, plan.n_runs, generator)  # (B, S, d)
     weights = weights_all  # (B, S) or None
@@ -287,11 +289,11 @@ class _Mixtures:
         fields = [result.params.weights, result.params.means, result.params.covariances]
         fields += [result.params.precisions_cholesky, result.lower_bound]
         return MixtureFits(
-            *(backend.to_numpy(t if every_run_kept else t[kept]) for t in fields),
+            *(to_numpy(t if every_run_kept else t[kept]) for t in fields),
             n_iter=result.n_iter[kept].cpu().numpy(),
             converged=result.converged[kept].cpu().numpy(),
             best_run=best.cpu().numpy(),
-            lower_bounds=backend.to_numpy(lower_bounds),
+            lower_bounds=to_numpy(lower_bounds),
             iteration_times=np.asarray(times, dtype=np.float64),
         )
 
@@ -403,7 +405,7 @@ class _KMeans:
         labels_in_order = labels[kept].cpu().numpy().astype(np.int32)
         labels = np.empty_like(labels_in_order)
         labels[order] = labels_in_order  # back in the rows' own order
-        centers, labels = _empty_clusters_last(backend.to_numpy(centers[kept]), labels)
+        centers, labels = _empty_clusters_last(to_numpy(centers[kept]), labels)
         return KMeansFit(
             centers=centers,
             labels=labels,

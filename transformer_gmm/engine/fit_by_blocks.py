@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import backend, fit, gaussian, m_step, row_order, runs, starts, sufficient_stats
+from . import fit, gaussian, m_step, row_order, runs, starts, sufficient_stats
+from .device import explain_out_of_memory, seeded_generator, tensor, to_numpy
 from .plan import FitPlan
 
 BlockFunction = Callable[..., np.ndarray]
@@ -44,7 +45,7 @@ def _slices(block: np.ndarray, n_runs: int, width: int):
     """The rows of ``block`` as (1, rows, d) float64 tensors, a bounded slice at a time."""
     step = max(1, _BLOCK_ELEMENTS // (n_runs * width))
     for start in range(0, block.shape[0], step):
-        yield backend.tensor(block[start : start + step], "cpu")[None]
+        yield tensor(block[start : start + step], "cpu")[None]
 
 
 def block_mixture_statistics(
@@ -57,10 +58,10 @@ def block_mixture_statistics(
     """The :class:`~transformer_gmm.engine.sufficient_stats.MixtureStatistics` of the rows
     ``block`` (n, d) for the R runs of the parameters (shapes (R, ...)), as (1, length)."""
     params = m_step.MixtureParams(
-        backend.tensor(weights, "cpu"),
-        backend.tensor(means, "cpu"),
+        tensor(weights, "cpu"),
+        tensor(means, "cpu"),
         None,
-        backend.tensor(precisions_cholesky, "cpu"),
+        tensor(precisions_cholesky, "cpu"),
     )
     n_runs, n_components, n_features = means.shape
     size = sufficient_stats.mixture_statistics_size(
@@ -78,8 +79,8 @@ def block_lloyd_statistics(
     """The :class:`~transformer_gmm.engine.sufficient_stats.LloydStatistics` of the rows
     ``block`` (n, d) for R runs' ``centers`` (R, K, d), as (1, length)."""
     n_runs, n_clusters, n_features = centers.shape
-    centers_t = backend.tensor(centers, "cpu")
-    offset_t = backend.tensor(offset, "cpu").reshape(1, 1, -1)
+    centers_t = tensor(centers, "cpu")
+    offset_t = tensor(offset, "cpu").reshape(1, 1, -1)
     size = sufficient_stats.lloyd_statistics_size(n_runs, n_clusters, n_features)
     total = torch.zeros(size, dtype=torch.float64)
     for x in _slices(block, n_runs, max(n_clusters, n_features)):
@@ -104,10 +105,10 @@ def block_worst_explained(
     :func:`~transformer_gmm.engine.sufficient_stats.worst_explained`, as (1, R * n * (1 + d)).
     """
     params = m_step.MixtureParams(
-        backend.tensor(weights, "cpu"),
-        backend.tensor(means, "cpu"),
+        tensor(weights, "cpu"),
+        tensor(means, "cpu"),
         None,
-        backend.tensor(precisions_cholesky, "cpu"),
+        tensor(precisions_cholesky, "cpu"),
     )
     empty_t = torch.from_numpy(empty)
     n_runs, n_components, n_features = means.shape
@@ -125,8 +126,8 @@ def block_farthest(
     (R, K, d), scored as :func:`~transformer_gmm.engine.sufficient_stats.farthest`, as
     (1, R * n * (d + 2))."""
     n_runs, n_clusters, n_features = centers.shape
-    centers_t = backend.tensor(centers, "cpu")
-    offset_t = backend.tensor(offset, "cpu").reshape(1, 1, -1)
+    centers_t = tensor(centers, "cpu")
+    offset_t = tensor(offset, "cpu").reshape(1, 1, -1)
     far = torch.zeros(n_runs, 0, n_features + 2, dtype=torch.float64)
     for x in _slices(block, n_runs, max(n_clusters, n_features)):
         rows = sufficient_stats.farthest(x, centers_t, offset_t, n)
@@ -153,7 +154,7 @@ def _on_cpu(weights, means, covariances, covariance_type: str) -> m_step.Mixture
     return m_step.MixtureParams(weights, means, covariances, precisions_cholesky)
 
 
-@backend.explain_out_of_memory
+@explain_out_of_memory
 def fit_mixtures_by_blocks(
     reduce_blocks: BlockReducer,
     sample: np.ndarray,
@@ -172,8 +173,8 @@ def fit_mixtures_by_blocks(
         start = _on_cpu(chosen.weights, chosen.means, chosen.covariances, covariance_type)
         n_iter_before, best_run = chosen.n_iter, chosen.best_run
     else:
-        x = backend.tensor(sample, plan.device)[None]  # (1, S, d)
-        generator = backend.generator(plan.seed, plan.device)
+        x = tensor(sample, plan.device)[None]  # (1, S, d)
+        generator = seeded_generator(plan.seed, plan.device)
         # plan.given as fit.fit takes it: the estimators give a Dask fit none, but a plan's
         # own parameters (weights, means, precisions) need no rows.
         every = starts.mixture_starts(x, None, generator, plan, given=plan.given)
@@ -183,7 +184,7 @@ def fit_mixtures_by_blocks(
     def statistics_of(params: m_step.MixtureParams) -> sufficient_stats.MixtureStatistics:
         n_runs = params.means.shape[0]
         args = tuple(
-            backend.to_numpy(t) for t in (params.weights, params.means, params.precisions_cholesky)
+            to_numpy(t) for t in (params.weights, params.means, params.precisions_cholesky)
         )
         length = sufficient_stats.mixture_statistics_size(
             n_runs, n_components, n_features, covariance_type
@@ -202,7 +203,7 @@ def fit_mixtures_by_blocks(
     def worst_explained_of(params: m_step.MixtureParams, empty: torch.Tensor) -> torch.Tensor:
         n_runs = params.means.shape[0]
         args = tuple(
-            backend.to_numpy(t) for t in (params.weights, params.means, params.precisions_cholesky)
+            to_numpy(t) for t in (params.weights, params.means, params.precisions_cholesky)
         )
         args += (empty.numpy(), covariance_type, n_worst)
         length = n_runs * n_worst * (1 + n_features)
@@ -232,14 +233,14 @@ def fit_mixtures_by_blocks(
     fields = [result.params.weights, result.params.means, result.params.covariances]
     fields += [result.params.precisions_cholesky, result.lower_bound]
     return fit.MixtureFits(
-        *(backend.to_numpy(t[one]) for t in fields),
+        *(to_numpy(t[one]) for t in fields),
         n_iter=result.n_iter[one].numpy() + n_iter_before,
         converged=result.converged[one].numpy(),
         best_run=best_run,
     )
 
 
-@backend.explain_out_of_memory
+@explain_out_of_memory
 def fit_kmeans_by_blocks(
     reduce_blocks: BlockReducer,
     sample: np.ndarray,
@@ -260,8 +261,8 @@ def fit_kmeans_by_blocks(
         centers = torch.from_numpy(chosen.centers)[None]
         n_iter_before, best_run = chosen.n_iter, chosen.best_run
     else:
-        x = backend.tensor(sample, plan.device)[None]  # (1, S, d)
-        generator = backend.generator(plan.seed, plan.device)
+        x = tensor(sample, plan.device)[None]  # (1, S, d)
+        generator = seeded_generator(plan.seed, plan.device)
         centers = starts.kmeans_starts(x, generator, plan)
         centers = centers.to("cpu", torch.float64)
     n_features = sample.shape[1]
@@ -271,7 +272,7 @@ def fit_kmeans_by_blocks(
         centers: torch.Tensor, with_inertia: bool = False
     ) -> sufficient_stats.LloydStatistics:
         n_runs = centers.shape[0]
-        args = (backend.to_numpy(centers), backend.to_numpy(offset.flatten()), with_inertia)
+        args = (to_numpy(centers), to_numpy(offset.flatten()), with_inertia)
         length = sufficient_stats.lloyd_statistics_size(n_runs, n_clusters, n_features)
         vector = reduce_blocks.sum(block_lloyd_statistics, args, length)
         return sufficient_stats.LloydStatistics.from_vector(
@@ -285,7 +286,7 @@ def fit_kmeans_by_blocks(
 
     def farthest_of(centers: torch.Tensor) -> torch.Tensor:
         n_runs = centers.shape[0]
-        args = (backend.to_numpy(centers), backend.to_numpy(offset.flatten()), n_far)
+        args = (to_numpy(centers), to_numpy(offset.flatten()), n_far)
         length = n_runs * n_far * (n_features + 2)
         stacked = reduce_blocks.stack(block_farthest, args, length)
         return _top_of_blocks(stacked, n_runs, n_far, largest=True)
@@ -300,7 +301,7 @@ def fit_kmeans_by_blocks(
     if best_run is None:
         kept = best_run = int(torch.argmin(final.inertia))
     return fit.KMeansFit(
-        centers=backend.to_numpy(centers[kept]),
+        centers=to_numpy(centers[kept]),
         labels=None,
         inertia=float(final.inertia[kept]),
         n_iter=int(n_iter[kept]) + int(n_iter_before),

@@ -11,18 +11,25 @@ Every readout head reads the same tokens, so the fit of the K chosen starts from
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
-from . import backend, row_order
+from . import model_cache, row_order
+from .device import dtype_for, explain_out_of_memory, pad, seeded_generator, to_numpy
+from .input_range import check_magnitude
 from .readout import Reading, read_views
 from .standardize import weighted_rows
+
+if TYPE_CHECKING:
+    from ..nn import MixtureTransformer
 
 __all__ = ["k_posteriors", "read_k_unknown"]
 
 
 def k_posteriors(
-    backbone: backend.Backbone,
+    backbone: MixtureTransformer,
     Xs: list[np.ndarray],
     sample_weight: list[np.ndarray] | None = None,
     *,
@@ -35,9 +42,9 @@ def k_posteriors(
     Examples
     --------
     >>> import numpy as np
-    >>> from transformer_gmm.engine import backend
+    >>> from transformer_gmm.engine import model_cache
     >>> from transformer_gmm.engine.k_posterior import k_posteriors
-    >>> backbone = backend.load_backbone("default")
+    >>> backbone = model_cache.load_backbone("default")
     >>> X, _ = two_blobs()  # one dataset (B=1) of 40 points in two blobs
     >>> p = k_posteriors(backbone, [X[0].numpy()], seed=0)
     >>> p.shape, int(p.argmax()) + 1
@@ -46,9 +53,9 @@ def k_posteriors(
     return read_k_unknown(backbone, Xs, sample_weight, seed=seed, device=device, n_views=n_views)[0]
 
 
-@backend.explain_out_of_memory
+@explain_out_of_memory
 def read_k_unknown(
-    backbone: backend.Backbone,
+    backbone: MixtureTransformer,
     Xs: list[np.ndarray],
     sample_weight: list[np.ndarray] | None = None,
     *,
@@ -59,16 +66,16 @@ def read_k_unknown(
     """:func:`k_posteriors`, and the pass they were read from, whose tokens every readout
     head reads as well: a fit of ``Xs`` (in canonical row order, as the fit puts them)
     starts from it with no pass of its own (``FitPlan.reading``)."""
-    model = backend.model_on(backbone.model, device)
+    model = model_cache.model_on(backbone, device)
     config = model.config
     orders = row_order.canonical_orders(Xs, sample_weight)
     Xs = [np.take(X, order, axis=0) for X, order in zip(Xs, orders, strict=True)]
-    x, mask = backend.pad(Xs, device, backend.dtype_for(device))  # (B, N, d), (B, N) or None
-    backend.check_magnitude(x, mask)
-    generator = backend.generator(seed, device)
+    x, mask = pad(Xs, device, dtype_for(device))  # (B, N, d), (B, N) or None
+    check_magnitude(x, mask)
+    generator = seeded_generator(seed, device)
     if sample_weight is not None:
         weights = [np.asarray(w)[order] for w, order in zip(sample_weight, orders, strict=True)]
-        w = backend.pad(weights, device, x.dtype)[0]  # (B, N), zero on padding
+        w = pad(weights, device, x.dtype)[0]  # (B, N), zero on padding
         x, mask = weighted_rows(x, w, config.context_size, generator)
     # Projected as for the largest K: every direction up to d_max.
     read = read_views(config, x, mask, config.k_max, generator, n_views)
@@ -78,4 +85,4 @@ def read_k_unknown(
     probs = log_p.exp().view(n_views, len(Xs), -1).mean(dim=0)  # (B, k_max)
     rows = read.rows(x)  # (V * B, C, d)
     reading = Reading(read.standardization, rows, read.rows_mask, read.signs, tokens, tokens_mask)
-    return backend.to_numpy(probs / probs.sum(dim=-1, keepdim=True)), reading
+    return to_numpy(probs / probs.sum(dim=-1, keepdim=True)), reading

@@ -321,7 +321,7 @@ def weighted_log_prob(
 ) -> np.ndarray:
     """log p(x_o | k) + log w_k, (n, K), of rows with missing entries (NaN): each row's
     density is the marginal over its observed features. On CPU in float64, as
-    :func:`~transformer_gmm.engine.backend.estimate_weighted_log_prob` scores full rows."""
+    :func:`~transformer_gmm.engine.e_step.weighted_log_prob_of_fitted` scores full rows."""
     dtype = torch.float64
     x = torch.as_tensor(X, dtype=dtype)
     x = torch.where(torch.isnan(x), 0.0, x)

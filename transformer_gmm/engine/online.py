@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import backend
+from .device import explain_out_of_memory, tensor, to_numpy
 from .em import as_tuple, empty_bound, reseed_means, reseed_weights_and_covariances
 from .gaussian import IllDefinedCovariance
 from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty
@@ -296,10 +296,10 @@ def _weights_of(rows: Tensor, X: Tensor, sample_weight: Tensor) -> Tensor:
 
 
 def _on_device(array: np.ndarray | None, device: str) -> Tensor | None:
-    return None if array is None else backend.tensor(array, device)[None]
+    return None if array is None else tensor(array, device)[None]
 
 
-@backend.explain_out_of_memory
+@explain_out_of_memory
 def mixture_step(
     X: np.ndarray,
     sample_weight: np.ndarray | None,
@@ -322,11 +322,11 @@ def mixture_step(
         reg_covar=reg_covar,
         sample_weight=_on_device(sample_weight, device),
     )
-    fitted = (backend.to_numpy(t[0]) for t in as_tuple(result.params))
+    fitted = (to_numpy(t[0]) for t in as_tuple(result.params))
     return tuple(fitted), result.log_likelihood
 
 
-@backend.explain_out_of_memory
+@explain_out_of_memory
 def kmeans_step(
     X: np.ndarray,
     sample_weight: np.ndarray | None,
@@ -352,8 +352,8 @@ def kmeans_step(
     row_weights = x.new_ones(1, x.shape[1], 1) if weights is None else weights[..., None]
     inertia = inertia_of(centred, new - offset, labels, row_weights)
     return (
-        backend.to_numpy(new[0]),
-        backend.to_numpy(total[0]),
+        to_numpy(new[0]),
+        to_numpy(total[0]),
         labels[0].cpu().numpy().astype(np.int32),
         float(inertia[0]),
     )

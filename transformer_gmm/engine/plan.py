@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from .backend import Backbone
+    from ..nn import MixtureTransformer
     from .readout import Reading
     from .starts import GivenStarts
 
@@ -31,7 +31,7 @@ class FitPlan:
     seed: int
     covariance_type: str | None = None  # None: k-means
     reg_covar: float = 0.0
-    backbone: Backbone | None = None
+    backbone: MixtureTransformer | None = None
     n_transformer_inits: int = 0
     n_kmeans_inits: int = 0
     given: GivenStarts | np.ndarray | None = None

@@ -9,7 +9,7 @@ float32, EM in float64. At torch's default (``"highest"``) nothing changes. On C
 switch is torch's to apply (TF32 there): a bfloat16 copy of this width-128 backbone was
 measured slower than TF32 on an H200 (docs/performance.md).
 
-The bfloat16 copy is made once per model (see :func:`transformer_gmm.engine.backend.model_on`);
+The bfloat16 copy is made once per model (see :func:`transformer_gmm.engine.model_cache.model_on`);
 the loaded model itself is never changed.
 """
 

@@ -60,7 +60,7 @@ def forward(model: torch.nn.Module, z: Tensor, n_components: int, mask: Tensor |
     """The backbone on standardized points (B, C, d_max), in chunks of datasets.
 
     Float32 by default: bfloat16 moves the readout's means beyond the pinned outputs'
-    tolerance (docs/performance.md). A model from ``backend.model_on`` multiplies in
+    tolerance (docs/performance.md). A model from ``model_cache.model_on`` multiplies in
     bfloat16 where the user allowed it (:mod:`~transformer_gmm.engine.precision`).
     """
     tokens = _TOKENS_PER_CHUNK.get(z.device.type, _TOKENS_PER_CHUNK["cuda"])

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from . import backend, gaussian, kmeans, m_step, readout, runs
+from . import gaussian, kmeans, m_step, model_cache, readout, runs
+from .device import tensor
 from .standardize import take_rows, weighted_rows
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def _weighted_draw(x, sample_weight, backbone, generator, plan: FitPlan) -> tupl
         n_datasets = x.shape[0]
         rows_mask = plan.reading.rows_mask
         return plan.reading.rows[:n_datasets], None if rows_mask is None else rows_mask[:n_datasets]
-    return weighted_rows(x, sample_weight, backbone.context_size, generator)
+    return weighted_rows(x, sample_weight, backbone.config.context_size, generator)
 
 
 # --- Gaussian mixtures ---------------------------------------------------------------
@@ -79,7 +80,7 @@ def mixture_starts(
     n_transformer_inits, n_kmeans_inits = plan.n_transformer_inits, plan.n_kmeans_inits
     run_params = []  # each (B, R_i, ...) parameters
     if n_transformer_inits > 0:
-        model = backend.model_on(backbone.model, device)
+        model = model_cache.model_on(backbone, device)
         x_read, mask_read = x, mask
         if sample_weight is not None:  # the rows drawn by weight, then read
             x_read, mask_read = _weighted_draw(x, sample_weight, backbone, generator, plan)
@@ -160,7 +161,7 @@ def _given_starts(
         )
         starts.append(runs.unflatten(params, n_datasets, run_major=True))
     if given.resp is not None:
-        resp = backend.tensor(given.resp, str(x.device), x.dtype)  # (R, N, K), for one dataset
+        resp = tensor(given.resp, str(x.device), x.dtype)  # (R, N, K), for one dataset
         if index is not None:
             resp = take_rows(resp, index.expand(resp.shape[0], -1))
         params = m_step.estimate_gaussian_parameters(
@@ -185,7 +186,7 @@ def _with_given(
     def replace(array: np.ndarray | None, like: torch.Tensor) -> torch.Tensor:
         if array is None:
             return like
-        return backend.tensor(array, str(like.device), like.dtype).expand_as(like).contiguous()
+        return tensor(array, str(like.device), like.dtype).expand_as(like).contiguous()
 
     weights = replace(given.weights, params.weights)
     means = replace(given.means, params.means)
@@ -215,7 +216,7 @@ def kmeans_starts(
     n_transformer_inits, n_kmeans_inits = plan.n_transformer_inits, plan.n_kmeans_inits
     backbone, starts = plan.backbone, []
     if n_transformer_inits > 0:
-        model = backend.model_on(backbone.model, device)
+        model = model_cache.model_on(backbone, device)
         x_read = x
         if sample_weight is not None:  # the rows drawn by weight, then read
             x_read, _ = _weighted_draw(x, sample_weight, backbone, generator, plan)
@@ -238,5 +239,5 @@ def kmeans_starts(
             )
         )
     if given is not None:
-        starts.append(backend.tensor(given, str(x.device), x.dtype))
+        starts.append(tensor(given, str(x.device), x.dtype))
     return torch.cat(starts)
