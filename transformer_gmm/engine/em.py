@@ -35,6 +35,7 @@ from .gaussian import (
     IllDefinedCovariance,
     all_components_at_once,
     covariances_from_precisions_cholesky,
+    needs_grad,
     try_precision_cholesky,
 )
 from .m_step import MixtureParams, estimate_parameters_unchecked, pool_covariances
@@ -358,7 +359,9 @@ def fit_em(
         log_prob_norm, log_resp = e_step_unchecked(
             X, params, covariance_type, mask, *weighted, at_once=at_once, x_squared=x_squared
         )
-        resp = log_resp.exp()
+        # In place where nothing tracks gradients: the log-responsibilities are not read
+        # again, and a second (B, N, K) array would be EM's largest on many rows.
+        resp = log_resp.exp() if needs_grad(log_resp) else log_resp.exp_()
         if sample_weight is not None:
             resp = resp * sample_weight[..., None]
         nk, means, covariances = estimate_parameters_unchecked(

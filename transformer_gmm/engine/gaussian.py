@@ -242,13 +242,15 @@ def _mahalanobis_full(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tens
     batch = max(X.shape[0], means.shape[0])
     y = X.new_empty((batch, X.shape[1], X.shape[2]))  # (B, N, d)
     ones = X.new_ones((X.shape[2], 1))
-    columns = []
+    # Each column written as it comes: a list of columns joined at the end would hold the
+    # (B, N, K) result twice.
+    distances = X.new_empty((batch, X.shape[1], means.shape[1]))  # (B, N, K)
     for k in range(means.shape[1]):
         prec_chol = precisions_chol[:, k]  # (B, d, d)
         torch.matmul(X, prec_chol, out=y)
         y.sub_(means[:, k, None, :] @ prec_chol).square_()
-        columns.append(y @ ones)  # (B, N, 1)
-    return torch.cat(columns, dim=-1)
+        distances[..., k] = (y @ ones)[..., 0]  # (B, N)
+    return distances
 
 
 def _mahalanobis_full_at_once(X: Tensor, means: Tensor, precisions_chol: Tensor) -> Tensor:
