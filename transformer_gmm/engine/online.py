@@ -347,7 +347,8 @@ def kmeans_step(
         sample_weight=weights,
         with_inertia=False,
     )
-    centred, offset = x - x.mean(1, keepdim=True), x.mean(1, keepdim=True)  # as Lloyd's
+    offset = x.mean(1, keepdim=True)
+    centred = x - offset  # as Lloyd's
     labels = assign(centred, new - offset)  # (1, n)
     row_weights = x.new_ones(1, x.shape[1], 1) if weights is None else weights[..., None]
     inertia = inertia_of(centred, new - offset, labels, row_weights)
