@@ -20,7 +20,7 @@ from sklearn.utils import check_random_state  # noqa: E402
 from transformer_gmm import TransformerClusterer, TransformerGMM, _dask, _initialization  # noqa: E402
 from transformer_gmm._base import draw_seed  # noqa: E402
 from transformer_gmm.engine import em, fit, gaussian, kmeans, m_step, runs  # noqa: E402
-from transformer_gmm.engine.plan import FitPlan  # noqa: E402
+from transformer_gmm.engine.plan import KMeansPlan, MixturePlan  # noqa: E402
 from transformer_gmm.engine.starts import GivenStarts  # noqa: E402
 
 K = 3
@@ -123,7 +123,7 @@ def test_large_array_matches_in_memory_em_from_its_start():
         sample = _dask._summarize(X_dask, seed, "TransformerGMM").sample
     assert sample.shape == (8_192, 3)
     options = dict(covariance_type="full", reg_covar=1e-6, max_iter=100, tol=1e-3)
-    plan = FitPlan(n_components=K, device="cpu", seed=seed, n_kmeans_inits=2, **options)
+    plan = MixturePlan(n_components=K, device="cpu", seed=seed, n_kmeans_inits=2, **options)
     chosen = fit.fit(plan, [sample])
     start = m_step.MixtureParams(*(torch.from_numpy(getattr(chosen, f)) for f in runs.FIELDS))
     result = em.fit_em(torch.from_numpy(X)[None], start, **options)
@@ -158,7 +158,7 @@ def given_mixture_plan(covariance_type: str, means, weights=None, max_iter: int 
         means=np.asarray(means, dtype=float),
         precisions_cholesky=_initialization.precisions_cholesky(precisions, covariance_type),
     )
-    return FitPlan(
+    return MixturePlan(
         n_components=n_components,
         max_iter=max_iter,
         tol=1e-3,
@@ -216,7 +216,7 @@ def test_emptied_cluster_is_relocated_as_in_memory(scheduler, X, X_dask, start, 
     # A centre far from every row, or one that another at the same place takes every row from.
     centers = {"far": [CENTERS[0], CENTERS[1], FAR], "twice": [CENTERS[0], CENTERS[0], FAR]}
     given = np.asarray(centers[start], dtype=float)[None]  # (1 run, K, d)
-    plan = FitPlan(n_components=3, max_iter=300, tol=1e-4, device="cpu", seed=0, given=given)
+    plan = KMeansPlan(n_components=3, max_iter=300, tol=1e-4, device="cpu", seed=0, given=given)
     relocations = counting(monkeypatch, kmeans, "_relocate_empty")
     in_memory = fit.fit(plan, [X])
     assert relocations, "a cluster empties, and is relocated, in memory"

@@ -13,7 +13,7 @@ from transformer_gmm import TransformerClusterer, TransformerGMM
 from transformer_gmm.engine import em, fit, model_cache, runs
 from transformer_gmm.engine.kmeans import kmeans_plusplus
 from transformer_gmm.engine.m_step import MixtureParams
-from transformer_gmm.engine.plan import FitPlan
+from transformer_gmm.engine.plan import MixturePlan
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
 
@@ -88,7 +88,7 @@ def test_the_transformers_starts_leave_the_generator_as_they_found_it(starts):
     backbone = model_cache.load_backbone(TINY_CHECKPOINT)
     options = dict(n_components=2, covariance_type="full", reg_covar=1e-6, max_iter=5, tol=1e-3)
     for n_transformer in (1, 2):
-        plan = FitPlan(
+        plan = MixturePlan(
             **options,
             device="cpu",
             seed=0,
@@ -111,7 +111,7 @@ def test_each_datasets_kmeans_starts_nest_in_a_batch(starts, n_rows):
     datasets[1] = datasets[1][: n_rows // 2]  # padding too
     options = dict(n_components=3, covariance_type="diag", reg_covar=1e-6, max_iter=5, tol=1e-3)
     for n_kmeans in (2, 3, 7):
-        fit.fit(FitPlan(**options, device="cpu", seed=0, n_kmeans_inits=n_kmeans), datasets)
+        fit.fit(MixturePlan(**options, device="cpu", seed=0, n_kmeans_inits=n_kmeans), datasets)
     if n_rows > fit.SELECTION_ROWS:  # each fit's second EM goes on from its best start
         starts = starts[::2]
     for fewer in starts[:2]:

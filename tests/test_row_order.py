@@ -11,7 +11,7 @@ from conftest import TINY_CHECKPOINT, make_blobs
 
 from transformer_gmm import TransformerClusterer, TransformerGMM, fit_many
 from transformer_gmm.engine import fit
-from transformer_gmm.engine.plan import FitPlan
+from transformer_gmm.engine.plan import MixturePlan
 from transformer_gmm.engine.row_order import canonical_order, row_hashes
 from transformer_gmm.engine.starts import GivenStarts
 
@@ -111,7 +111,9 @@ def test_given_responsibilities_stay_with_their_rows():
     options = dict(n_components=3, covariance_type="full", reg_covar=1e-6, max_iter=100, tol=1e-3)
     fits = [
         fit.fit(
-            FitPlan(**options, device="cpu", seed=0, n_kmeans_inits=1, given=GivenStarts(resp=r)),
+            MixturePlan(
+                **options, device="cpu", seed=0, n_kmeans_inits=1, given=GivenStarts(resp=r)
+            ),
             [X[p]],
         )
         for p, r in [(np.arange(len(X)), resp), (permutation, resp[:, permutation])]

@@ -29,6 +29,7 @@ from sklearn.utils.validation import _check_feature_names, _check_n_features
 
 from .engine import fit, fit_by_blocks
 from .engine.input_range import check_range
+from .engine.plan import KMeansPlan, MixturePlan
 
 
 def is_dask_array(X) -> bool:
@@ -210,14 +211,13 @@ def _reducer(X) -> fit_by_blocks.BlockReducer:
     )
 
 
-def fit_plan(plan, X) -> fit.MixtureFits | fit.KMeansFit:
-    """:func:`transformer_gmm.engine.fit.fit` of ``plan`` (an
-    :class:`~transformer_gmm.engine.plan.FitPlan`) for one Dask array ``X``; a k-means
+def fit_plan(plan: MixturePlan | KMeansPlan, X) -> fit.MixtureFits | fit.KMeansFit:
+    """:func:`transformer_gmm.engine.fit.fit` of ``plan`` for one Dask array ``X``; a k-means
     fit's ``labels`` are None (the estimator labels lazily)."""
-    name = "TransformerGMM" if plan.is_mixture else "TransformerClusterer"
-    summary = _summarize(X, plan.seed, name)
+    is_mixture = isinstance(plan, MixturePlan)
+    summary = _summarize(X, plan.seed, "TransformerGMM" if is_mixture else "TransformerClusterer")
     check_range(summary.highest, summary.lowest, summary.n_rows, X.dtype)
-    if plan.is_mixture:
+    if is_mixture:
         return fit_by_blocks.fit_mixtures_by_blocks(
             _reducer(X), summary.sample, summary.n_rows, plan
         )

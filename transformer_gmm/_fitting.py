@@ -1,12 +1,13 @@
 """The steps of a fit that the estimators and :func:`~transformer_gmm.fit_many` share, read
 from an estimator's public parameters (``get_params(deep=False)``): checking them and the
-data, the fit's plan (:class:`~transformer_gmm.engine.plan.FitPlan`), its run, and the
+data, the fit's plan (:class:`~transformer_gmm.engine.plan.MixturePlan` or
+:class:`~transformer_gmm.engine.plan.KMeansPlan`), its run, and the
 fitted attributes set from its result. No torch here: the backbone is loaded by
 :mod:`transformer_gmm.engine.model_cache` and read in :mod:`transformer_gmm.engine.starts`."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from scipy import sparse
@@ -22,7 +23,7 @@ from ._verbose import kmeans_report
 from ._warnings import warn_user
 from .engine import fit, model_cache
 from .engine.device import resolve_device
-from .engine.plan import FitPlan
+from .engine.plan import KMeansPlan, MixturePlan
 from .engine.starts import GivenStarts
 
 if TYPE_CHECKING:
@@ -142,9 +143,15 @@ def transformer_starts(params: dict, n_components: int, fallback: str, reading=N
     )
 
 
-def _plan(params: dict, n_components: int, device: str, fields: dict, random_state) -> FitPlan:
-    """The shared settings and ``fields``; the seed of the fit's generator is drawn last."""
-    return FitPlan(
+Plan = TypeVar("Plan", MixturePlan, KMeansPlan)
+
+
+def _plan(
+    kind: type[Plan], params: dict, n_components: int, device: str, fields: dict, random_state
+) -> Plan:
+    """A plan of ``kind``: the shared settings and ``fields``; the seed of the fit's
+    generator is drawn last."""
+    return kind(
         n_components=n_components,
         max_iter=params["max_iter"],
         tol=params["tol"],
@@ -156,7 +163,7 @@ def _plan(params: dict, n_components: int, device: str, fields: dict, random_sta
 
 def mixture_plan(
     params: dict, X, sample_weight, random_state, previous=None, reading=None
-) -> FitPlan:
+) -> MixturePlan:
     """The mixture fit of ``X``, decided once: EM settings and starts (the backbone or None,
     the numbers of the transformer's and of k-means's starts, the other starts and the given
     parameters or None, the name of each run's start). ``previous`` is the fitted estimator
@@ -168,7 +175,7 @@ def mixture_plan(
     em = dict(covariance_type=params["covariance_type"], reg_covar=params["reg_covar"])
     if previous is not None:
         fields = dict(em, given=_warm_start_from(previous, X.shape[1]), start_names=("warm_start",))
-        return _plan(params, K, device, fields, random_state)
+        return _plan(MixturePlan, params, K, device, fields, random_state)
     given = _initialization.initial_parameters(params, X.shape[1])
     init_params = params["init_params"]
     n_init = 1 if params["n_init"] == "auto" else params["n_init"]
@@ -188,7 +195,7 @@ def mixture_plan(
             init_params, X, K, n_init, random_state, sample_weight
         )
         fields = dict(em, given=GivenStarts(resp=resp, **given), start_names=names)
-    return _plan(params, K, device, fields, random_state)
+    return _plan(MixturePlan, params, K, device, fields, random_state)
 
 
 def _warm_start_from(previous, n_features: int) -> GivenStarts:
@@ -210,7 +217,7 @@ def _warm_start_from(previous, n_features: int) -> GivenStarts:
 
 def kmeans_plan(
     params: dict, X, sample_weight, random_state, name: str, reading=None
-) -> FitPlan:
+) -> KMeansPlan:
     """The k-means fit of ``X``, decided once: the starts (the backbone or None, the numbers
     of the transformer's and of k-means++'s starts, the estimator ``name``'s own starting
     centres (R, K, d) or None, the name of each run's start) and whether to trace Lloyd
@@ -222,17 +229,17 @@ def kmeans_plan(
     trace = bool(params["verbose"]) and not _dask.is_dask_array(X)
     if kind == "transformer":
         fields = dict(transformer_starts(params, K, KMEANS_FALLBACK, reading), trace=trace)
-        return _plan(params, K, device, fields, random_state)
+        return _plan(KMeansPlan, params, K, device, fields, random_state)
     n_init = n_runs(init, params["n_init"], name)
     if kind == "k-means++":
         fields = dict(n_kmeans_inits=n_init, start_names=("k-means++",) * n_init, trace=trace)
     else:
         given = given_centers(init, X, K, n_init, random_state, sample_weight)
         fields = dict(given=given, start_names=(kind,) * len(given), trace=trace)
-    return _plan(params, K, device, fields, random_state)
+    return _plan(KMeansPlan, params, K, device, fields, random_state)
 
 
-def run(plan: FitPlan, X, sample_weight=None):
+def run(plan: MixturePlan | KMeansPlan, X, sample_weight=None):
     """``plan`` run on ``X``: in memory, or by blocks for a Dask array."""
     if _dask.is_dask_array(X):
         return _dask.fit_plan(plan, X)
@@ -242,7 +249,7 @@ def run(plan: FitPlan, X, sample_weight=None):
 # --- the fitted attributes -------------------------------------------------------------
 
 
-def store_mixture(estimator, fits: fit.MixtureFits, i: int, plan: FitPlan, dtype) -> None:
+def store_mixture(estimator, fits: fit.MixtureFits, i: int, plan: MixturePlan, dtype) -> None:
     """Set ``estimator``'s fitted attributes from dataset ``i`` of the fits of ``plan``, in
     the training data's ``dtype`` (as GaussianMixture keeps float32); copies where the fits
     are of several datasets, so that no estimator keeps the whole batch's arrays alive
@@ -269,7 +276,7 @@ def store_mixture(estimator, fits: fit.MixtureFits, i: int, plan: FitPlan, dtype
     estimator.n_features_in_ = estimator.means_.shape[1]  # as validation sets it
 
 
-def store_kmeans(estimator, fitted: fit.KMeansFit, X, plan: FitPlan) -> None:
+def store_kmeans(estimator, fitted: fit.KMeansFit, X, plan: KMeansPlan) -> None:
     """Set ``estimator``'s fitted attributes from the fit of ``plan`` on ``X``."""
     # Computed in float64 on CPU; returned in X's dtype, as KMeans does.
     estimator.cluster_centers_ = fitted.centers.astype(X.dtype, copy=False)

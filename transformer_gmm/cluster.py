@@ -29,7 +29,7 @@ from . import (
 from ._base import TransformerMixtureBase
 from ._cluster_initialization import init_kind
 from ._warnings import warn_user
-from .engine.plan import FitPlan
+from .engine.plan import KMeansPlan
 
 
 def _too_few_samples_message(n_clusters: int, n_samples: int) -> str:
@@ -447,7 +447,7 @@ default="transformer"
         random_state: np.random.RandomState,
         n_clusters=None,
         reading=None,
-    ) -> FitPlan:
+    ) -> KMeansPlan:
         """The fit of ``X`` with ``n_clusters`` (by default the parameter's), decided once
         by :func:`~transformer_gmm._fitting.kmeans_plan`, its starts read from ``reading``
         where K was chosen among candidates."""

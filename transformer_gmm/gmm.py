@@ -27,7 +27,7 @@ from ._base import TransformerMixtureBase
 from ._collapsed import collapsed_components, identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
 from ._warnings import warn_user
-from .engine.plan import FitPlan
+from .engine.plan import MixturePlan
 
 
 class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
@@ -578,7 +578,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         random_state: np.random.RandomState,
         n_components=None,
         reading=None,
-    ) -> FitPlan:
+    ) -> MixturePlan:
         """The fit of ``X`` with ``n_components`` (by default the parameter's), decided once
         by :func:`~transformer_gmm._fitting.mixture_plan`, its starts read from ``reading``
         where K was chosen among candidates."""

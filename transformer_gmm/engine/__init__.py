@@ -5,6 +5,10 @@ numpy arrays and hand them to :mod:`~transformer_gmm.engine.fit`; what comes bac
 again. In between, every step works on a padded batch of B datasets with no loop over
 them in Python. The modules, from the estimators' side down:
 
+:mod:`~transformer_gmm.engine.plan`
+    What a fit does, decided once from the estimator's parameters: a ``MixturePlan``
+    (EM) or a ``KMeansPlan`` (Lloyd), which the fits below run.
+
 :mod:`~transformer_gmm.engine.fit`
     Fitting data in memory: builds every start, runs EM or Lloyd from all of them in one
     batch (on a subsample first for many rows), and keeps one run per dataset.

@@ -1,12 +1,12 @@
 """Fitting data in memory: EM or Lloyd from every start in one batch, and one run kept.
 
-:func:`fit` runs a :class:`~transformer_gmm.engine.plan.FitPlan` on B datasets (mixtures)
-or one (k-means): canonical row order, padding, a subsample where the starts compete on
-many rows, the starts (:mod:`transformer_gmm.engine.starts`), EM or Lloyd from all of
-them, the choice of one run (:func:`transformer_gmm.engine.runs.choose` for mixtures, the
-lowest inertia for k-means), and, after a subsample, EM or Lloyd on every row from the
-chosen start. What differs between mixtures and k-means is in :class:`_Mixtures` and
-:class:`_KMeans`.
+:func:`fit` runs a :class:`~transformer_gmm.engine.plan.MixturePlan` on B datasets or a
+:class:`~transformer_gmm.engine.plan.KMeansPlan` on one: canonical row order, padding, a
+subsample where the starts compete on many rows, the starts
+(:mod:`transformer_gmm.engine.starts`), EM or Lloyd from all of them, the choice of one
+run (:func:`transformer_gmm.engine.runs.choose` for mixtures, the lowest inertia for
+k-means), and, after a subsample, EM or Lloyd on every row from the chosen start. What
+differs between mixtures and k-means is in :class:`_Mixtures` and :class:`_KMeans`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from . import em, kmeans, m_step, row_order, runs, starts
 from .device import dtype_for, explain_out_of_memory, pad, seeded_generator, to_numpy
 from .gaussian import ONE_MATRIX_AT_A_TIME, IllDefinedCovariance, all_components_at_once
 from .input_range import check_magnitude
-from .plan import FitPlan
+from .plan import FitPlan, KMeansPlan, MixturePlan
 from .standardize import subsample_rows, take_rows
 
 # Above this many rows, a fit chooses among its starts on a subsample of this many rows,
@@ -78,7 +78,8 @@ def fit(
     sample_weight: list[np.ndarray] | np.ndarray | None = None,
 ) -> MixtureFits | KMeansFit:
     """Run ``plan`` on the datasets ``Xs`` from every start at once and keep each dataset's best
-    run: :class:`MixtureFits` for a mixture plan, :class:`KMeansFit` for k-means.
+    run: :class:`MixtureFits` for a :class:`MixturePlan`, :class:`KMeansFit` for a
+    :class:`KMeansPlan`.
 
     Runs start from the transformer's starts, then k-means++'s, then ``plan.given``'s.
     Rows are first put in canonical order (:mod:`~transformer_gmm.engine.row_order`), so the
@@ -92,14 +93,10 @@ def fit(
         Xs, sample_weight, orders = _in_canonical_order_on_device(Xs, sample_weight, plan.device)
     else:
         Xs, sample_weight, orders = _in_canonical_order(Xs, sample_weight)
-    given = plan.given
-    if isinstance(given, starts.GivenStarts) and given.resp is not None:
-        # (R, n, K), for the one dataset: its rows in their order too.
-        given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
     if dtype_for(plan.device) == torch.float32:  # on a GPU
         try:
             on_device = _on_device(plan, Xs, sample_weight, torch.float32, dtypes)
-            return _fit_on_device(plan, *on_device, given, orders)
+            return _fit_on_device(plan, *on_device, orders)
         except IllDefinedCovariance:
             # float32 cannot hold a covariance this close to the reg_covar floor, where
             # float64 can: the same fit in float64 on the same device, below (out of this
@@ -107,7 +104,18 @@ def fit(
             pass
     on_device = _on_device(plan, Xs, sample_weight, torch.float64, dtypes)
     del Xs, sample_weight  # the reordered copies, before EM's own memory
-    return _fit_on_device(plan, *on_device, given, orders)
+    return _fit_on_device(plan, *on_device, orders)
+
+
+def _solver(plan: FitPlan, orders: list[np.ndarray]) -> _Mixtures | _KMeans:
+    """EM's part of the fit for a :class:`MixturePlan`, its given responsibilities (R, n, K)
+    in the rows' canonical ``orders``; Lloyd's for a :class:`KMeansPlan`."""
+    if isinstance(plan, KMeansPlan):
+        return _KMeans(plan)
+    given = plan.given
+    if given is not None and given.resp is not None:  # for the one dataset
+        given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
+    return _Mixtures(plan, given)
 
 
 def _on_device(plan: FitPlan, Xs, sample_weight, dtype: torch.dtype, dtypes: list) -> tuple:
@@ -120,7 +128,7 @@ def _on_device(plan: FitPlan, Xs, sample_weight, dtype: torch.dtype, dtypes: lis
     return x, mask, weights
 
 
-def _fit_on_device(plan: FitPlan, x, mask, weights_all, given, orders):
+def _fit_on_device(plan: FitPlan, x, mask, weights_all, orders):
     """:func:`fit` on the padded datasets ``x`` (B, N, d) in canonical order."""
     generator = seeded_generator(plan.seed, plan.device)
     x_all, mask_all = x, mask
@@ -128,7 +136,7 @@ def _fit_on_device(plan: FitPlan, x, mask, weights_all, given, orders):
     weights = weights_all  # (B, S) or None
     if weights is not None and index is not None:
         weights = take_rows(weights[..., None], index)[..., 0]
-    solver = (_Mixtures if plan.is_mixture else _KMeans)(plan, given)
+    solver = _solver(plan, orders)
     first = solver.solve(x, mask, weights, solver.starts(x, mask, weights, generator, index))
     best = solver.choose(first, x, mask, weights)
     if index is None:
@@ -198,7 +206,7 @@ def _selection_rows(
 class _Mixtures:
     """EM's part of :func:`fit`: its starts, runs, choice, refit and result."""
 
-    def __init__(self, plan: FitPlan, given: starts.GivenStarts | None):
+    def __init__(self, plan: MixturePlan, given: starts.GivenStarts | None):
         self.plan, self.given = plan, given
 
     def starts(self, x, mask, weights, generator, index) -> m_step.MixtureParams:
@@ -303,7 +311,7 @@ class _Mixtures:
 MEMORY_BUDGET_BYTES = 256 * 2**20
 
 
-def runs_per_chunk(x: torch.Tensor, plan: FitPlan) -> int:
+def runs_per_chunk(x: torch.Tensor, plan: MixturePlan) -> int:
     """How many runs of each dataset of ``x`` (B, N, d) EM takes at once: all of them,
     unless they would take more than ``MEMORY_BUDGET_BYTES``, and only where even one run
     is too large for EM to take every component at once (gaussian.all_components_at_once,
@@ -372,7 +380,7 @@ class _KMeans:
     """Lloyd's part of :func:`fit` (one dataset): its starts, runs, choice, refit and
     result. Each run is (centres, labels, inertia, n_iter)."""
 
-    def __init__(self, plan: FitPlan, given: np.ndarray | None):
+    def __init__(self, plan: KMeansPlan):
         self.plan = plan
         self.stages = [[], []] if plan.trace else None
 

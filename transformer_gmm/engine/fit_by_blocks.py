@@ -21,7 +21,7 @@ import torch
 
 from . import fit, gaussian, m_step, row_order, runs, starts, sufficient_stats
 from .device import explain_out_of_memory, seeded_generator, tensor, to_numpy
-from .plan import FitPlan
+from .plan import KMeansPlan, MixturePlan
 
 BlockFunction = Callable[..., np.ndarray]
 
@@ -159,7 +159,7 @@ def fit_mixtures_by_blocks(
     reduce_blocks: BlockReducer,
     sample: np.ndarray,
     n_rows: int,
-    plan: FitPlan,
+    plan: MixturePlan,
 ) -> fit.MixtureFits:
     """:func:`~transformer_gmm.engine.fit.fit` of a mixture ``plan`` on ``n_rows`` rows read by
     ``reduce_blocks``: starts built (and, beyond ``SELECTION_ROWS``, chosen) on ``sample``,
@@ -247,7 +247,7 @@ def fit_kmeans_by_blocks(
     n_rows: int,
     mean: np.ndarray,
     sum_of_squares: float,
-    plan: FitPlan,
+    plan: KMeansPlan,
 ) -> fit.KMeansFit:
     """:func:`~transformer_gmm.engine.fit.fit` of a k-means ``plan`` by blocks, as
     :func:`fit_mixtures_by_blocks`; Lloyd centres on ``mean`` and scales ``tol`` by

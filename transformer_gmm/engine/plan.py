@@ -1,8 +1,11 @@
-"""What a fit does, decided once: the estimator's parameters as one frozen :class:`FitPlan`.
+"""What a fit does, decided once: the estimator's parameters as a frozen plan.
 
-Each estimator turns its parameters (and its random starts, drawn first) into a plan;
+Each estimator turns its parameters (and its random starts, drawn first) into a plan of
+its algorithm: :class:`MixturePlan` for EM (TransformerGMM, ``fit_many``), :class:`KMeansPlan`
+for Lloyd (TransformerClusterer). Both share :class:`FitPlan`'s fields: the number of
+components, the stopping rule, the device, the seed and the starts.
 :func:`transformer_gmm.engine.fit.fit` and, for a Dask array,
-:mod:`transformer_gmm.engine.fit_by_blocks` run it, for mixtures and for k-means alike.
+:mod:`transformer_gmm.engine.fit_by_blocks` run either; the plan's type says which algorithm.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ if TYPE_CHECKING:
     from .starts import GivenStarts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FitPlan:
-    """One fit's settings, for every dataset: ``covariance_type`` (None for k-means), how many
-    transformer and k-means++ starts, ``given`` starts, ``start_names``, ``seed``, ``trace``.
+    """What every fit's plan holds, for every dataset: ``n_components`` (the clusters of
+    k-means), the stopping rule, the ``device``, the ``seed`` of the fit's generator, how
+    many transformer and k-means++ starts, and the name of each run's start.
     """
 
     n_components: int
@@ -29,28 +33,22 @@ class FitPlan:
     tol: float
     device: str
     seed: int
-    covariance_type: str | None = None  # None: k-means
-    reg_covar: float = 0.0
     backbone: MixtureTransformer | None = None
     n_transformer_inits: int = 0
     n_kmeans_inits: int = 0
-    given: GivenStarts | np.ndarray | None = None
     start_names: tuple[str, ...] = ()
-    trace: bool = False
     # The backbone's pass under the "K unknown" embedding (K chosen among candidates), which
     # the transformer's starts read K's head on, instead of a pass of their own.
     reading: Reading | None = None
 
-    @property
-    def is_mixture(self) -> bool:
-        return self.covariance_type is not None
+    def __post_init__(self) -> None:
+        if type(self) is FitPlan:  # its type is what says which algorithm runs
+            raise TypeError("a plan is a MixturePlan or a KMeansPlan, not a FitPlan")
 
     @property
     def n_given(self) -> int:
-        """The runs that start from ``given``."""
-        if self.given is None:
-            return 0
-        return self.given.n_runs if self.is_mixture else len(self.given)
+        """The runs that start from the estimator's own starts (``given``)."""
+        raise NotImplementedError
 
     @property
     def n_runs(self) -> int:
@@ -60,3 +58,32 @@ class FitPlan:
     def init_method(self, best_run: int) -> str:
         """The name of run ``best_run``'s start."""
         return self.start_names[best_run]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixturePlan(FitPlan):
+    """An EM fit: :class:`FitPlan`'s fields, the ``covariance_type``, ``reg_covar``, and
+    ``given``, what the estimator fixed about the starts (its own starts, ``*_init``
+    parameters or a warm start)."""
+
+    covariance_type: str
+    reg_covar: float = 0.0
+    given: GivenStarts | None = None
+
+    @property
+    def n_given(self) -> int:
+        return 0 if self.given is None else self.given.n_runs
+
+
+@dataclass(frozen=True, kw_only=True)
+class KMeansPlan(FitPlan):
+    """A Lloyd fit: :class:`FitPlan`'s fields, ``given``, the estimator's own starting
+    centres (R, K, d) (an array ``init`` or its random draws), and whether to ``trace``
+    each Lloyd iteration (``verbose``)."""
+
+    given: np.ndarray | None = None
+    trace: bool = False
+
+    @property
+    def n_given(self) -> int:
+        return 0 if self.given is None else len(self.given)

@@ -20,7 +20,7 @@ from .device import tensor
 from .standardize import take_rows, weighted_rows
 
 if TYPE_CHECKING:
-    from .plan import FitPlan
+    from .plan import FitPlan, KMeansPlan, MixturePlan
 
 
 def _weighted_draw(x, sample_weight, backbone, generator, plan: FitPlan) -> tuple:
@@ -65,7 +65,7 @@ def mixture_starts(
     x: torch.Tensor,
     mask: torch.Tensor | None,
     generator: torch.Generator,
-    plan: FitPlan,
+    plan: MixturePlan,
     *,
     sample_weight: torch.Tensor | None = None,
     given: GivenStarts | None = None,
@@ -205,7 +205,7 @@ def _with_given(
 def kmeans_starts(
     x: torch.Tensor,
     generator: torch.Generator,
-    plan: FitPlan,
+    plan: KMeansPlan,
     *,
     sample_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:

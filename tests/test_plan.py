@@ -1,0 +1,29 @@
+"""The plans of the two algorithms."""
+
+import numpy as np
+import pytest
+
+from transformer_gmm.engine.plan import FitPlan, KMeansPlan, MixturePlan
+from transformer_gmm.engine.starts import GivenStarts
+
+SETTINGS = dict(n_components=3, max_iter=10, tol=1e-3, device="cpu", seed=0)
+
+
+def test_a_plan_names_its_algorithm():
+    with pytest.raises(TypeError, match="MixturePlan or a KMeansPlan"):
+        FitPlan(**SETTINGS)
+    with pytest.raises(TypeError):  # EM needs its covariance type
+        MixturePlan(**SETTINGS)
+
+
+def test_each_plan_counts_its_own_given_starts():
+    resp = np.full((2, 5, 3), 1 / 3)
+    mixture = MixturePlan(
+        **SETTINGS, covariance_type="diag", n_kmeans_inits=1, given=GivenStarts(resp=resp)
+    )
+    assert (mixture.n_given, mixture.n_runs) == (2, 3)
+    centers = np.zeros((4, 3, 2))
+    assert KMeansPlan(**SETTINGS, n_transformer_inits=1, given=centers).n_runs == 5
+    assert not hasattr(mixture, "trace")
+    assert not hasattr(KMeansPlan(**SETTINGS), "covariance_type")
+
