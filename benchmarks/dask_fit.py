@@ -181,10 +181,9 @@ def same_start_difference(X: np.ndarray, method: str, start: dict, fitted: dict)
         ours = dict(weights=result.params.weights[0], means=result.params.means[0],
                     covariances=result.params.covariances[0])
     else:
-        centers, _, _, n_iter = kmeans.lloyd(x, torch.from_numpy(start["centers"]), max_iter=300,
-                                             tol=1e-4)
-        result = None
-        ours = dict(cluster_centers=centers[0])
+        lloyd = kmeans.lloyd(x, torch.from_numpy(start["centers"]), max_iter=300, tol=1e-4)
+        result, n_iter = None, lloyd.n_iter
+        ours = dict(cluster_centers=lloyd.centers[0])
     difference = max(float(np.abs(value.numpy() - np.asarray(fitted[name])).max())
                      for name, value in ours.items())
     n_iter = (result.n_iter if result is not None else n_iter)[0] + int(start["n_iter"][0])

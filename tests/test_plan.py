@@ -1,8 +1,10 @@
-"""The plans of the two algorithms."""
+"""The plans of the two algorithms, and Lloyd's named result."""
 
 import numpy as np
 import pytest
+import torch
 
+from transformer_gmm.engine import kmeans
 from transformer_gmm.engine.plan import FitPlan, KMeansPlan, MixturePlan
 from transformer_gmm.engine.starts import GivenStarts
 
@@ -27,3 +29,11 @@ def test_each_plan_counts_its_own_given_starts():
     assert not hasattr(mixture, "trace")
     assert not hasattr(KMeansPlan(**SETTINGS), "covariance_type")
 
+
+def test_lloyd_names_its_result():
+    X = torch.tensor([[[0.0], [0.1], [5.0], [5.1]]], dtype=torch.float64)
+    result = kmeans.lloyd(X, X[:, [0, 2]], max_iter=10)
+    centers, labels, inertia, n_iter = result  # still unpacks, in this order
+    assert result.centers is centers and result.n_iter is n_iter
+    assert result.labels.tolist() == [[0, 0, 1, 1]]
+    assert kmeans.lloyd(X, X[:, [0, 2]], max_iter=10, with_inertia=False).inertia is None

@@ -378,7 +378,7 @@ def _then(
 
 class _KMeans:
     """Lloyd's part of :func:`fit` (one dataset): its starts, runs, choice, refit and
-    result. Each run is (centres, labels, inertia, n_iter)."""
+    result, the runs as a :class:`~transformer_gmm.engine.kmeans.LloydResult`."""
 
     def __init__(self, plan: KMeansPlan):
         self.plan = plan
@@ -387,7 +387,7 @@ class _KMeans:
     def starts(self, x, mask, weights, generator, index) -> torch.Tensor:
         return starts.kmeans_starts(x, generator, self.plan, sample_weight=weights)  # (R, K, d)
 
-    def _lloyd(self, x, centers, weights, stage: int) -> tuple:
+    def _lloyd(self, x, centers, weights, stage: int) -> kmeans.LloydResult:
         return kmeans.lloyd(
             x,
             centers,
@@ -397,28 +397,29 @@ class _KMeans:
             trace=None if self.stages is None else self.stages[stage],
         )
 
-    def solve(self, x, mask, weights, centers) -> tuple:
+    def solve(self, x, mask, weights, centers) -> kmeans.LloydResult:
         return self._lloyd(x.expand(centers.shape[0], -1, -1), centers, weights, 0)
 
-    def choose(self, result: tuple, x, mask, weights) -> int:
-        return int(torch.argmin(result[2]))
+    def choose(self, result: kmeans.LloydResult, x, mask, weights) -> int:
+        return int(torch.argmin(result.inertia))
 
-    def refit(self, result: tuple, best: int, x, mask, weights) -> tuple:
-        centers, labels, inertia, n_iter = self._lloyd(x, result[0][best : best + 1], weights, 1)
-        return centers, labels, inertia, n_iter + result[3][best]
+    def refit(self, result: kmeans.LloydResult, best: int, x, mask, weights) -> kmeans.LloydResult:
+        second = self._lloyd(x, result.centers[best : best + 1], weights, 1)
+        return second._replace(n_iter=second.n_iter + result.n_iter[best])
 
-    def result(self, result: tuple, best: int, order, first: tuple | None = None) -> KMeansFit:
-        centers, labels, inertia, n_iter = result
+    def result(
+        self, result: kmeans.LloydResult, best: int, order, first: kmeans.LloydResult | None = None
+    ) -> KMeansFit:
         kept = best if first is None else 0
-        labels_in_order = labels[kept].cpu().numpy().astype(np.int32)
+        labels_in_order = result.labels[kept].cpu().numpy().astype(np.int32)
         labels = np.empty_like(labels_in_order)
         labels[order] = labels_in_order  # back in the rows' own order
-        centers, labels = _empty_clusters_last(to_numpy(centers[kept]), labels)
+        centers, labels = _empty_clusters_last(to_numpy(result.centers[kept]), labels)
         return KMeansFit(
             centers=centers,
             labels=labels,
-            inertia=float(inertia[kept]),
-            n_iter=int(n_iter[kept]),
+            inertia=float(result.inertia[kept]),
+            n_iter=int(result.n_iter[kept]),
             best_run=best,
             n_distinct=len(np.unique(labels)),
             trace=self.stages,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -347,6 +348,15 @@ class LloydStep:
     strict: Tensor  # (A,) bool
 
 
+class LloydResult(NamedTuple):
+    """Lloyd's runs (B of them) from their starting centres, to the end."""
+
+    centers: Tensor  # (B, K, d)
+    labels: Tensor  # (B, N) long: each point's closest returned centre, -1 on padding
+    inertia: Tensor | None  # (B,) (weighted) squared distances to the centres; None if not asked
+    n_iter: Tensor  # (B,) long
+
+
 def lloyd(
     X: Tensor,
     centers: Tensor,
@@ -357,7 +367,7 @@ def lloyd(
     sample_weight: Tensor | None = None,
     trace: list | None = None,
     with_inertia: bool = True,
-) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+) -> LloydResult:
     """Lloyd's k-means from ``centers``, batched, with scikit-learn's stopping rule.
 
     A dataset stops when its labels do not change (strict convergence) or when the
@@ -389,12 +399,9 @@ def lloyd(
 
     Returns
     -------
-    centers : Tensor of shape (B, K, d)
-    labels : long Tensor of shape (B, N)
-        Closest returned centre of each point; -1 for padded points.
-    inertia : Tensor of shape (B,) or None
-        Sum of (weighted) squared distances of real points to their centre.
-    n_iter : long Tensor of shape (B,)
+    LloydResult
+        The runs' centres, labels, inertia and iterations, by name (or unpacked in that
+        order).
 
     Examples
     --------
@@ -403,10 +410,10 @@ def lloyd(
     >>> X, _ = two_blobs()  # one dataset (B=1) of 40 points in two blobs
     >>> g = torch.Generator().manual_seed(0)
     >>> seeds = kmeans_plusplus(X, 2, generator=g)
-    >>> centers, labels, inertia, n_iter = lloyd(X, seeds, max_iter=100)
-    >>> sorted(centers[0, :, 0].round().tolist())
+    >>> result = lloyd(X, seeds, max_iter=100)
+    >>> sorted(result.centers[0, :, 0].round().tolist())
     [-4.0, 4.0]
-    >>> labels.shape, bool(labels[0, 0] != labels[0, -1])
+    >>> result.labels.shape, bool(result.labels[0, 0] != result.labels[0, -1])
     (torch.Size([1, 40]), True)
     """
     weighted = [] if sample_weight is None else [sample_weight]
@@ -446,4 +453,4 @@ def lloyd(
     centered = centers - offset
     labels = assign(X, centered)  # (B, N)
     inertia = inertia_of(X, centered, labels, weights) if with_inertia else None  # (B,)
-    return centers, labels.masked_fill(padded, -1), inertia, n_iter
+    return LloydResult(centers, labels.masked_fill(padded, -1), inertia, n_iter)

@@ -89,10 +89,10 @@ def fit_kpod(
     while n_iter < max_iter:
         n_iter += 1
         filled = torch.where(observed, x, c[labels])
-        new_c, new_labels, _, _ = lloyd(filled[None], c[None], max_iter=1, tol=0.0,
-                                        sample_weight=weights, with_inertia=False)
-        shift = float((new_c[0] - c).square().sum())
-        c, labels = new_c[0], new_labels[0]
+        step = lloyd(filled[None], c[None], max_iter=1, tol=0.0, sample_weight=weights,
+                     with_inertia=False)
+        shift = float((step.centers[0] - c).square().sum())
+        c, labels = step.centers[0], step.labels[0]
         if shift <= threshold:
             converged = True
             break

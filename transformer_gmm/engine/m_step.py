@@ -302,9 +302,9 @@ def initialize_kmeans(
     """
     weighted = {} if sample_weight is None else {"sample_weight": sample_weight}
     seeds = kmeans_plusplus(X, n_components, generator=generator, mask=mask, **weighted)
-    _, labels, _, _ = lloyd(
+    labels = lloyd(
         X, seeds, max_iter=n_init_lloyd_iter, tol=1e-4, mask=mask, with_inertia=False, **weighted
-    )
+    ).labels
     # Padded points have label -1: give them a column, then masking zeroes their row.
     resp = torch.nn.functional.one_hot(labels.clamp_min(0), n_components).to(X.dtype)
     return estimate_gaussian_parameters(

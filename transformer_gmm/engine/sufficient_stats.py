@@ -614,8 +614,8 @@ def lloyd_from_statistics(
     ...     return sufficient_stats.top_rows(torch.cat(parts, 1), 2, largest=True)
     >>> centers, n_iter = sufficient_stats.lloyd_from_statistics(
     ...     start, statistics_of, farthest_of, offset, threshold, 300)
-    >>> expected, _, _, expected_n_iter = kmeans.lloyd(X, start, max_iter=300)
-    >>> torch.allclose(centers, expected), n_iter.tolist() == expected_n_iter.tolist()
+    >>> expected = kmeans.lloyd(X, start, max_iter=300)
+    >>> torch.allclose(centers, expected.centers), n_iter.tolist() == expected.n_iter.tolist()
     (True, True)
     """
     n_runs = centers.shape[0]
