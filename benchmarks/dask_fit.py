@@ -143,7 +143,7 @@ def chosen_start(method: str, X_dask, checkpoint) -> dict:
     from sklearn.utils import check_random_state
 
     from transformer_gmm import _dask
-    from transformer_gmm._base import draw_seed
+    from transformer_gmm._fitting import draw_seed
     from transformer_gmm.engine import fit
 
     model = make_estimator(method, checkpoint)

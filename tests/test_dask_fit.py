@@ -18,7 +18,7 @@ from sklearn.exceptions import ConvergenceWarning  # noqa: E402
 from sklearn.utils import check_random_state  # noqa: E402
 
 from transformer_gmm import TransformerClusterer, TransformerGMM, _dask, _initialization  # noqa: E402
-from transformer_gmm._base import draw_seed  # noqa: E402
+from transformer_gmm._fitting import draw_seed  # noqa: E402
 from transformer_gmm.engine import em, fit, gaussian, kmeans, m_step, runs  # noqa: E402
 from transformer_gmm.engine.plan import KMeansPlan, MixturePlan  # noqa: E402
 from transformer_gmm.engine.starts import GivenStarts  # noqa: E402

@@ -23,8 +23,8 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # type checkers and IDEs see the names; the runtime imports them lazily
-    from ._base import FallbackWarning
     from ._collapsed import CollapsedComponentWarning
+    from ._warnings import FallbackWarning
     from .batch import FittedMixtures, fit_many
     from .cluster import TransformerClusterer
     from .engine.device import DeviceMemoryError
@@ -39,7 +39,7 @@ _LAZY_NAMES = {
     "CheckpointError": ".storage.format",
     "CollapsedComponentWarning": "._collapsed",
     "DeviceMemoryError": ".engine.device",
-    "FallbackWarning": "._base",
+    "FallbackWarning": "._warnings",
     "FittedMixtures": ".batch",
     "TransformerClusterer": ".cluster",
     "TransformerGMM": ".gmm",

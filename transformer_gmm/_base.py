@@ -15,40 +15,7 @@ from sklearn.utils.validation import validate_data
 
 from . import _dask, storage
 from .engine import model_cache
-
-
-class FallbackWarning(UserWarning):
-    """The transformer could not serve the request; k-means++ started the fit instead.
-
-    :class:`~transformer_gmm.TransformerGMM` then runs EM from k-means++ initialisation,
-    as :class:`sklearn.mixture.GaussianMixture` does, and
-    :class:`~transformer_gmm.TransformerClusterer` runs k-means (Lloyd) from k-means++
-    seeding, as :class:`sklearn.cluster.KMeans` does.
-
-    Examples
-    --------
-    A checkpoint with readout heads for 2 to 4 components cannot estimate 5, so the
-    estimator falls back to EM and says so:
-
-    >>> import tempfile, warnings
-    >>> import numpy as np
-    >>> from transformer_gmm import FallbackWarning, TransformerGMM
-    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
-    >>> from transformer_gmm.storage import save_checkpoint
-    >>> X = np.random.default_rng(0).normal(size=(40, 2))
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     folder = save_checkpoint(MixtureTransformer(config_from_preset("tiny")), tmp)
-    ...     with warnings.catch_warnings(record=True) as caught:
-    ...         warnings.simplefilter("always")
-    ...         gmm = TransformerGMM(n_components=5, checkpoint=folder, random_state=0).fit(X)
-    >>> any(issubclass(w.category, FallbackWarning) for w in caught)
-    True
-    >>> gmm.init_method_
-    'k-means++'
-    """
-
-
-DEFAULT_CHECKPOINT = "default"
+from .storage.checkpoints import is_missing_default
 
 
 class TransformerMixtureBase(BaseEstimator):
@@ -235,32 +202,3 @@ class TransformerMixtureBase(BaseEstimator):
                 "folder or a Hub id first."
             )
         return self.checkpoint
-
-
-def is_missing_default(checkpoint) -> bool:
-    """The default checkpoint was asked for, but this version bundles none."""
-    return checkpoint == DEFAULT_CHECKPOINT and not model_cache.has_bundled(DEFAULT_CHECKPOINT)
-
-
-# A fit densifies sparse input (EM and Lloyd run on dense tensors) up to this many
-# values, 2 GiB in float64; past it, reducing the dimension first is the better fit.
-MAX_DENSIFIED_VALUES = 2**28
-
-
-def densified(X) -> np.ndarray:
-    """A sparse matrix as a dense array, or a ValueError that says what to do when it
-    would not fit in memory comfortably."""
-    n_values = X.shape[0] * X.shape[1]
-    if n_values > MAX_DENSIFIED_VALUES:
-        gib = n_values * X.dtype.itemsize / 2**30
-        raise ValueError(
-            f"Sparse X of shape {X.shape} would take {gib:.1f} GiB once densified, and the "
-            "fit runs on dense arrays. Reduce its dimension first, e.g. with "
-            "sklearn.decomposition.TruncatedSVD in a Pipeline, or fit on fewer rows."
-        )
-    return X.toarray()
-
-
-def draw_seed(random_state: np.random.RandomState) -> int:
-    """One integer seed for torch's generator, drawn from the estimator's random state."""
-    return int(random_state.randint(np.iinfo(np.int32).max))

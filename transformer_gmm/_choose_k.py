@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._base import draw_seed, is_missing_default
 from ._collapsed import CollapsedComponentWarning
+from ._fitting import draw_seed
 from .engine import model_cache
 from .engine.device import resolve_device
 from .engine.k_posterior import read_k_unknown
+from .storage.checkpoints import is_missing_default
 
 if TYPE_CHECKING:
     from .engine.readout import Reading

@@ -16,15 +16,15 @@ from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import validate_data
 
 from . import _dask, _initialization
-from ._base import FallbackWarning, densified, draw_seed, is_missing_default
 from ._cluster_initialization import given_centers, init_kind, n_runs
 from ._mixture_methods import precisions_from_cholesky
 from ._verbose import kmeans_report
-from ._warnings import warn_user
+from ._warnings import FallbackWarning, warn_user
 from .engine import fit, model_cache
 from .engine.device import resolve_device
 from .engine.plan import KMeansPlan, MixturePlan
 from .engine.starts import GivenStarts
+from .storage.checkpoints import is_missing_default
 
 if TYPE_CHECKING:
     from .nn import MixtureTransformer
@@ -298,3 +298,27 @@ def store_kmeans(estimator, fitted: fit.KMeansFit, X, plan: KMeansPlan) -> None:
             f"({n_clusters}). Possibly due to duplicate points in X.",
             ConvergenceWarning,
         )
+
+
+# A fit densifies sparse input (EM and Lloyd run on dense tensors) up to this many
+# values, 2 GiB in float64; past it, reducing the dimension first is the better fit.
+MAX_DENSIFIED_VALUES = 2**28
+
+
+def densified(X) -> np.ndarray:
+    """A sparse matrix as a dense array, or a ValueError that says what to do when it
+    would not fit in memory comfortably."""
+    n_values = X.shape[0] * X.shape[1]
+    if n_values > MAX_DENSIFIED_VALUES:
+        gib = n_values * X.dtype.itemsize / 2**30
+        raise ValueError(
+            f"Sparse X of shape {X.shape} would take {gib:.1f} GiB once densified, and the "
+            "fit runs on dense arrays. Reduce its dimension first, e.g. with "
+            "sklearn.decomposition.TruncatedSVD in a Pipeline, or fit on fewer rows."
+        )
+    return X.toarray()
+
+
+def draw_seed(random_state: np.random.RandomState) -> int:
+    """One integer seed for torch's generator, drawn from the estimator's random state."""
+    return int(random_state.randint(np.iinfo(np.int32).max))

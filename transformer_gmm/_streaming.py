@@ -12,8 +12,8 @@ from scipy import sparse
 from sklearn.utils.validation import validate_data
 
 from . import _dask
-from ._base import densified
 from ._collapsed import collapsed_components
+from ._fitting import densified
 from ._initialization import checked_sample_weight
 from ._mixture_methods import precisions_from_cholesky
 from .engine import online

@@ -203,9 +203,8 @@ def _human_size(size: int) -> str:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from ._base import DEFAULT_CHECKPOINT
     from .storage import hub
-    from .storage.checkpoints import bundled_checkpoints, parse_hub_id
+    from .storage.checkpoints import DEFAULT_CHECKPOINT, bundled_checkpoints, parse_hub_id
     from .storage.format import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 
     name = args.checkpoint

@@ -69,6 +69,15 @@ def bundled_checkpoints() -> dict[str, Path]:
     return dict(sorted(found.items()))
 
 
+# The checkpoint the estimators name by default.
+DEFAULT_CHECKPOINT = "default"
+
+
+def is_missing_default(checkpoint) -> bool:
+    """The default checkpoint was asked for, but this version bundles none."""
+    return checkpoint == DEFAULT_CHECKPOINT and DEFAULT_CHECKPOINT not in bundled_checkpoints()
+
+
 def resolve_checkpoint(checkpoint: str | os.PathLike) -> Path:
     """The local folder of ``checkpoint``, downloading it first if it is a Hub id.
 
