@@ -242,3 +242,38 @@ def test_other_namespace_than_fit_says_how_to_move(dispatch, Estimator):
     for method in ("predict", other):
         with pytest.raises(ValueError, match=f"{Estimator.__name__}.{method}.*same namespace"):
             getattr(estimator, method)(X)
+
+
+def test_fit_many_takes_tensors_and_returns_their_namespace(dispatch):
+    from transformer_gmm import fit_many
+
+    rng = np.random.default_rng(1)
+    datasets = [np.vstack([rng.normal(-4, 1, (n, 2)), rng.normal(4, 1, (n, 2))])
+                for n in (30, 45, 60)]
+    reference = fit_many(datasets, 2, checkpoint=None, random_state=0)
+    fitted = fit_many([torch.from_numpy(X) for X in datasets], 2, checkpoint=None,
+                      random_state=0)
+    for ours, theirs in zip(fitted, reference, strict=True):
+        for name in MIXTURE_ARRAYS:
+            value = getattr(ours, name)
+            assert isinstance(value, torch.Tensor), name
+            assert_allclose(value.numpy(), getattr(theirs, name), rtol=1e-12, atol=1e-12)
+    # One 3-D tensor, arrays out: the numeric fields are tensors, the names stay numpy.
+    batch = np.stack([X[:60] for X in datasets[1:]])
+    reference = fit_many(batch, 2, checkpoint=None, random_state=0, output="arrays")
+    arrays = fit_many(torch.from_numpy(batch), 2, checkpoint=None, random_state=0,
+                      output="arrays")
+    for name in ("weights", "means", "covariances", "precisions_cholesky", "lower_bound"):
+        value = getattr(arrays, name)
+        assert isinstance(value, torch.Tensor), name
+        assert_allclose(value.numpy(), getattr(reference, name), rtol=1e-12, atol=1e-12)
+    assert isinstance(arrays.converged, torch.Tensor) and len(arrays) == 2
+    assert_array_equal(arrays.init_method, reference.init_method)
+
+
+def test_fit_many_without_dispatch_returns_numpy():
+    from transformer_gmm import fit_many
+
+    X = _blobs()
+    (fitted,) = fit_many([X], 2, checkpoint=None, random_state=0)
+    assert isinstance(fitted.means_, np.ndarray)

@@ -99,3 +99,18 @@ def test_both_estimators_on_cuda_tensors_match_cpu(monkeypatch):
         labels = gmm.predict(tensor).cpu().numpy()
     assert adjusted_rand_score(labels, reference_gmm.predict(X)) == 1.0
 
+
+
+def test_fit_many_on_cuda_tensors_under_dispatch(monkeypatch):
+    """A list of CUDA tensors in, estimators whose fitted arrays are tensors on that GPU."""
+    import sklearn
+
+    monkeypatch.setenv("SCIPY_ARRAY_API", "1")
+    X = make_blobs(40, [[-5.0, 0.0], [5.0, 0.0]], seed=17)
+    reference = fit_many([X, X[::2]], 2, random_state=0)
+    with sklearn.config_context(array_api_dispatch=True):
+        fitted = fit_many([torch.from_numpy(X).cuda(), torch.from_numpy(X[::2]).cuda()], 2,
+                          random_state=0)
+    for ours, theirs in zip(fitted, reference, strict=True):
+        assert isinstance(ours.means_, torch.Tensor) and ours.means_.device.type == "cuda"
+        assert ours.lower_bound_ == pytest.approx(theirs.lower_bound_, abs=1e-6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Integral
@@ -12,7 +13,7 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
-from . import _fitting
+from . import _array_api, _fitting
 from ._collapsed import CollapsedComponentWarning, collapsed_components, identical_components
 from ._warnings import warn_user
 from .engine import fit
@@ -161,6 +162,15 @@ random_state
         raise ValueError(f"output must be 'estimators' or 'arrays'; got {output!r}.")
     if len(datasets) == 0:
         raise ValueError("fit_many needs at least one dataset; got an empty sequence.")
+    # With scikit-learn's array_api_dispatch, torch tensors (or other array-API arrays)
+    # come in through the estimators' one door: the first dataset's namespace is the
+    # results', every dataset is read as numpy (a CPU tensor as a view), as fit reads X.
+    namespace = _array_api.input_namespace(datasets[0])
+    if namespace is not None:
+        datasets = (
+            [_array_api.to_numpy(X) for X in datasets]
+            if isinstance(datasets, (list, tuple)) else _array_api.to_numpy(datasets)
+        )
     # Arrays need no estimator per dataset: the template validates every dataset.
     estimators = _copies(params, len(datasets)) if output == "estimators" else None
     Xs = _validate(estimators or [template] * len(datasets), datasets, n_components)
@@ -209,7 +219,7 @@ random_state
         dtype = Xs.dtype if isinstance(Xs, np.ndarray) else np.result_type(*{X.dtype for X in Xs})
         # As wide as "transformer" whichever starts ran, as np.where made them.
         init_method = np.asarray(plan.start_names, dtype="<U11")[fits.best_run]
-        return FittedMixtures(
+        return _in_namespace(FittedMixtures(
             weights=fits.weights.astype(dtype, copy=False),
             means=fits.means.astype(dtype, copy=False),
             covariances=fits.covariances.astype(dtype, copy=False),
@@ -221,12 +231,27 @@ random_state
             collapsed=collapsed,
             covariance_type=covariance_type,
             device=plan.device,
-        )
+        ), namespace)
     for i, estimator in enumerate(estimators):
         dtype = Xs.dtype if isinstance(Xs, np.ndarray) else Xs[i].dtype
         _fitting.store_mixture(estimator, fits, i, plan, dtype)
         estimator.collapsed_components_ = collapsed[i]
+        _array_api.attributes_to_input(estimator, namespace)
     return estimators
+
+
+def _in_namespace(fitted: FittedMixtures, namespace) -> FittedMixtures:
+    """``fitted`` with its numeric arrays in the input's namespace and on its device (as
+    they are without one); ``init_method`` names stay numpy strings."""
+    if namespace is None:
+        return fitted
+    numeric = {
+        field.name: namespace.to_input(getattr(fitted, field.name))
+        for field in dataclasses.fields(fitted)
+        if isinstance(getattr(fitted, field.name), np.ndarray)
+        and getattr(fitted, field.name).dtype.kind in "biuf"
+    }
+    return dataclasses.replace(fitted, **numeric)
 
 
 # --- many estimators at once -----------------------------------------------------------
