@@ -18,7 +18,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from transformer_gmm import TransformerClusterer, _base
+from transformer_gmm import TransformerClusterer, _fitting
 from transformer_gmm.engine import kmeans, model_cache
 
 
@@ -241,7 +241,7 @@ def test_sparse_input_fits_as_dense(blobs, init):
 
 
 def test_sparse_input_too_large_to_densify_says_what_to_do(blobs, monkeypatch):
-    monkeypatch.setattr(_base, "MAX_DENSIFIED_VALUES", 100)
+    monkeypatch.setattr(_fitting, "MAX_DENSIFIED_VALUES", 100)
     with pytest.raises(ValueError, match="TruncatedSVD"):
         TransformerClusterer(3).fit(sp.csr_matrix(blobs))
 
