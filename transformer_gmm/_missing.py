@@ -14,9 +14,7 @@ from scipy import sparse
 from sklearn.exceptions import ConvergenceWarning
 
 from . import _dask
-from ._collapsed import collapsed_components
 from ._mixture_methods import precisions_from_cholesky
-from ._warnings import warn_user
 from .engine import kpod, missing, row_order
 from .engine.device import to_numpy
 
@@ -95,17 +93,8 @@ def fit_k(
     estimator.n_iter_ = result.n_iter
     estimator.lower_bound_ = result.lower_bound
     estimator.lower_bounds_ = np.asarray(result.lower_bounds)
-    n_samples = X.shape[0] if sample_weight is None else float(np.sum(sample_weight))
-    estimator.collapsed_components_ = collapsed_components(
-        estimator.weights_, estimator.means_, estimator.covariances_, covariance_type,
-        n_samples, estimator.reg_covar,
-    )
-    if not result.converged and estimator.max_iter > 0:
-        warn_user(
-            "Best performing initialization did not converge. Try different init "
-            "parameters, or increase max_iter, tol, or check for degenerate data.",
-            ConvergenceWarning,
-        )
+    estimator._mark_collapsed(X, sample_weight)
+    estimator._warn_if_not_converged()
 
 
 def fit_clusters(

@@ -11,10 +11,13 @@ from numbers import Integral
 
 import numpy as np
 from scipy.special import logsumexp
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from . import _array_api, _dask, _initialization
+from ._collapsed import collapsed_components
+from ._warnings import warn_user
 from .engine import e_step, missing
 
 # Free parameters of the covariances, by type (for bic and aic).
@@ -69,6 +72,28 @@ class FittedMixtureMixin:
     """Methods of a fitted mixture: they read ``weights_``, ``means_``, ``covariances_``,
     ``precisions_cholesky_``, ``covariance_type`` and ``random_state``,
     and validate input with the estimator's ``_validate_predict_data``."""
+
+    def _mark_collapsed(self, X, sample_weight) -> None:
+        """``collapsed_components_`` of the mixture just fitted on ``X`` (with
+        ``sample_weight``, a component's points are counted by their weights)."""
+        n_samples = X.shape[0] if sample_weight is None else float(np.sum(sample_weight))
+        self.collapsed_components_ = collapsed_components(
+            self.weights_,
+            self.means_,
+            self.covariances_,
+            self.covariance_type,
+            n_samples,
+            self.reg_covar,
+        )
+
+    def _warn_if_not_converged(self) -> None:
+        """scikit-learn's warning where EM ran and the kept run did not converge."""
+        if not self.converged_ and self.max_iter > 0:
+            warn_user(
+                "Best performing initialization did not converge. Try different init "
+                "parameters, or increase max_iter, tol, or check for degenerate data.",
+                ConvergenceWarning,
+            )
 
     def _parameters(self) -> tuple:
         """The parameters as numpy arrays (a fit on another namespace keeps them there)."""

@@ -12,7 +12,6 @@ from scipy import sparse
 from sklearn.utils.validation import validate_data
 
 from . import _dask
-from ._collapsed import collapsed_components
 from ._fitting import densified
 from ._initialization import checked_sample_weight
 from ._mixture_methods import precisions_from_cholesky
@@ -110,15 +109,7 @@ def step_mixture(estimator, X, sample_weight) -> None:
     estimator.n_iter_ += 1
     previous = getattr(estimator, "lower_bounds_", np.empty(0))
     estimator.lower_bounds_ = np.append(previous, log_likelihood)
-    n_samples = X.shape[0] if sample_weight is None else float(np.sum(sample_weight))
-    estimator.collapsed_components_ = collapsed_components(
-        estimator.weights_,
-        estimator.means_,
-        estimator.covariances_,
-        estimator.covariance_type,
-        n_samples,
-        estimator.reg_covar,
-    )
+    estimator._mark_collapsed(X, sample_weight)
     setattr(estimator, _MARK, estimator.means_)
 
 

@@ -6,7 +6,6 @@ from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import DensityMixin, _fit_context
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _num_samples as _num_rows
@@ -24,9 +23,8 @@ from . import (
     _verbose,
 )
 from ._base import TransformerMixtureBase
-from ._collapsed import collapsed_components, identical_components, warn_collapsed, warn_identical
+from ._collapsed import identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
-from ._warnings import warn_user
 from .engine.plan import MixturePlan
 
 
@@ -522,15 +520,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         plan = self._plan(X, sample_weight, random_state, n_components, reading)
         fits = _fitting.run(plan, X, sample_weight)
         _fitting.store_mixture(self, fits, 0, plan, X.dtype)
-        n_samples = X.shape[0] if sample_weight is None else float(np.sum(sample_weight))
-        self.collapsed_components_ = collapsed_components(
-            self.weights_,
-            self.means_,
-            self.covariances_,
-            self.covariance_type,
-            n_samples,
-            self.reg_covar,
-        )
+        self._mark_collapsed(X, sample_weight)
         if self.verbose and fits.lower_bounds is not None:
             _verbose.report(
                 fits.lower_bounds[0],
@@ -543,12 +533,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
                 verbose=self.verbose,
                 verbose_interval=self.verbose_interval,
             )
-        if not self.converged_ and self.max_iter > 0:
-            warn_user(
-                "Best performing initialization did not converge. Try different init "
-                "parameters, or increase max_iter, tol, or check for degenerate data.",
-                ConvergenceWarning,
-            )
+        self._warn_if_not_converged()
 
     def _choose_n_components(self, X, sample_weight) -> tuple:
         """The K to fit (a warm start keeps the previous one), and the pass that chose it
