@@ -34,7 +34,7 @@ from transformer_gmm.training import (
 )
 from transformer_gmm.training import train as T
 from transformer_gmm.training.losses import m_step_means, m_step_nll
-from transformer_gmm.training.weights import load_initial_weights
+from transformer_gmm.training.weights import kept_blocks, load_initial_weights
 
 pytest.importorskip("tqdm")
 
@@ -492,7 +492,7 @@ def test_init_from_a_shallower_model_starts_deeper_with_the_same_outputs(tmp_pat
         a, b = source(x, k), deeper(x, k)
         assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a, b, strict=True))
     wider = _tiny(tmp_path, "wider", max_steps=1, init_from=str(first / "checkpoint"), d_model=32)
-    with pytest.raises(ValueError, match=r"only n_layer and k_max \(upward\), noise_directions"):
+    with pytest.raises(ValueError, match=r"only n_layer, k_max \(upward\), noise_directions"):
         T.train(wider)
 
 
@@ -519,8 +519,31 @@ def test_init_from_a_model_with_fewer_heads_grows_them(tmp_path):
     assert torch.equal(embedding[:3], a["k_embedding.weight"])
     assert torch.equal(embedding[3], embedding[2]) and torch.equal(embedding[4], embedding[2])
     fewer = MixtureTransformer(dataclasses.replace(source.config, k_max=3))
-    with pytest.raises(ValueError, match=r"only n_layer and k_max \(upward\)"):
+    with pytest.raises(ValueError, match=r"only n_layer, k_max \(upward\)"):
         load_initial_weights(fewer, source)
+
+
+def test_init_from_a_deeper_model_keeps_evenly_spaced_blocks(tmp_path):
+    """A shallower model starts from the source's first and last blocks and evenly spaced
+    ones between, renumbered, with every other weight (embeddings, heads) the source's."""
+    assert kept_blocks(6, 3) == [0, 2, 5] and kept_blocks(6, 2) == [0, 5]
+    assert kept_blocks(4, 4) == [0, 1, 2, 3] and kept_blocks(6, 1) == [5]
+    source = load_checkpoint(T.train(_tiny(tmp_path, "first", max_steps=3, n_layer=3))
+                             / "checkpoint")
+    shallow = MixtureTransformer(dataclasses.replace(source.config, n_layer=2)).eval()
+    load_initial_weights(shallow, source)
+    a, b = source.state_dict(), shallow.state_dict()
+    for name, tensor in b.items():
+        if name.startswith("blocks.0."):
+            assert torch.equal(tensor, a[name])
+        elif name.startswith("blocks.1."):
+            assert torch.equal(tensor, a[name.replace("blocks.1.", "blocks.2.", 1)])
+        else:
+            assert torch.equal(tensor, a[name])
+    # Without the middle block, its output is no longer the source's.
+    x = torch.randn(2, 30, source.config.d_max, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert not torch.allclose(source(x, 2).means, shallow(x, 2).means)
 
 
 @pytest.mark.parametrize("scale_type", ["diag", "full"])

@@ -16,12 +16,15 @@ from .config import TrainConfig
 def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) -> None:
     """Copy ``source``'s weights into ``model``, which may have more blocks: each extra block is
     a copy of the last with its output projections zeroed, so the deeper model starts out
-    computing exactly what the source did; a spherical source's scales become a "diag" or
-    "full" model's (each coordinate's, or a diagonal Cholesky factor), so that model too
-    starts out as the source. A model with more heads (a larger ``k_max``) starts each new
-    head from the source's largest (see :func:`_grow_heads`), so that for every K the source
-    has, it computes what the source did. A source's K-posterior head is dropped: it reads
-    the backbone this run changes (``training.k_posterior`` trains one again).
+    computing exactly what the source did. A model with fewer blocks keeps evenly spaced
+    ones of the source's, its first and last among them (see :func:`kept_blocks`): a
+    cheaper backbone that fine-tuning brings back toward the source. A spherical source's
+    scales become a "diag" or "full" model's (each coordinate's, or a diagonal Cholesky
+    factor), so that model too starts out as the source. A model with more heads (a larger
+    ``k_max``) starts each new head from the source's largest (see :func:`_grow_heads`), so
+    that for every K the source has, it computes what the source did. A source's
+    K-posterior head is dropped: it reads the backbone this run changes
+    (``training.k_posterior`` trains one again).
     """
     have, want = source.config.n_layer, model.config.n_layer
     changeable = dict(n_layer=want, noise_directions=model.config.noise_directions)
@@ -31,13 +34,16 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
         changeable["k_posterior_seeds"] = 0
     if source.config.scale_type == "spherical":
         changeable["scale_type"] = model.config.scale_type
-    if dataclasses.replace(source.config, **changeable) != model.config or want < have:
+    if dataclasses.replace(source.config, **changeable) != model.config:
         raise ValueError(
             f"init_from's model ({source.config}) does not fit this run's ({model.config}): "
-            "only n_layer and k_max (upward), noise_directions and a spherical scale_type "
+            "only n_layer, k_max (upward), noise_directions and a spherical scale_type "
             "(to a wider one) may differ."
         )
     state = without_k_posterior(source.state_dict())
+    if want < have:
+        state = _with_blocks(state, kept_blocks(have, want))
+        have = want
     if source.config.scale_type != model.config.scale_type:
         _widen_scales(state, model.config)
     if model.config.k_max > source.config.k_max:
@@ -48,6 +54,29 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
             zeroed = name.startswith(("attn.proj.", "mlp.proj."))
             state[f"blocks.{index}.{name}"] = torch.zeros_like(tensor) if zeroed else tensor
     model.load_state_dict(state)
+
+
+def kept_blocks(have: int, want: int) -> list[int]:
+    """The indices of the ``want`` of ``have`` blocks a shallower model keeps: evenly
+    spaced, the first and the last among them (the first reads the embedded rows, the
+    last writes what the heads read)."""
+    if want == 1:
+        return [have - 1]
+    return sorted({round(i * (have - 1) / (want - 1)) for i in range(want)})
+
+
+def _with_blocks(state: dict[str, torch.Tensor], kept: list[int]) -> dict[str, torch.Tensor]:
+    """``state`` with blocks ``kept`` alone, renumbered 0, 1, ..."""
+    new_index = {old: new for new, old in enumerate(kept)}
+    out = {}
+    for name, tensor in state.items():
+        if not name.startswith("blocks."):
+            out[name] = tensor
+            continue
+        _, index, rest = name.split(".", 2)
+        if int(index) in new_index:
+            out[f"blocks.{new_index[int(index)]}.{rest}"] = tensor
+    return out
 
 
 def _grow_heads(state: dict[str, torch.Tensor], have: int, model: MixtureTransformer) -> None:
