@@ -46,10 +46,12 @@ __all__ = [
     "EMResult",
     "as_tuple",
     "empty_bound",
+    "RowsInMemory",
     "fit_em",
     "log_likelihood_without",
     "reseed_means",
     "reseed_weights_and_covariances",
+    "run_em",
 ]
 
 
@@ -315,63 +317,134 @@ def fit_em(
     [-4.0, 4.0]
     """
     n_batch = check_params(X, params, covariance_type, mask, sample_weight)
-    params = MixtureParams(  # parameters of batch 1 serve every dataset
-        *(None if t is None else t.expand(n_batch, *t.shape[1:]) for t in as_tuple(params))
-    )
-    X, mask, sample_weight = compact(X), compact(mask), compact(sample_weight)
-    X = zero_padding(X, mask)
-    n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
-    converged = torch.zeros(n_batch, dtype=torch.bool, device=X.device)
-    points = _points(mask, sample_weight, X)  # (B|1, N)
-    unit = _point_weight(points, sample_weight, X)  # (B|1, 1) or 1.0
-    bound = empty_bound(unit, X.dtype)  # see EMPTY_COUNT
-    if max_iter == 0:
-        # A start may hold an empty component too (a k-means cluster left empty): it is
-        # re-seeded as EM would, so that no fit returns one.
-        counts = params.weights * points.sum(-1, keepdim=True).to(X.dtype) * unit  # (B, K)
-        empty = counts < bound
-        if bool(empty.any()):
-            params, failed = _reseed(X, params, counts, empty, unit, points, covariance_type)
-            if bool(failed.any()):
-                raise IllDefinedCovariance(X.dtype)
-        log_prob_norm, _ = e_step_unchecked(X, params, covariance_type, mask, sample_weight)
-        return EMResult(
-            params,
-            log_prob_norm.expand(n_batch).clone(),
-            n_iter,
-            converged,
-            lower_bounds=X.new_empty((n_batch, 0)),
-        )
+    rows = RowsInMemory(X, mask, sample_weight, covariance_type, reg_covar)
+    return run_em(rows, params, n_batch, max_iter=max_iter, tol=tol,
+                  initial_lower_bound=initial_lower_bound)
 
-    if initial_lower_bound is None:
-        lower_bound = X.new_full((n_batch,), -math.inf)
-    else:
-        lower_bound = initial_lower_bound.to(X).expand(n_batch).clone()
-    batch = ShrinkingBatch(n_batch, X.device)
-    fresh = torch.zeros(n_batch, dtype=torch.bool, device=X.device)  # re-seeded last iteration
-    history, times, started = [], [], time.perf_counter()  # lower bounds, (B,) an iteration
-    # The rows' squares, once for every step that reads them (two an iteration).
-    x_squared = X.square() if covariance_type in ("diag", "spherical") else None
-    for iteration in range(1, max_iter + 1):
-        active = ~converged  # (A,) over the working batch of A <= B datasets
-        weighted = () if sample_weight is None else (sample_weight,)
+
+class RowsInMemory:
+    """The rows EM reads when they are held in memory: ``X`` (B|1, N, d) with its ``mask``
+    and ``sample_weight``, as :func:`fit_em` takes them; one E-step and one M-step over
+    every row at a time (:meth:`step`)."""
+
+    def __init__(self, X: Tensor, mask, sample_weight, covariance_type: str, reg_covar: float):
+        X, mask, sample_weight = compact(X), compact(mask), compact(sample_weight)
+        self.X, self.mask, self.sample_weight = zero_padding(X, mask), mask, sample_weight
+        self.covariance_type, self.reg_covar = covariance_type, reg_covar
+        self.points = _points(mask, sample_weight, self.X)  # (B|1, N)
+        self.unit = _point_weight(self.points, sample_weight, self.X)  # (B|1, 1) or 1.0
+        self.bound = empty_bound(self.unit, X.dtype)  # see EMPTY_COUNT
+        # The rows' squares, once for every step that reads them (two an iteration).
+        self.x_squared = self.X.square() if covariance_type in ("diag", "spherical") else None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.X.dtype
+
+    def counts(self, params: MixtureParams) -> Tensor:
+        """The weighted count (B, K) each component's weight stands for."""
+        return params.weights * self.points.sum(-1, keepdim=True).to(self.X.dtype) * self.unit
+
+    def lower_bound(self, params: MixtureParams) -> Tensor:
+        """The mean log-likelihood per point of ``params``, (B|1,)."""
+        weighted = () if self.sample_weight is None else (self.sample_weight,)
+        return e_step_unchecked(self.X, params, self.covariance_type, self.mask, *weighted)[0]
+
+    def step(self, params: MixtureParams) -> tuple[Tensor, Tensor, MixtureParams, Tensor]:
+        """One E-step and one M-step from ``params``: the E-step's mean log-likelihood (B,),
+        the components' weighted counts (B, K), the new parameters, and which runs' new
+        covariances are not positive definite (B,)."""
+        X, covariance_type = self.X, self.covariance_type
+        weighted = () if self.sample_weight is None else (self.sample_weight,)
         at_once = all_components_at_once(X, params.means)
         log_prob_norm, log_resp = e_step_unchecked(
-            X, params, covariance_type, mask, *weighted, at_once=at_once, x_squared=x_squared
+            X, params, covariance_type, self.mask, *weighted, at_once=at_once,
+            x_squared=self.x_squared,
         )
         # In place where nothing tracks gradients: the log-responsibilities are not read
         # again, and a second (B, N, K) array would be EM's largest on many rows.
         resp = log_resp.exp() if needs_grad(log_resp) else log_resp.exp_()
-        if sample_weight is not None:
-            resp = resp * sample_weight[..., None]
+        if self.sample_weight is not None:
+            resp = resp * self.sample_weight[..., None]
         nk, means, covariances = estimate_parameters_unchecked(
-            X, resp, covariance_type, reg_covar, None, x_squared
+            X, resp, covariance_type, self.reg_covar, None, self.x_squared
         )
         precisions_chol, failed = try_precision_cholesky(covariances, covariance_type)
         # scikit-learn's _m_step normalises by sum(nk) here, not by the number of points.
         new = MixtureParams(nk / nk.sum(-1, keepdim=True), means, covariances, precisions_chol)
+        return log_prob_norm, nk, new, failed
+
+    def reseed(self, params: MixtureParams, counts: Tensor, empty: Tensor):
+        """:func:`_reseed` of the ``empty`` (B, K) components; ``(params, failed)``."""
+        return _reseed(
+            self.X, params, counts, empty, self.unit, self.points, self.covariance_type
+        )
+
+    def take(self, keep: Tensor) -> RowsInMemory:
+        """The rows of the runs ``keep`` alone (rows shared by every run stay shared)."""
+        taken = object.__new__(RowsInMemory)
+        taken.__dict__.update(self.__dict__)
+        for name in ("X", "mask", "sample_weight", "x_squared"):
+            setattr(taken, name, take(getattr(self, name), keep))
+        for name in ("points", "unit", "bound"):
+            setattr(taken, name, _take_rows(getattr(self, name), keep))
+        return taken
+
+
+def run_em(
+    rows,
+    params: MixtureParams,
+    n_batch: int,
+    *,
+    max_iter: int,
+    tol: float,
+    initial_lower_bound: Tensor | None = None,
+) -> EMResult:
+    """The EM loop of every fit: :func:`fit_em`'s rules on data seen through ``rows``, which
+    holds them in memory (:class:`RowsInMemory`) or reads them by blocks
+    (:func:`~transformer_gmm.engine.sufficient_stats.fit_em_from_statistics`).
+
+    ``rows`` offers ``step(params)`` (an E-step and an M-step: the mean log-likelihood,
+    the weighted counts, the new parameters, the runs whose covariances failed),
+    ``reseed(params, counts, empty)``, ``counts(params)`` and ``lower_bound(params)`` (for
+    ``max_iter=0``), ``take(keep)`` (the runs still going), ``bound`` (the count below
+    which a component is empty) and ``dtype``. ``params`` are of batch 1 or ``n_batch``.
+    """
+    params = MixtureParams(  # parameters of batch 1 serve every dataset
+        *(None if t is None else t.expand(n_batch, *t.shape[1:]) for t in as_tuple(params))
+    )
+    device = params.means.device
+    n_iter = torch.zeros(n_batch, dtype=torch.long, device=device)
+    converged = torch.zeros(n_batch, dtype=torch.bool, device=device)
+    if max_iter == 0:
+        # A start may hold an empty component too (a k-means cluster left empty): it is
+        # re-seeded as EM would, so that no fit returns one.
+        counts = rows.counts(params)  # (B, K)
+        empty = counts < rows.bound
+        if bool(empty.any()):
+            params, failed = rows.reseed(params, counts, empty)
+            if bool(failed.any()):
+                raise IllDefinedCovariance(rows.dtype)
+        return EMResult(
+            params,
+            rows.lower_bound(params).expand(n_batch).clone(),
+            n_iter,
+            converged,
+            lower_bounds=params.means.new_empty((n_batch, 0)),
+        )
+
+    if initial_lower_bound is None:
+        lower_bound = params.means.new_full((n_batch,), -math.inf)
+    else:
+        lower_bound = initial_lower_bound.to(params.means).expand(n_batch).clone()
+    batch = ShrinkingBatch(n_batch, device)
+    fresh = torch.zeros(n_batch, dtype=torch.bool, device=device)  # re-seeded last iteration
+    history, times, started = [], [], time.perf_counter()  # lower bounds, (B,) an iteration
+    for iteration in range(1, max_iter + 1):
+        active = ~converged  # (A,) over the working batch of A <= B datasets
+        log_prob_norm, nk, new, failed = rows.step(params)
         params = _select(active, new, params)
-        empty = nk < bound  # (A, K)
+        empty = nk < rows.bound  # (A, K)
         reseeded = empty.any(-1) & active  # (A,) re-seeded below
         change = log_prob_norm - lower_bound  # +inf on the first iteration
         lower_bound = torch.where(active, log_prob_norm, lower_bound)
@@ -382,7 +455,7 @@ def fit_em(
         steady = ~(reseeded | fresh)
         converged = converged | (active & steady & (change.abs() < tol))
         fresh = reseeded
-        bounds = X.new_full((n_batch,), math.nan)
+        bounds = lower_bound.new_full((n_batch,), math.nan)
         history.append(
             bounds.index_copy_(0, batch.rows, torch.where(active, log_prob_norm, math.nan))
         )
@@ -394,20 +467,16 @@ def fit_em(
         ).tolist()
         times.append(time.perf_counter() - started)
         if any_empty:
-            empty = empty & reseeded[:, None]
-            params, failed = _reseed(X, params, nk, empty, unit, points, covariance_type)
+            params, failed = rows.reseed(params, nk, empty & reseeded[:, None])
             any_failed = any_failed or bool(failed.any())
         if any_failed:
-            raise IllDefinedCovariance(X.dtype)
+            raise IllDefinedCovariance(rows.dtype)
         if n_running == 0:
             break
         if iteration < max_iter and batch.should_shrink(n_running):
             state = (*as_tuple(params), lower_bound, n_iter, converged)
             keep = batch.shrink(converged, n_running, state)
-            X, mask, sample_weight, x_squared = (
-                take(t, keep) for t in (X, mask, sample_weight, x_squared)
-            )
-            points, unit, bound = (_take_rows(t, keep) for t in (points, unit, bound))
+            rows = rows.take(keep)
             params = MixtureParams(*(take(t, keep) for t in as_tuple(params)))
             lower_bound, n_iter, converged = lower_bound[keep], n_iter[keep], converged[keep]
             fresh = fresh[keep]

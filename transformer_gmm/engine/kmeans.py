@@ -22,6 +22,7 @@ from torch import Tensor
 from .batching import ShrinkingBatch, check_batch, compact, point_weights, take, zero_padding
 
 __all__ = [
+    "LloydRows",
     "LloydStep",
     "assign",
     "centers_from_sums",
@@ -30,6 +31,7 @@ __all__ = [
     "kmeans_plusplus_indices",
     "lloyd",
     "relocate_empty",
+    "run_lloyd",
 ]
 
 
@@ -281,45 +283,78 @@ def centers_from_sums(counts: Tensor, sums: Tensor, offset: Tensor) -> Tensor:
     return torch.where(counts > 0, new_centers, new_centers.gather(1, heaviest))
 
 
-def _lloyd_loop(
-    X: Tensor,
-    centers: Tensor,
-    offset: Tensor,
-    weights: Tensor,
-    threshold: Tensor,
-    padded: Tensor,
-    max_iter: int,
-    weighted_X: Tensor | None = None,
-    trace: list | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Lloyd's iterations for :func:`lloyd` on centred ``X``: (centers, n_iter).
-    ``weighted_X`` is ``X * weights`` when the weights are sample weights. ``trace``, a
-    list, receives one :class:`LloydStep` per iteration."""
-    n_batch, n_clusters = centers.shape[:2]
-    labels_old = X.new_full((n_batch, X.shape[1]), -1, dtype=torch.long)
-    n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
-    converged = torch.zeros(n_batch, dtype=torch.bool, device=X.device)
-    batch = ShrinkingBatch(n_batch, X.device)
-    for iteration in range(1, max_iter + 1):
-        active = ~converged  # (A,) over the working batch of A <= B datasets
+class LloydRows:
+    """The rows Lloyd reads when they are held in memory, centred on ``offset``: ``X``
+    (B|1, N, d), their ``weights`` (B|1, N, 1) and ``weighted_X`` (``X * weights`` when
+    they are sample weights), ``padded`` (B|1, N); one assignment and one update of the
+    centres at a time (:meth:`step`). It keeps each run's labels, whose standing still
+    is Lloyd's strict convergence."""
+
+    def __init__(self, X, offset, weights, padded, n_batch: int, weighted_X=None):
+        self.X, self.offset, self.weights, self.padded = X, offset, weights, padded
+        self.weighted_X = weighted_X
+        self.labels_old = X.new_full((n_batch, X.shape[1]), -1, dtype=torch.long)
+        self._last = None  # (centred centres, labels) of the last step, for inertia
+
+    def step(self, centers: Tensor, active: Tensor) -> tuple[Tensor, Tensor]:
+        """New centres (A, K, d) from ``centers`` and, for each run, whether no label
+        changed (A,); the labels of the ``active`` runs are kept for the next step."""
+        X, offset, weights = self.X, self.offset, self.weights
+        n_clusters = centers.shape[1]
         centered = centers - offset
         labels = assign(X, centered)  # (A, N)
         one_hot = X.new_zeros(*labels.shape, n_clusters).scatter_(2, labels[..., None], 1.0)
         # Matmuls rather than scatter_add: deterministic on CUDA too. Padded rows of X
         # are zero, so only the counts need the weights.
         counts = one_hot.mT @ weights  # (A, K, 1)
-        sums = one_hot.mT @ (X if weighted_X is None else weighted_X)  # (A, K, d)
+        sums = one_hot.mT @ (X if self.weighted_X is None else self.weighted_X)  # (A, K, d)
         if bool((counts == 0).any()):
-            counts, sums = _relocate_empty(X, weights, centered, labels, counts, sums, padded)
+            counts, sums = _relocate_empty(
+                X, weights, centered, labels, counts, sums, self.padded
+            )
         new_centers = centers_from_sums(counts, sums, offset)
-        shift = (new_centers - centers).square().sum((1, 2))  # (A,)
-        strict = ((labels == labels_old) | padded).all(-1)  # (A,)
-        if trace is not None:
-            inertia = inertia_of(X, centered, labels, weights)
-            trace.append(LloydStep(batch.rows.clone(), active, inertia, shift, strict))
+        strict = ((labels == self.labels_old) | self.padded).all(-1)  # (A,)
+        self.labels_old = torch.where(active[:, None], labels, self.labels_old)
+        self._last = (centered, labels)
+        return new_centers, strict
 
+    def inertia(self) -> Tensor:
+        """The inertia (A,) of the last step's assignment to the centres it started from."""
+        centered, labels = self._last
+        return inertia_of(self.X, centered, labels, self.weights)
+
+    def take(self, keep: Tensor) -> LloydRows:
+        taken = object.__new__(LloydRows)
+        taken.__dict__.update(self.__dict__)
+        for name in ("X", "offset", "weights", "padded", "weighted_X"):
+            setattr(taken, name, take(getattr(self, name), keep))
+        taken.labels_old, taken._last = self.labels_old[keep], None
+        return taken
+
+
+def run_lloyd(
+    rows, centers: Tensor, threshold: Tensor, max_iter: int, trace: list | None = None
+) -> tuple[Tensor, Tensor]:
+    """The Lloyd loop of every fit, on data seen through ``rows``, held in memory
+    (:class:`LloydRows`) or read by blocks
+    (:func:`~transformer_gmm.engine.sufficient_stats.lloyd_from_statistics`): from
+    ``centers`` (B, K, d) until each run's squared centre shift is at most its
+    ``threshold`` (B|1,), or no label changed, or ``max_iter``; returns (centers, n_iter).
+
+    ``rows`` offers ``step(centers, active)`` (the new centres, and whether no label
+    changed), ``take(keep)`` (the runs still going) and, for ``trace``, ``inertia()``.
+    ``trace``, a list, receives one :class:`LloydStep` per iteration."""
+    n_batch = centers.shape[0]
+    n_iter = torch.zeros(n_batch, dtype=torch.long, device=centers.device)
+    converged = torch.zeros(n_batch, dtype=torch.bool, device=centers.device)
+    batch = ShrinkingBatch(n_batch, centers.device)
+    for iteration in range(1, max_iter + 1):
+        active = ~converged  # (A,) over the working batch of A <= B datasets
+        new_centers, strict = rows.step(centers, active)
+        shift = (new_centers - centers).square().sum((1, 2))  # (A,)
+        if trace is not None:
+            trace.append(LloydStep(batch.rows.clone(), active, rows.inertia(), shift, strict))
         centers = torch.where(active[:, None, None], new_centers, centers)
-        labels_old = torch.where(active[:, None], labels, labels_old)
         n_iter = n_iter.masked_fill(active, iteration)
         converged = converged | (active & (strict | (shift <= threshold)))
         n_running = int((~converged).sum())  # the one host sync per iteration
@@ -327,11 +362,8 @@ def _lloyd_loop(
             break
         if iteration < max_iter and batch.should_shrink(n_running):
             keep = batch.shrink(converged, n_running, (centers, n_iter))
-            X, offset, weights, threshold, padded, weighted_X = (
-                take(t, keep) for t in (X, offset, weights, threshold, padded, weighted_X)
-            )
-            centers, labels_old, n_iter = centers[keep], labels_old[keep], n_iter[keep]
-            converged = converged[keep]
+            rows, threshold = rows.take(keep), take(threshold, keep)
+            centers, n_iter, converged = centers[keep], n_iter[keep], converged[keep]
     return batch.results((centers, n_iter))
 
 
@@ -445,9 +477,8 @@ def lloyd(
         weighted_X = X * weights
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
     if max_iter > 0:
-        centers, n_iter = _lloyd_loop(
-            X, centers, offset, weights, threshold, padded, max_iter, weighted_X, trace
-        )
+        rows = LloydRows(X, offset, weights, padded, n_batch, weighted_X)
+        centers, n_iter = run_lloyd(rows, centers, threshold, max_iter, trace)
 
     # Final assignment, so that labels and inertia belong to the returned centres.
     centered = centers - offset

@@ -20,7 +20,6 @@ the top n of the parts' top n, so the rows chosen are those the in-memory fit ch
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
@@ -35,9 +34,10 @@ from .em import (
     log_likelihood_without,
     reseed_means,
     reseed_weights_and_covariances,
+    run_em,
 )
-from .gaussian import PARAM_SHAPES, IllDefinedCovariance, lookup, try_precision_cholesky
-from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty
+from .gaussian import PARAM_SHAPES, lookup, try_precision_cholesky
+from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty, run_lloyd
 from .m_step import COVARIANCE_ESTIMATORS, MixtureParams
 
 __all__ = [
@@ -352,8 +352,10 @@ def fit_em_from_statistics(
     """EM from ``params`` with :func:`~transformer_gmm.engine.em.fit_em`'s rules, on data seen
     through ``statistics_of`` and ``worst_explained_of`` only.
 
-    Each iteration asks ``statistics_of`` once, for the runs still going: their
-    statistics summed over the ``n_rows`` rows (one pass over the data). A run's lower
+    The loop is :func:`~transformer_gmm.engine.em.run_em`, the in-memory fit's. Each
+    iteration asks ``statistics_of`` once, for the runs of its working batch (those still
+    going, and those stopped since the batch last shrank): their statistics summed over
+    the ``n_rows`` rows (one pass over the data). A run's lower
     bound is the mean log-likelihood of its E-step; it converges once that changes by less
     than ``tol``, and then stops changing. A component that empties is re-seeded as in
     memory, which takes one more pass, through ``worst_explained_of``; neither that
@@ -410,64 +412,54 @@ def fit_em_from_statistics(
     >>> by_blocks.n_iter.tolist() == in_memory.n_iter.tolist()
     True
     """
-    n_runs = params.means.shape[0]
-    dtype, device = params.means.dtype, params.means.device
-    n_iter = torch.zeros(n_runs, dtype=torch.long, device=device)
-    converged = torch.zeros(n_runs, dtype=torch.bool, device=device)
-    bound = empty_bound(1.0, dtype)  # rows weigh one each
-    reseed = functools.partial(
-        _reseed,
-        worst_explained_of=worst_explained_of,
-        n_rows=n_rows,
-        covariance_type=covariance_type,
+    rows = RowsByStatistics(
+        statistics_of, worst_explained_of, n_rows, covariance_type, reg_covar,
+        params.means.dtype,
     )
-    if max_iter == 0:
-        # As in memory, a start's empty component (a k-means cluster left empty) is
-        # re-seeded, so that no fit returns one.
-        counts = params.weights * n_rows
-        empty = counts < bound
-        if bool(empty.any()):
-            params, failed = reseed(params, counts, empty)
-            if bool(failed.any()):
-                raise IllDefinedCovariance(dtype)
-        lower_bound = statistics_of(params).log_likelihood / n_rows
-        return EMResult(params, lower_bound, n_iter, converged)
-    lower_bound = torch.full((n_runs,), -torch.inf, dtype=dtype, device=device)
-    fresh = torch.zeros(n_runs, dtype=torch.bool, device=device)  # re-seeded last iteration
-    fitted = list(as_tuple(params))
-    for iteration in range(1, max_iter + 1):
-        active = (~converged).nonzero().flatten()  # only these are read and updated
-        current = _take_runs(MixtureParams(*fitted), active)
-        statistics = statistics_of(current)
+    return run_em(rows, params, params.means.shape[0], max_iter=max_iter, tol=tol)
+
+
+class RowsByStatistics:
+    """The rows EM reads by blocks, seen through their summed statistics alone (see
+    :func:`fit_em_from_statistics`): :func:`~transformer_gmm.engine.em.run_em`'s data, as
+    :class:`~transformer_gmm.engine.em.RowsInMemory` is for rows in memory."""
+
+    def __init__(
+        self,
+        statistics_of: Callable[[MixtureParams], MixtureStatistics],
+        worst_explained_of: Callable[[MixtureParams, Tensor], Tensor],
+        n_rows: int,
+        covariance_type: str,
+        reg_covar: float,
+        dtype: torch.dtype,
+    ):
+        self.statistics_of, self.worst_explained_of = statistics_of, worst_explained_of
+        self.n_rows, self.covariance_type, self.reg_covar = n_rows, covariance_type, reg_covar
+        self.dtype = dtype
+        self.bound = empty_bound(1.0, dtype)  # rows weigh one each
+
+    def counts(self, params: MixtureParams) -> Tensor:
+        return params.weights * self.n_rows
+
+    def lower_bound(self, params: MixtureParams) -> Tensor:
+        return self.statistics_of(params).log_likelihood / self.n_rows
+
+    def step(self, params: MixtureParams) -> tuple[Tensor, Tensor, MixtureParams, Tensor]:
+        """One pass over the blocks: an E-step and the M-step from its statistics."""
+        statistics = self.statistics_of(params)
         new, failed = parameters_from_statistics(
-            statistics, current.means, covariance_type, reg_covar
+            statistics, params.means, self.covariance_type, self.reg_covar
         )
-        counts = statistics.nk + 10 * torch.finfo(dtype).eps  # the M-step's, as in memory
-        empty = counts < bound  # (A, K)
-        reseeded = empty.any(-1)  # (A,)
-        # A run that re-seeds gets new covariances for its empty components.
-        if bool((failed & ~reseeded).any()):
-            raise IllDefinedCovariance(dtype)
-        if bool(reseeded.any()):
-            new, failed = reseed(new, counts, empty)
-            if bool(failed.any()):
-                raise IllDefinedCovariance(dtype)
-        for i, value in enumerate(as_tuple(new)):
-            if fitted[i] is None:  # a start without covariances: every run is active now
-                fitted[i] = value
-            else:
-                fitted[i] = fitted[i].index_copy(0, active, value)
-        log_prob_norm = statistics.log_likelihood / n_rows
-        change = log_prob_norm - lower_bound[active]  # +inf on the first iteration
-        lower_bound[active] = log_prob_norm
-        n_iter[active] = iteration
-        # As in memory: no convergence on the iteration that re-seeds, nor on the next.
-        steady = ~(reseeded | fresh[active])
-        converged[active] = steady & (change.abs() < tol)
-        fresh[active] = reseeded
-        if bool(converged.all()):
-            break
-    return EMResult(MixtureParams(*fitted), lower_bound, n_iter, converged)
+        counts = statistics.nk + 10 * torch.finfo(self.dtype).eps  # the M-step's, as in memory
+        return statistics.log_likelihood / self.n_rows, counts, new, failed
+
+    def reseed(self, params: MixtureParams, counts: Tensor, empty: Tensor):
+        return _reseed(
+            params, counts, empty, self.worst_explained_of, self.n_rows, self.covariance_type
+        )
+
+    def take(self, keep: Tensor) -> RowsByStatistics:
+        return self  # every run reads the same blocks
 
 
 # --- k-means ---------------------------------------------------------------------------
@@ -585,8 +577,9 @@ def lloyd_from_statistics(
     """Lloyd from ``centers`` (B, K, d) with :func:`~transformer_gmm.engine.kmeans.lloyd`'s rule,
     on data seen through ``statistics_of`` and ``farthest_of`` only.
 
-    ``statistics_of(centers)`` returns the summed :class:`LloydStatistics` of the runs
-    still going (one pass over the data). A run stops when the squared shift of its
+    The loop is :func:`~transformer_gmm.engine.kmeans.run_lloyd`, the in-memory fit's.
+    ``statistics_of(centers)`` returns the summed :class:`LloydStatistics` of the runs of
+    its working batch (one pass over the data). A run stops when the squared shift of its
     centres is at most ``threshold`` (``tol`` times the mean variance of the features).
     An empty cluster takes a row farthest from its centre, as in memory, which takes one
     more pass: ``farthest_of(centers)`` returns, for each run, the ``min(K, n_rows)`` rows
@@ -618,25 +611,37 @@ def lloyd_from_statistics(
     >>> torch.allclose(centers, expected.centers), n_iter.tolist() == expected.n_iter.tolist()
     (True, True)
     """
-    n_runs = centers.shape[0]
-    n_iter = torch.zeros(n_runs, dtype=torch.long, device=centers.device)
-    converged = torch.zeros(n_runs, dtype=torch.bool, device=centers.device)
-    for iteration in range(1, max_iter + 1):
-        active = (~converged).nonzero().flatten()
-        current = centers[active]
-        statistics = statistics_of(current)
+    rows = LloydRowsByStatistics(statistics_of, farthest_of, offset)
+    threshold = torch.tensor([threshold], dtype=centers.dtype, device=centers.device)
+    return run_lloyd(rows, centers, threshold, max_iter)
+
+
+class LloydRowsByStatistics:
+    """The rows Lloyd reads by blocks, seen through their summed statistics alone (see
+    :func:`lloyd_from_statistics`): :func:`~transformer_gmm.engine.kmeans.run_lloyd`'s
+    data, as :class:`~transformer_gmm.engine.kmeans.LloydRows` is for rows in memory."""
+
+    def __init__(
+        self,
+        statistics_of: Callable[[Tensor], LloydStatistics],
+        farthest_of: Callable[[Tensor], Tensor],
+        offset: Tensor,
+    ):
+        self.statistics_of, self.farthest_of, self.offset = statistics_of, farthest_of, offset
+
+    def step(self, centers: Tensor, active: Tensor) -> tuple[Tensor, Tensor]:
+        """New centres from one pass over the blocks; labels are not compared (see
+        :func:`lloyd_from_statistics`), so no run converges strictly."""
+        statistics = self.statistics_of(centers)
         counts, sums = statistics.counts[..., None], statistics.sums  # (A, K, 1), (A, K, d)
         if bool((counts == 0).any()):
-            far = farthest_of(current)  # (A, M, d + 2)
+            far = self.farthest_of(centers)  # (A, M, d + 2)
             distances, rows, labels = far[..., 0], far[..., 1:-1], far[..., -1].long()
             counts, sums = relocate_empty(
                 counts, sums, distances, rows, labels, torch.ones_like(distances)
             )
-        new = centers_from_sums(counts, sums, offset)
-        shift = (new - current).square().sum((1, 2))  # (A,)
-        centers = centers.index_copy(0, active, new)
-        n_iter[active] = iteration
-        converged[active] = shift <= threshold
-        if bool(converged.all()):
-            break
-    return centers, n_iter
+        new = centers_from_sums(counts, sums, self.offset)
+        return new, torch.zeros_like(active)
+
+    def take(self, keep: Tensor) -> LloydRowsByStatistics:
+        return self  # every run reads the same blocks
