@@ -59,6 +59,37 @@ class TransformerMixtureBase(BaseEstimator):
         tags.array_api_support = True
         return tags
 
+    # --- the choice of K ------------------------------------------------------------------
+
+    def _fit_as_candidate(self, X, sample_weight, K: int, reading) -> None:
+        """Fit ``K`` components to ``X``, a candidate of the choice of K whose
+        transformer's starts read ``reading``, the pass that read P(K | X)."""
+        # X is the choosing estimator's, validated into an array: this one records its
+        # width, as its own fit on that array would (and no feature names, which the array
+        # has lost).
+        self.n_features_in_ = X.shape[1]
+        self._fit_k(X, sample_weight, K, reading)
+
+    def _take_fitted(self, fitted) -> None:
+        """Become ``fitted``, a fitted estimator of this class (the candidate whose K was
+        chosen): its fitted attributes, by reference."""
+        for name, value in vars(fitted).items():
+            if (name.endswith("_") and not name.startswith("__")) or name == "_n_init":
+                setattr(self, name, value)
+
+    def _store_choice(self, choice) -> None:
+        """The per-candidate attributes of a fit whose K was chosen (a
+        :class:`~transformer_gmm._choose_k.Choice`); None forgets an earlier fit's."""
+        for name in ("candidates_", "criterion_", "selection_criterion_", "k_posterior_"):
+            self.__dict__.pop(name, None)
+        if choice is None:
+            return
+        self.candidates_ = choice.candidates
+        self.criterion_ = choice.values
+        self.selection_criterion_ = choice.criterion
+        if choice.posterior is not None:
+            self.k_posterior_ = choice.posterior
+
     # --- pretrained checkpoints ----------------------------------------------------------
 
     @classmethod

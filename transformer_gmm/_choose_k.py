@@ -139,7 +139,7 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
                 _fit_candidate(estimator, params, k_name, K, X, sample_weight, reading)
                 for K in ks
             ]
-        values = np.array([_bic(fitted, X, sample_weight) for fitted in fits])
+        values = np.array([fitted._weighted_bic(X, sample_weight) for fitted in fits])
         # A candidate with collapsed components wins on the likelihood of a handful of
         # points: it is chosen only where every candidate has one (and then it warns).
         collapsed = np.array([np.any(getattr(f, "collapsed_components_", False)) for f in fits])
@@ -163,50 +163,5 @@ def _fit_candidate(estimator, params: dict, k_name: str, K: int, X, sample_weigh
     candidate = type(estimator)(**{**params, k_name: int(K)})
     if reading is None:
         return candidate.fit(X, sample_weight=sample_weight)
-    # X is the estimator's, validated into an array: the candidate records its width, as
-    # its own fit on that array would (and no feature names, which the array has lost).
-    candidate.n_features_in_ = X.shape[1]
-    candidate._fit_k(X, sample_weight, int(K), reading)
+    candidate._fit_as_candidate(X, sample_weight, int(K), reading)
     return candidate
-
-
-def _bic(fitted, X, sample_weight) -> float:
-    """BIC of a fitted candidate on ``X``, weighing rows as frequencies."""
-    w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
-    n = w.sum()
-    if hasattr(fitted, "weights_"):  # a mixture
-        log_likelihood = float(w @ fitted.score_samples(X))
-        return -2.0 * log_likelihood + fitted._n_parameters() * np.log(n)
-    # k-means: the hard-assignment mixture of spherical Gaussians with one shared variance.
-    K, d = fitted.cluster_centers_.shape
-    counts = np.bincount(fitted.labels_, weights=w, minlength=K)
-    variance = max(fitted.inertia_ / (n * d), np.finfo(float).tiny)
-    occupied = counts[counts > 0]
-    log_likelihood = (
-        float(occupied @ np.log(occupied / n))
-        - 0.5 * n * d * np.log(2 * np.pi * variance)
-        - 0.5 * n * d
-    )
-    n_parameters = (K - 1) + K * d + 1
-    return -2.0 * log_likelihood + n_parameters * np.log(n)
-
-
-def take_fitted_attributes(estimator, fitted) -> None:
-    """Make ``estimator`` the fitted candidate: its fitted attributes, by reference."""
-    for name, value in vars(fitted).items():
-        if (name.endswith("_") and not name.startswith("__")) or name == "_n_init":
-            setattr(estimator, name, value)
-
-
-def store_choice(estimator, choice: Choice | None) -> None:
-    """The per-candidate attributes of a fitted estimator whose K was chosen; None: forget
-    those of an earlier fit."""
-    for name in ("candidates_", "criterion_", "selection_criterion_", "k_posterior_"):
-        estimator.__dict__.pop(name, None)
-    if choice is None:
-        return
-    estimator.candidates_ = choice.candidates
-    estimator.criterion_ = choice.values
-    estimator.selection_criterion_ = choice.criterion
-    if choice.posterior is not None:
-        estimator.k_posterior_ = choice.posterior

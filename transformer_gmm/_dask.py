@@ -27,7 +27,7 @@ import numpy as np
 from sklearn.utils import check_array
 from sklearn.utils.validation import _check_feature_names, _check_n_features
 
-from .engine import fit, fit_by_blocks
+from .engine import blocks, fit, fit_by_blocks
 from .engine.input_range import check_range
 from .engine.plan import KMeansPlan, MixturePlan
 
@@ -204,8 +204,8 @@ def _stack_blocks(X, function, args: tuple, length: int) -> np.ndarray:
     return _per_block(X, function, args, length).compute()
 
 
-def _reducer(X) -> fit_by_blocks.BlockReducer:
-    return fit_by_blocks.BlockReducer(
+def _reducer(X) -> blocks.BlockReducer:
+    return blocks.BlockReducer(
         sum=lambda function, args, length: _sum_over_blocks(X, function, args, length),
         stack=lambda function, args, length: _stack_blocks(X, function, args, length),
     )

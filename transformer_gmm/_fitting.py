@@ -1,8 +1,8 @@
 """The steps of a fit that the estimators and :func:`~transformer_gmm.fit_many` share, read
 from an estimator's public parameters (``get_params(deep=False)``): checking them and the
 data, the fit's plan (:class:`~transformer_gmm.engine.plan.MixturePlan` or
-:class:`~transformer_gmm.engine.plan.KMeansPlan`), its run, and the
-fitted attributes set from its result. No torch here: the backbone is loaded by
+:class:`~transformer_gmm.engine.plan.KMeansPlan`) and its run; each estimator sets its
+fitted attributes from the result itself (``_store_fit``). No torch here: the backbone is loaded by
 :mod:`transformer_gmm.engine.model_cache` and read in :mod:`transformer_gmm.engine.starts`."""
 
 from __future__ import annotations
@@ -11,14 +11,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from scipy import sparse
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import validate_data
 
 from . import _dask, _initialization
 from ._cluster_initialization import given_centers, init_kind, n_runs
-from ._mixture_methods import precisions_from_cholesky
-from ._verbose import kmeans_report
 from ._warnings import FallbackWarning, warn_user
 from .engine import fit, model_cache
 from .engine.device import resolve_device
@@ -244,60 +241,6 @@ def run(plan: MixturePlan | KMeansPlan, X, sample_weight=None):
     if _dask.is_dask_array(X):
         return _dask.fit_plan(plan, X)
     return fit.fit(plan, [X], None if sample_weight is None else [sample_weight])
-
-
-# --- the fitted attributes -------------------------------------------------------------
-
-
-def store_mixture(estimator, fits: fit.MixtureFits, i: int, plan: MixturePlan, dtype) -> None:
-    """Set ``estimator``'s fitted attributes from dataset ``i`` of the fits of ``plan``, in
-    the training data's ``dtype`` (as GaussianMixture keeps float32); copies where the fits
-    are of several datasets, so that no estimator keeps the whole batch's arrays alive
-    (of one, the arrays are its own: a copy of wide full covariances would double them)."""
-    copy = len(fits.weights) > 1
-    precisions_cholesky = fits.precisions_cholesky[i]
-    # From the float64 factors: squaring float32 ones would double their rounding.
-    precisions = precisions_from_cholesky(precisions_cholesky, plan.covariance_type)
-    estimator.weights_ = fits.weights[i].astype(dtype, copy=copy)
-    estimator.means_ = fits.means[i].astype(dtype, copy=copy)
-    estimator.covariances_ = fits.covariances[i].astype(dtype, copy=copy)
-    estimator.precisions_cholesky_ = precisions_cholesky.astype(dtype, copy=copy)
-    estimator.precisions_ = precisions.astype(dtype, copy=False)
-    estimator.converged_ = bool(fits.converged[i])
-    estimator.n_iter_ = int(fits.n_iter[i])
-    estimator.lower_bound_ = float(fits.lower_bound[i])
-    estimator.__dict__.pop("lower_bounds_", None)  # unknown when EM ran by blocks
-    if fits.lower_bounds is not None:
-        bounds = fits.lower_bounds[i, fits.best_run[i]]
-        estimator.lower_bounds_ = bounds[~np.isnan(bounds)]
-    estimator.init_method_ = plan.init_method(fits.best_run[i])
-    estimator.device_ = plan.device
-    estimator.n_components_ = plan.n_components
-    estimator.n_features_in_ = estimator.means_.shape[1]  # as validation sets it
-
-
-def store_kmeans(estimator, fitted: fit.KMeansFit, X, plan: KMeansPlan) -> None:
-    """Set ``estimator``'s fitted attributes from the fit of ``plan`` on ``X``."""
-    # Computed in float64 on CPU; returned in X's dtype, as KMeans does.
-    estimator.cluster_centers_ = fitted.centers.astype(X.dtype, copy=False)
-    # A fit on a dask array labels its rows lazily, as predict does.
-    estimator.labels_ = estimator.predict(X) if fitted.labels is None else fitted.labels
-    estimator.inertia_ = fitted.inertia
-    estimator.n_iter_ = fitted.n_iter
-    estimator.init_method_ = plan.init_method(fitted.best_run)
-    estimator.device_ = plan.device
-    estimator.n_clusters_ = plan.n_components
-    if fitted.trace is not None:
-        threshold = plan.tol * float(np.var(X, axis=0).mean())
-        kmeans_report(fitted.trace, threshold=threshold)
-    n_distinct, n_clusters = fitted.n_distinct, plan.n_components
-    if n_distinct < n_clusters:
-        # KMeans's warning, word for word, so that filters written for it apply.
-        warn_user(
-            f"Number of distinct clusters ({n_distinct}) found smaller than n_clusters "
-            f"({n_clusters}). Possibly due to duplicate points in X.",
-            ConvergenceWarning,
-        )
 
 
 # A fit densifies sparse input (EM and Lloyd run on dense tensors) up to this many

@@ -73,6 +73,33 @@ class FittedMixtureMixin:
     ``precisions_cholesky_``, ``covariance_type`` and ``random_state``,
     and validate input with the estimator's ``_validate_predict_data``."""
 
+    def _store_fit(self, fits, i: int, plan, dtype) -> None:
+        """Set the fitted attributes from dataset ``i`` of ``fits`` (an engine
+        ``MixtureFits``) of ``plan``, in the training data's ``dtype`` (as GaussianMixture
+        keeps float32); copies where the fits are of several datasets, so that no estimator
+        keeps the whole batch's arrays alive (of one, the arrays are its own: a copy of
+        wide full covariances would double them)."""
+        copy = len(fits.weights) > 1
+        precisions_cholesky = fits.precisions_cholesky[i]
+        # From the float64 factors: squaring float32 ones would double their rounding.
+        precisions = precisions_from_cholesky(precisions_cholesky, plan.covariance_type)
+        self.weights_ = fits.weights[i].astype(dtype, copy=copy)
+        self.means_ = fits.means[i].astype(dtype, copy=copy)
+        self.covariances_ = fits.covariances[i].astype(dtype, copy=copy)
+        self.precisions_cholesky_ = precisions_cholesky.astype(dtype, copy=copy)
+        self.precisions_ = precisions.astype(dtype, copy=False)
+        self.converged_ = bool(fits.converged[i])
+        self.n_iter_ = int(fits.n_iter[i])
+        self.lower_bound_ = float(fits.lower_bound[i])
+        self.__dict__.pop("lower_bounds_", None)  # unknown when EM ran on a Dask array
+        if fits.lower_bounds is not None:
+            bounds = fits.lower_bounds[i, fits.best_run[i]]
+            self.lower_bounds_ = bounds[~np.isnan(bounds)]
+        self.init_method_ = plan.init_method(fits.best_run[i])
+        self.device_ = plan.device
+        self.n_components_ = plan.n_components
+        self.n_features_in_ = self.means_.shape[1]  # as validation sets it
+
     def _mark_collapsed(self, X, sample_weight) -> None:
         """``collapsed_components_`` of the mixture just fitted on ``X`` (with
         ``sample_weight``, a component's points are counted by their weights)."""
@@ -306,6 +333,12 @@ class FittedMixtureMixin:
         n_components = self.weights_.shape[0]  # the fitted K, also when it was chosen
         covariance = _N_COVARIANCE_PARAMETERS[self.covariance_type](n_components, n_features)
         return int(covariance + n_components * n_features + n_components - 1)
+
+    def _weighted_bic(self, X, sample_weight) -> float:
+        """BIC on ``X`` weighing its rows as frequencies (the choice of K's criterion)."""
+        w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, float)
+        log_likelihood = float(w @ self.score_samples(X))
+        return -2.0 * log_likelihood + self._n_parameters() * np.log(w.sum())
 
     def bic(self, X):
         """Bayesian information criterion on ``X`` (lower is better).

@@ -234,7 +234,7 @@ random_state
         ), namespace)
     for i, estimator in enumerate(estimators):
         dtype = Xs.dtype if isinstance(Xs, np.ndarray) else Xs[i].dtype
-        _fitting.store_mixture(estimator, fits, i, plan, dtype)
+        estimator._store_fit(fits, i, plan, dtype)
         estimator.collapsed_components_ = collapsed[i]
         _array_api.attributes_to_input(estimator, namespace)
     return estimators
@@ -285,7 +285,7 @@ def _validate(
             rows = _fitting.validate_fit_data(estimators[0], rows, n_components)
         except (TypeError, ValueError):
             rows = None
-        if rows is not None:  # the others learn n_features_in_ from their fit (store_mixture)
+        if rows is not None:  # the others learn n_features_in_ from their fit (_store_fit)
             return rows.reshape(stacked.shape)
     return [
         _fitting.validate_fit_data(estimator, X, n_components)

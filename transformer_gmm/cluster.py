@@ -11,6 +11,7 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -28,6 +29,7 @@ from . import (
 )
 from ._base import TransformerMixtureBase
 from ._cluster_initialization import init_kind
+from ._verbose import kmeans_report
 from ._warnings import warn_user
 from .engine.plan import KMeansPlan
 
@@ -337,7 +339,7 @@ default="transformer"
             self._fit_merged(X, sample_weight)
             return
         if not auto:
-            _choose_k.store_choice(self, None)
+            self._store_choice(None)
         else:
             if init_kind(self.init) == "array":
                 raise ValueError(
@@ -347,9 +349,9 @@ default="transformer"
             choice = _choose_k.choose(
                 self, start_rows, sample_weight, check_random_state(self.random_state), "n_clusters"
             )
-            _choose_k.store_choice(self, choice)
+            self._store_choice(choice)
             if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
-                _choose_k.take_fitted_attributes(self, choice.fitted)
+                self._take_fitted(choice.fitted)
                 if not has_missing:
                     return
                 n_clusters = self.n_clusters_  # fitted on the imputed rows: refitted below
@@ -437,8 +439,50 @@ default="transformer"
             )
         plan = self._plan(X, sample_weight, random_state, n_clusters, reading)
         self._n_init = plan.n_runs
-        _fitting.store_kmeans(self, _fitting.run(plan, X, sample_weight), X, plan)
+        self._store_fit(_fitting.run(plan, X, sample_weight), X, plan)
         return self
+
+    def _store_fit(self, fitted, X, plan: KMeansPlan) -> None:
+        """Set the fitted attributes from ``fitted`` (an engine ``KMeansFit``) of ``plan``
+        on ``X``."""
+        # Computed in float64 on CPU; returned in X's dtype, as KMeans does.
+        self.cluster_centers_ = fitted.centers.astype(X.dtype, copy=False)
+        # A fit on a dask array labels its rows lazily, as predict does.
+        self.labels_ = self.predict(X) if fitted.labels is None else fitted.labels
+        self.inertia_ = fitted.inertia
+        self.n_iter_ = fitted.n_iter
+        self.init_method_ = plan.init_method(fitted.best_run)
+        self.device_ = plan.device
+        self.n_clusters_ = plan.n_components
+        if fitted.trace is not None:
+            threshold = plan.tol * float(np.var(X, axis=0).mean())
+            kmeans_report(fitted.trace, threshold=threshold)
+        n_distinct, n_clusters = fitted.n_distinct, plan.n_components
+        if n_distinct < n_clusters:
+            # KMeans's warning, word for word, so that filters written for it apply.
+            warn_user(
+                f"Number of distinct clusters ({n_distinct}) found smaller than n_clusters "
+                f"({n_clusters}). Possibly due to duplicate points in X.",
+                ConvergenceWarning,
+            )
+
+    def _weighted_bic(self, X, sample_weight) -> float:
+        """BIC on ``X`` (rows weighed as frequencies) of the hard-assignment mixture of
+        spherical Gaussians with one shared variance that k-means fits: the choice of K's
+        criterion."""
+        w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, float)
+        n = w.sum()
+        K, d = self.cluster_centers_.shape
+        counts = np.bincount(self.labels_, weights=w, minlength=K)
+        variance = max(self.inertia_ / (n * d), np.finfo(float).tiny)
+        occupied = counts[counts > 0]
+        log_likelihood = (
+            float(occupied @ np.log(occupied / n))
+            - 0.5 * n * d * np.log(2 * np.pi * variance)
+            - 0.5 * n * d
+        )
+        n_parameters = (K - 1) + K * d + 1
+        return -2.0 * log_likelihood + n_parameters * np.log(n)
 
     def _plan(
         self,

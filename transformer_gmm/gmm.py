@@ -494,7 +494,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
         n_components, reading = self.n_components, None
         if not auto:
-            _choose_k.store_choice(self, None)
+            self._store_choice(None)
         else:
             n_components, reading = self._choose_n_components(start_rows, sample_weight)
         if has_missing:  # K chosen by BIC was fitted on the imputed rows: refitted here
@@ -519,7 +519,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         random_state = check_random_state(self.random_state)
         plan = self._plan(X, sample_weight, random_state, n_components, reading)
         fits = _fitting.run(plan, X, sample_weight)
-        _fitting.store_mixture(self, fits, 0, plan, X.dtype)
+        self._store_fit(fits, 0, plan, X.dtype)
         self._mark_collapsed(X, sample_weight)
         if self.verbose and fits.lower_bounds is not None:
             _verbose.report(
@@ -550,8 +550,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         random_state = check_random_state(self.random_state)
         choice = _choose_k.choose(self, X, sample_weight, random_state, "n_components")
         if choice.fitted is not None:
-            _choose_k.take_fitted_attributes(self, choice.fitted)
-        _choose_k.store_choice(self, choice)
+            self._take_fitted(choice.fitted)
+        self._store_choice(choice)
         if choice.fitted is not None:
             return None, None
         return choice.n_components, choice.reading

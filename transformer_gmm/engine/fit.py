@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import em, kmeans, m_step, row_order, runs, starts
-from .device import dtype_for, explain_out_of_memory, pad, seeded_generator, to_numpy
+from . import blocks, em, kmeans, m_step, row_order, runs, starts
+from .device import dtype_for, explain_out_of_memory, pad, seeded_generator, tensor, to_numpy
 from .gaussian import ONE_MATRIX_AT_A_TIME, IllDefinedCovariance, all_components_at_once
-from .input_range import check_magnitude
+from .input_range import check_magnitude, check_range
 from .plan import FitPlan, KMeansPlan, MixturePlan
 from .standardize import subsample_rows, take_rows
 
@@ -30,6 +30,12 @@ from .standardize import subsample_rows, take_rows
 # of different local optima differ by far more than a subsample of this size blurs. The
 # fits of a Dask array build their starts on a sample of this many rows.
 SELECTION_ROWS = 8192
+
+# Above this many rows (one dataset, on CPU), that run on all rows reads them by blocks
+# (engine.blocks), as a Dask array's chunks are read: no float64 copy of the rows and no
+# (rows, K) array over all of them, so the fit holds little more than the data. Below
+# it, in memory is one block: EM's arrays over every row are small, and faster to build.
+REFIT_BY_BLOCKS_ROWS = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,8 @@ def fit(
         Xs, sample_weight, orders = _in_canonical_order_on_device(Xs, sample_weight, plan.device)
     else:
         Xs, sample_weight, orders = _in_canonical_order(Xs, sample_weight)
+    if _refits_by_blocks(plan, Xs, sample_weight):
+        return _fit_then_refit_by_blocks(plan, Xs[0], orders[0], dtypes[0])
     if dtype_for(plan.device) == torch.float32:  # on a GPU
         try:
             on_device = _on_device(plan, Xs, sample_weight, torch.float32, dtypes)
@@ -144,6 +152,36 @@ def _fit_on_device(plan: FitPlan, x, mask, weights_all, orders):
     # The chosen starts, now on every row.
     final = solver.refit(first, best, x_all, mask_all, weights_all)
     return solver.result(final, best, orders[0], first=first)
+
+
+def _refits_by_blocks(plan: FitPlan, Xs, sample_weight) -> bool:
+    """Whether the run on all rows reads them by blocks (see REFIT_BY_BLOCKS_ROWS): one
+    unweighted dataset in memory on CPU, whose starts compete on a subsample; not where
+    verbose traces Lloyd, which reads every row's label at each iteration."""
+    return (
+        plan.device == "cpu"
+        and len(Xs) == 1
+        and sample_weight is None
+        and isinstance(Xs[0], np.ndarray)
+        and Xs[0].shape[0] > REFIT_BY_BLOCKS_ROWS
+        and plan.n_runs > 1
+        and not (isinstance(plan, KMeansPlan) and plan.trace)
+    )
+
+
+def _fit_then_refit_by_blocks(plan: FitPlan, X: np.ndarray, order: np.ndarray, dtype):
+    """:func:`fit` of one dataset ``X`` (n, d), in canonical order and in its own dtype: the
+    starts built, run and chosen on a subsample as :func:`_fit_on_device` does (the same
+    draw, the same bits), then the chosen start on every row by blocks."""
+    check_range(X.max(axis=0), X.min(axis=0), X.shape[0], dtype)
+    generator = seeded_generator(plan.seed, plan.device)
+    index, _ = subsample_rows((1, X.shape[0]), None, SELECTION_ROWS, generator)
+    x = tensor(X[index[0].numpy()], plan.device, torch.float64)[None]  # (1, S, d)
+    solver = _solver(plan, [order])
+    first = solver.solve(x, None, None, solver.starts(x, None, None, generator, index))
+    best = solver.choose(first, x, None, None)
+    final = solver.refit_by_blocks(first, best, X)
+    return solver.result(final, best, order, first=first)
 
 
 def _in_canonical_order(
@@ -279,6 +317,14 @@ class _Mixtures:
         second.n_iter.add_(result.n_iter[kept])
         return second
 
+    def refit_by_blocks(self, result: em.EMResult, best, X: np.ndarray) -> em.EMResult:
+        """:meth:`refit` on the rows ``X`` (n, d) of one dataset, read by blocks."""
+        kept = self._kept(best)
+        chosen = m_step.MixtureParams(*(getattr(result.params, f)[kept] for f in runs.FIELDS))
+        second = blocks.em_from(blocks.in_memory(X), chosen, X.shape[0], self.plan)
+        second.n_iter.add_(result.n_iter[kept])
+        return second
+
     def result(self, result: em.EMResult, best, order, first: em.EMResult | None = None):
         n_datasets = len(best)
         # Where the result holds the kept runs alone, in order, its own tensors: a copy of
@@ -406,6 +452,18 @@ class _KMeans:
     def refit(self, result: kmeans.LloydResult, best: int, x, mask, weights) -> kmeans.LloydResult:
         second = self._lloyd(x, result.centers[best : best + 1], weights, 1)
         return second._replace(n_iter=second.n_iter + result.n_iter[best])
+
+    def refit_by_blocks(
+        self, result: kmeans.LloydResult, best: int, X: np.ndarray
+    ) -> kmeans.LloydResult:
+        """:meth:`refit` on the rows ``X`` (n, d), read by blocks."""
+        mean, sum_of_squares = blocks.mean_and_sum_of_squares(X)
+        centers, n_iter, final = blocks.lloyd_from(
+            blocks.in_memory(X), result.centers[best : best + 1], X.shape[0], mean,
+            sum_of_squares, self.plan,
+        )
+        labels = blocks.labels_of(X, centers[0], mean)[None]  # (1, n)
+        return kmeans.LloydResult(centers, labels, final.inertia, n_iter + result.n_iter[best])
 
     def result(
         self, result: kmeans.LloydResult, best: int, order, first: kmeans.LloydResult | None = None

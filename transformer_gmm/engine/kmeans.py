@@ -334,12 +334,13 @@ class LloydRows:
 
 def run_lloyd(
     rows, centers: Tensor, threshold: Tensor, max_iter: int, trace: list | None = None
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """The Lloyd loop of every fit, on data seen through ``rows``, held in memory
     (:class:`LloydRows`) or read by blocks
     (:func:`~transformer_gmm.engine.sufficient_stats.lloyd_from_statistics`): from
     ``centers`` (B, K, d) until each run's squared centre shift is at most its
-    ``threshold`` (B|1,), or no label changed, or ``max_iter``; returns (centers, n_iter).
+    ``threshold`` (B|1,), or no label changed, or ``max_iter``; returns (centers, n_iter,
+    converged), each run's.
 
     ``rows`` offers ``step(centers, active)`` (the new centres, and whether no label
     changed), ``take(keep)`` (the runs still going) and, for ``trace``, ``inertia()``.
@@ -361,10 +362,10 @@ def run_lloyd(
         if n_running == 0:
             break
         if iteration < max_iter and batch.should_shrink(n_running):
-            keep = batch.shrink(converged, n_running, (centers, n_iter))
+            keep = batch.shrink(converged, n_running, (centers, n_iter, converged))
             rows, threshold = rows.take(keep), take(threshold, keep)
             centers, n_iter, converged = centers[keep], n_iter[keep], converged[keep]
-    return batch.results((centers, n_iter))
+    return batch.results((centers, n_iter, converged))
 
 
 @dataclass(frozen=True)
@@ -478,7 +479,7 @@ def lloyd(
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
     if max_iter > 0:
         rows = LloydRows(X, offset, weights, padded, n_batch, weighted_X)
-        centers, n_iter = run_lloyd(rows, centers, threshold, max_iter, trace)
+        centers, n_iter, _ = run_lloyd(rows, centers, threshold, max_iter, trace)
 
     # Final assignment, so that labels and inertia belong to the returned centres.
     centered = centers - offset

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .kmeans import lloyd
+from .kmeans import lloyd, run_lloyd
 
 __all__ = ["KPODResult", "fit_kpod", "observed_squared_distances"]
 
@@ -41,6 +41,27 @@ def observed_squared_distances(x: Tensor, observed: Tensor, centers: Tensor) -> 
         + weights @ centers.square().T
     )
     return squared.clamp_min_(0.0)  # rounding can leave tiny negatives
+
+
+class _FilledRows:
+    """The rows k-POD's Lloyd loop reads (:func:`~transformer_gmm.engine.kmeans.run_lloyd`,
+    every fit's): each step fills the missing entries from the current labels' centres and
+    takes one Lloyd step (:func:`~transformer_gmm.engine.kmeans.lloyd`) on the filled rows.
+    The labels alone are no test of convergence here (the centres go on moving towards
+    their clusters' observed means after the labels have settled): the shift decides."""
+
+    def __init__(self, x: Tensor, observed: Tensor, labels: Tensor, weights: Tensor | None):
+        self.x, self.observed, self.labels, self.weights = x, observed, labels, weights
+
+    def step(self, centers: Tensor, active: Tensor) -> tuple[Tensor, Tensor]:
+        filled = torch.where(self.observed, self.x, centers[0][self.labels])
+        step = lloyd(filled[None], centers, max_iter=1, tol=0.0, sample_weight=self.weights,
+                     with_inertia=False)
+        self.labels = step.labels[0]
+        return step.centers, torch.zeros_like(active)
+
+    def take(self, keep: Tensor) -> _FilledRows:
+        return self  # one run
 
 
 @dataclass(frozen=True)
@@ -67,12 +88,12 @@ def fit_kpod(
     on ``device``.
 
     Each iteration fills the missing entries from the current labels' centres and takes
-    one Lloyd step on the filled rows. It stops when the squared shift of the centres,
-    summed over them, is at most ``tol`` times the mean over features of the observed
-    entries' variance (Lloyd's rule; the labels alone are no test here, as the centres go
-    on moving towards their clusters' observed means after the labels have settled), or
-    after ``max_iter`` iterations. The labels returned are the nearest centres over each
-    row's observed coordinates, as ``predict`` gives them.
+    one Lloyd step on the filled rows, in every fit's Lloyd loop. It stops when the
+    squared shift of the centres, summed over them, is at most ``tol`` times the mean over
+    features of the observed entries' variance (Lloyd's rule; the labels alone are no test
+    here, as the centres go on moving towards their clusters' observed means after the
+    labels have settled), or after ``max_iter`` iterations. The labels returned are the
+    nearest centres over each row's observed coordinates, as ``predict`` gives them.
     """
     dtype = torch.float64
     x = torch.as_tensor(X, dtype=dtype, device=device)
@@ -84,18 +105,11 @@ def fit_kpod(
         else torch.as_tensor(sample_weight, dtype=dtype, device=device)[None]
     )
     threshold = tol * float(np.nanvar(X.astype(np.float64), axis=0).mean())
-    labels = observed_squared_distances(x_zeroed, observed, c).argmin(1)
-    converged, n_iter = False, 0
-    while n_iter < max_iter:
-        n_iter += 1
-        filled = torch.where(observed, x, c[labels])
-        step = lloyd(filled[None], c[None], max_iter=1, tol=0.0, sample_weight=weights,
-                     with_inertia=False)
-        shift = float((step.centers[0] - c).square().sum())
-        c, labels = step.centers[0], step.labels[0]
-        if shift <= threshold:
-            converged = True
-            break
+    rows = _FilledRows(x, observed, observed_squared_distances(x_zeroed, observed, c).argmin(1),
+                       weights)
+    threshold_t = torch.tensor([threshold], dtype=dtype, device=device)
+    centers, n_iter, stopped = run_lloyd(rows, c[None], threshold_t, max_iter)
+    c, n_iter, converged = centers[0], int(n_iter[0]), bool(stopped[0])
     squared = observed_squared_distances(x_zeroed, observed, c)
     labels = squared.argmin(1)
     nearest = squared.gather(1, labels[:, None])[:, 0]

@@ -13,9 +13,11 @@ their patterns, rows and components, with no loop over patterns in Python.
 
 Every covariance type runs through the full (K, d, d) covariances: the conditional
 moments need the cross-covariances, which are zero for the diagonal types, so this costs
-nothing in exactness. The M-step's covariances are the full ones projected onto the type
-(their diagonal, its mean, or their weighted average), which maximises the expected
-complete-data likelihood under the type's constraint.
+nothing in exactness. The expected statistics are kept as every fit keeps its
+(:class:`~transformer_gmm.engine.sufficient_stats.MixtureStatistics`: the full scatter's
+diagonal, its mean, or its sum over the components), so the M-step is every fit's, which
+maximises the expected complete-data likelihood under the type's constraint, and EM's
+loop is every fit's too.
 """
 
 from __future__ import annotations
@@ -28,8 +30,17 @@ import torch
 from torch import Tensor
 
 from .gaussian import compute_precision_cholesky, covariances_from_precisions_cholesky
+from .m_step import MixtureParams
+from .sufficient_stats import MixtureStatistics, fit_em_from_statistics
 
-__all__ = ["MissingEMResult", "Patterns", "check_rows", "fit_em_missing", "weighted_log_prob"]
+__all__ = [
+    "MissingEMResult",
+    "Patterns",
+    "check_rows",
+    "fit_em_missing",
+    "missing_statistics",
+    "weighted_log_prob",
+]
 
 
 def check_rows(X: np.ndarray) -> None:
@@ -167,19 +178,6 @@ def _completed(
     return completed, conditional
 
 
-def _project(covariances: Tensor, nk: Tensor, covariance_type: str) -> Tensor:
-    """The full covariances (K, d, d) as ``covariance_type``'s parameters, where the M-step
-    of that type would put them given the same expected statistics."""
-    if covariance_type == "full":
-        return covariances
-    if covariance_type == "tied":
-        return (nk[:, None, None] * covariances).sum(0) / nk.sum()
-    diagonal = torch.diagonal(covariances, dim1=-2, dim2=-1)
-    if covariance_type == "diag":
-        return diagonal
-    return diagonal.mean(-1)  # spherical
-
-
 def full_covariances(covariances: Tensor, covariance_type: str, n_features: int) -> Tensor:
     """``covariance_type``'s covariances (without a batch dimension) as full ones: (K, d, d),
     or (1, d, d) for "tied" (broadcast over the components)."""
@@ -193,42 +191,83 @@ def full_covariances(covariances: Tensor, covariance_type: str, n_features: int)
     return covariances[:, None, None] * eye  # spherical
 
 
-def _m_step(
-    x: Tensor, patterns: Patterns, resp: Tensor, means: Tensor, covariances: Tensor,
-    chunks: list[_Chunk], reg_covar: float, covariance_type: str,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Weights, means and full covariances (K, d, d) from the responsibilities ``resp``
-    (n, K, already weighted by the samples' weights) and the completed rows."""
-    n_components, n_features = means.shape
-    nk = resp.sum(0) + 10 * torch.finfo(resp.dtype).eps  # as scikit-learn keeps nk > 0
-    completed, conditionals = [], []
-    new_means = means.new_zeros(means.shape)
-    for chunk in chunks:
-        filled, conditional = _completed(x, chunk, means, covariances)
-        completed.append(filled)
-        conditionals.append(conditional)
-        new_means += torch.einsum("mk,mkd->kd", resp[chunk.rows], filled)
-    new_means /= nk[:, None]
-    # A second pass centred on the new means: raw second moments minus the means' outer
-    # product would lose the covariances' digits where the data sit far from the origin.
+def missing_statistics(
+    x: Tensor,
+    patterns: Patterns,
+    params: MixtureParams,
+    covariance_type: str,
+    row_weight: Tensor,
+) -> MixtureStatistics:
+    """The :class:`~transformer_gmm.engine.sufficient_stats.MixtureStatistics` of rows with
+    missing entries, for one run of ``params`` (batch 1): the E-step on each row's observed
+    features, and the expected sums and scatter of the rows completed under each
+    component (the missing entries' conditional means, and their conditional covariances
+    added to the scatter). ``x`` (n, d) is zero where missing; ``row_weight`` (n,)."""
+    n_features = x.shape[1]
+    weights, means = params.weights[0], params.means[0]
+    covariances = params.covariances
+    if covariances is None:
+        covariances = covariances_from_precisions_cholesky(
+            params.precisions_cholesky, covariance_type
+        )
+    sigma = full_covariances(covariances[0], covariance_type, n_features)
+    sigma = sigma.expand(len(weights), -1, -1)  # (K, d, d)
+    log_prob, chunks = _log_prob_by_pattern(x, patterns, weights, means, sigma)
+    log_norm = torch.logsumexp(log_prob, 1)  # (n,)
+    resp = torch.exp(log_prob - log_norm[:, None]) * row_weight[:, None]  # (n, K)
+    n_components = len(weights)
+    sums = means.new_zeros((n_components, n_features))
     scatter = means.new_zeros((n_components, n_features, n_features))
-    for chunk, filled, conditional in zip(chunks, completed, conditionals, strict=True):
+    for chunk in chunks:
+        filled, conditional = _completed(x, chunk, means, sigma)  # (m, K, d), (p, K, d, d)
         r = resp[chunk.rows]  # (m, K)
-        centred = filled - new_means[None]  # (m, K, d)
+        sums += torch.einsum("mk,mkd->kd", r, filled)
+        centred = filled - means[None]  # about the E-step's means, as the statistics keep it
         scatter += torch.einsum("mk,mkd,mke->kde", r, centred, centred)
         by_pattern = r.new_zeros((len(chunk.masks), n_components)).index_add_(
             0, chunk.pattern, r
         )  # (p, K)
         scatter += torch.einsum("pk,pkde->kde", by_pattern, conditional)
-    new_covariances = scatter / nk[:, None, None]
-    eye = torch.eye(n_features, dtype=x.dtype, device=x.device)
-    projected = _project(new_covariances, nk, covariance_type)
-    if covariance_type in ("full", "tied"):
-        projected = projected + reg_covar * eye
-    else:
-        projected = projected + reg_covar
-    weights = nk / nk.sum()
-    return weights, new_means, projected
+    scatter = _as_type(scatter, covariance_type)
+    log_likelihood = (log_norm * row_weight).sum()
+    return MixtureStatistics(log_likelihood[None], resp.sum(0)[None], sums[None], scatter[None])
+
+
+def _as_type(scatter: Tensor, covariance_type: str) -> Tensor:
+    """The full scatter (K, d, d) kept as :class:`MixtureStatistics` keeps
+    ``covariance_type``'s: summed over the components, its diagonal, or that's mean."""
+    if covariance_type == "full":
+        return scatter
+    if covariance_type == "tied":
+        return scatter.sum(0)
+    diagonal = torch.diagonal(scatter, dim1=-2, dim2=-1)
+    return diagonal if covariance_type == "diag" else diagonal.mean(-1)
+
+
+def _worst_explained(
+    x: Tensor,
+    patterns: Patterns,
+    filled: Tensor,
+    points: Tensor,
+    params: MixtureParams,
+    empty: Tensor,
+    covariance_type: str,
+) -> Tensor:
+    """The rows (1, n, d) the mixture ``params`` explains worst without its ``empty``
+    (1, K) components, over their observed features, worst first, as ``filled`` holds
+    them (their missing entries at the columns' observed means): where a re-seeded
+    component's mean goes. Only ``points`` (n,), the rows of positive weight, qualify."""
+    others = MixtureParams(
+        params.weights.masked_fill(empty, 0.0), params.means, params.covariances,
+        params.precisions_cholesky,
+    )
+    sigma = full_covariances(others.covariances[0], covariance_type, x.shape[1])
+    sigma = sigma.expand(empty.shape[1], -1, -1)
+    log_prob, _ = _log_prob_by_pattern(x, patterns, others.weights[0], others.means[0], sigma)
+    log_likelihood = torch.logsumexp(log_prob, 1).masked_fill(~points, math.inf)  # (n,)
+    n_worst = min(empty.shape[1], x.shape[0])
+    worst = log_likelihood.topk(n_worst, largest=False).indices
+    return filled[worst][None]
 
 
 @dataclass(frozen=True)
@@ -261,54 +300,60 @@ def fit_em_missing(
     """EM on ``X`` (n, d) with NaN for missing entries, from the given parameters (of
     ``covariance_type``'s shapes), in float64 on ``device``.
 
-    Each iteration is an E-step (each row's responsibilities under its observed
-    features' marginal) and an M-step (the expected sufficient statistics, with the
-    missing entries' conditional means and covariances). EM stops when the mean
-    observed-data log-likelihood gains less than ``tol``, as :func:`~.em.fit_em` does.
-    Every row must have an observed feature.
+    The loop is every fit's (:func:`~transformer_gmm.engine.em.run_em`, by way of
+    :func:`~transformer_gmm.engine.sufficient_stats.fit_em_from_statistics`), its rules
+    included: the lower bound is the mean observed-data log-likelihood of the E-step,
+    convergence is its change below ``tol``, and a component that empties is re-seeded
+    at a row the others explain worst. Each iteration's statistics are
+    :func:`missing_statistics`. Every row must have an observed feature.
     """
     dtype = torch.float64
     x = torch.as_tensor(X, dtype=dtype, device=device)
-    x = torch.where(torch.isnan(x), 0.0, x)  # the products read the observed entries alone
+    is_missing = torch.isnan(x)
+    x = torch.where(is_missing, 0.0, x)  # the products read the observed entries alone
+    # A candidate row for a re-seeded mean: its missing entries at the columns' means.
+    column_means = x.sum(0) / (~is_missing).sum(0)
+    filled = torch.where(is_missing, column_means, x)
     patterns = Patterns.of(X, device)
-    n_features = X.shape[1]
+    n_rows = X.shape[0]
     row_weight = (
-        torch.ones(x.shape[0], dtype=dtype, device=device)
+        torch.ones(n_rows, dtype=dtype, device=device)
         if sample_weight is None
         else torch.as_tensor(sample_weight, dtype=dtype, device=device)
     )
-    total = row_weight.sum()
-    w = torch.as_tensor(weights, dtype=dtype, device=device)
-    mu = torch.as_tensor(means, dtype=dtype, device=device)
-    sigma = full_covariances(
-        torch.as_tensor(covariances, dtype=dtype, device=device), covariance_type, n_features
-    ).expand(len(w), -1, -1)
-    typed = torch.as_tensor(covariances, dtype=dtype, device=device)
-    lower_bounds: list[float] = []
-    converged, n_iter = False, 0
-    log_prob, factors = _log_prob_by_pattern(x, patterns, w, mu, sigma)
-    lower_bound = float((torch.logsumexp(log_prob, 1) * row_weight).sum() / total)
-    while n_iter < max_iter:
-        n_iter += 1
-        resp = torch.softmax(log_prob, dim=1) * row_weight[:, None]
-        w, mu, typed = _m_step(x, patterns, resp, mu, sigma, factors, reg_covar, covariance_type)
-        sigma = full_covariances(typed, covariance_type, n_features).expand(len(w), -1, -1)
-        log_prob, factors = _log_prob_by_pattern(x, patterns, w, mu, sigma)
-        previous = lower_bound
-        lower_bound = float((torch.logsumexp(log_prob, 1) * row_weight).sum() / total)
-        lower_bounds.append(lower_bound)
-        if abs(lower_bound - previous) < tol:
-            converged = True
-            break
+    points = row_weight > 0
+    n_points = int(points.sum())
+    unit = float(row_weight.sum()) / n_points  # an average row's weight
+    typed = torch.as_tensor(covariances, dtype=dtype, device=device)[None]
+    start = MixtureParams(
+        torch.as_tensor(weights, dtype=dtype, device=device)[None],
+        torch.as_tensor(means, dtype=dtype, device=device)[None],
+        typed,
+        compute_precision_cholesky(typed, covariance_type),
+    )
+    result = fit_em_from_statistics(
+        start,
+        lambda params: missing_statistics(x, patterns, params, covariance_type, row_weight),
+        lambda params, empty: _worst_explained(
+            x, patterns, filled, points, params, empty, covariance_type
+        ),
+        n_points,
+        covariance_type=covariance_type,
+        reg_covar=reg_covar,
+        max_iter=max_iter,
+        tol=tol,
+        unit=unit,
+    )
+    bounds = result.lower_bounds[0]
     return MissingEMResult(
-        weights=w,
-        means=mu,
-        covariances=typed,
-        precisions_cholesky=compute_precision_cholesky(typed[None], covariance_type)[0],
-        lower_bound=lower_bound,
-        lower_bounds=lower_bounds,
-        n_iter=n_iter,
-        converged=converged,
+        weights=result.params.weights[0],
+        means=result.params.means[0],
+        covariances=result.params.covariances[0],
+        precisions_cholesky=result.params.precisions_cholesky[0],
+        lower_bound=float(result.lower_bound[0]),
+        lower_bounds=bounds[~torch.isnan(bounds)].tolist(),
+        n_iter=int(result.n_iter[0]),
+        converged=bool(result.converged[0]),
     )
 
 

@@ -1,13 +1,16 @@
 """EM and Lloyd from sums over blocks of rows, batched, in torch.
 
 An EM iteration needs the data only through per-component sums over rows (and a Lloyd
-iteration through counts and sums), so data in blocks (a Dask array's chunks) is fitted by
-computing each block's statistics where it lives and updating from the totals:
-:mod:`transformer_gmm._dask` does that through :mod:`transformer_gmm.engine.fit_by_blocks`.
-The statistics come from the in-memory kernels and the loops keep
-:func:`~transformer_gmm.engine.em.fit_em`'s and :func:`~transformer_gmm.engine.kmeans.lloyd`'s
-rules, so from the same start they reach the in-memory fit to rounding. ``statistics_of``
-maps the parameters of the runs still going to their statistics summed over every block.
+iteration through counts and sums), so data in blocks (a Dask array's chunks, or rows in
+memory too many for EM's arrays over all of them: :mod:`transformer_gmm.engine.blocks`) is
+fitted by computing each block's statistics where it lives and updating from the totals;
+rows with missing entries offer their expected statistics
+(:func:`transformer_gmm.engine.missing.missing_statistics`). The statistics come from the
+in-memory kernels, and the loops are the in-memory fit's
+(:func:`~transformer_gmm.engine.em.run_em`, :func:`~transformer_gmm.engine.kmeans.run_lloyd`)
+reading the data through :class:`RowsByStatistics` and :class:`LloydRowsByStatistics`, so
+from the same start they reach the in-memory fit to rounding. ``statistics_of`` maps the
+parameters of the loop's working batch to their statistics summed over every block.
 
 A component or a cluster that empties follows the in-memory rule too: it takes one of the
 few rows its mixture explains worst (:func:`~transformer_gmm.engine.em.fit_em`) or that lie
@@ -41,8 +44,10 @@ from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty, run_l
 from .m_step import COVARIANCE_ESTIMATORS, MixtureParams
 
 __all__ = [
+    "LloydRowsByStatistics",
     "LloydStatistics",
     "MixtureStatistics",
+    "RowsByStatistics",
     "farthest",
     "fit_em_from_statistics",
     "lloyd_from_statistics",
@@ -325,11 +330,14 @@ def _reseed(
     worst_explained_of: Callable[[MixtureParams, Tensor], Tensor],
     n_rows: int,
     covariance_type: str,
+    unit: float = 1.0,
 ) -> tuple[MixtureParams, Tensor]:
     """:func:`~transformer_gmm.engine.em.fit_em`'s re-seeding of the ``empty`` (B, K)
     components, with the rows explained worst read through ``worst_explained_of``;
     returns ``(params, failed)``."""
-    reseeded, failed = reseed_weights_and_covariances(params, counts, empty, 1.0, covariance_type)
+    reseeded, failed = reseed_weights_and_covariances(
+        params, counts, empty, unit, covariance_type
+    )
     runs = empty.any(-1).nonzero().flatten()  # only these read the rows again
     worst = worst_explained_of(_take_runs(reseeded, runs), empty[runs])
     n_points = torch.full((1, 1), n_rows, device=counts.device)
@@ -348,6 +356,7 @@ def fit_em_from_statistics(
     reg_covar: float,
     max_iter: int,
     tol: float,
+    unit: float = 1.0,
 ) -> EMResult:
     """EM from ``params`` with :func:`~transformer_gmm.engine.em.fit_em`'s rules, on data seen
     through ``statistics_of`` and ``worst_explained_of`` only.
@@ -378,6 +387,10 @@ def fit_em_from_statistics(
     n_rows : int
         The number of rows the statistics sum over.
     covariance_type, reg_covar, max_iter, tol : as in :func:`~transformer_gmm.engine.em.fit_em`
+    unit : float, default=1.0
+        An average row's weight, where the statistics weigh the rows (their total weight
+        is ``n_rows * unit``): a component is empty below a millionth of it, and a
+        re-seeded one starts with it.
 
     Returns
     -------
@@ -414,7 +427,7 @@ def fit_em_from_statistics(
     """
     rows = RowsByStatistics(
         statistics_of, worst_explained_of, n_rows, covariance_type, reg_covar,
-        params.means.dtype,
+        params.means.dtype, unit,
     )
     return run_em(rows, params, params.means.shape[0], max_iter=max_iter, tol=tol)
 
@@ -432,17 +445,19 @@ class RowsByStatistics:
         covariance_type: str,
         reg_covar: float,
         dtype: torch.dtype,
+        unit: float = 1.0,
     ):
         self.statistics_of, self.worst_explained_of = statistics_of, worst_explained_of
         self.n_rows, self.covariance_type, self.reg_covar = n_rows, covariance_type, reg_covar
-        self.dtype = dtype
-        self.bound = empty_bound(1.0, dtype)  # rows weigh one each
+        self.dtype, self.unit = dtype, unit
+        self.total = n_rows * unit  # the rows' weight
+        self.bound = empty_bound(unit, dtype)
 
     def counts(self, params: MixtureParams) -> Tensor:
-        return params.weights * self.n_rows
+        return params.weights * self.total
 
     def lower_bound(self, params: MixtureParams) -> Tensor:
-        return self.statistics_of(params).log_likelihood / self.n_rows
+        return self.statistics_of(params).log_likelihood / self.total
 
     def step(self, params: MixtureParams) -> tuple[Tensor, Tensor, MixtureParams, Tensor]:
         """One pass over the blocks: an E-step and the M-step from its statistics."""
@@ -451,11 +466,12 @@ class RowsByStatistics:
             statistics, params.means, self.covariance_type, self.reg_covar
         )
         counts = statistics.nk + 10 * torch.finfo(self.dtype).eps  # the M-step's, as in memory
-        return statistics.log_likelihood / self.n_rows, counts, new, failed
+        return statistics.log_likelihood / self.total, counts, new, failed
 
     def reseed(self, params: MixtureParams, counts: Tensor, empty: Tensor):
         return _reseed(
-            params, counts, empty, self.worst_explained_of, self.n_rows, self.covariance_type
+            params, counts, empty, self.worst_explained_of, self.n_rows, self.covariance_type,
+            self.unit,
         )
 
     def take(self, keep: Tensor) -> RowsByStatistics:
@@ -613,7 +629,8 @@ def lloyd_from_statistics(
     """
     rows = LloydRowsByStatistics(statistics_of, farthest_of, offset)
     threshold = torch.tensor([threshold], dtype=centers.dtype, device=centers.device)
-    return run_lloyd(rows, centers, threshold, max_iter)
+    centers, n_iter, _ = run_lloyd(rows, centers, threshold, max_iter)
+    return centers, n_iter
 
 
 class LloydRowsByStatistics:
