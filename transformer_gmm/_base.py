@@ -59,6 +59,31 @@ class TransformerMixtureBase(BaseEstimator):
         tags.array_api_support = True
         return tags
 
+    # --- streams (partial_fit) --------------------------------------------------------
+
+    # The fitted attribute a stream's steps replace: the stream's last step keeps it again
+    # as _partial_fit_mark, so a fit since then (which replaces the attribute) is seen,
+    # and the next partial_fit starts a new stream.
+    _streamed_attribute: str = ""
+
+    def _is_streaming(self) -> bool:
+        """Whether the streamed attribute is the one the last ``partial_fit`` set (an
+        unfitted estimator, or one a ``fit`` has fitted since, starts a stream)."""
+        mark = getattr(self, "_partial_fit_mark", None)
+        return mark is not None and mark is getattr(self, self._streamed_attribute, None)
+
+    def _start_stream(self, n_samples: int) -> None:
+        """Count the first batch, which ``fit`` has just fitted."""
+        self.n_steps_, self.n_samples_seen_ = 1, n_samples
+        self._mark_stream()
+
+    def _count_batch(self, n_samples: int) -> None:
+        self.n_steps_ += 1
+        self.n_samples_seen_ += n_samples
+
+    def _mark_stream(self) -> None:
+        self._partial_fit_mark = getattr(self, self._streamed_attribute)
+
     # --- the choice of K ------------------------------------------------------------------
 
     def _fit_as_candidate(self, X, sample_weight, K: int, reading) -> None:

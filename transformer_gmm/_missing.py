@@ -14,9 +14,7 @@ from scipy import sparse
 from sklearn.exceptions import ConvergenceWarning
 
 from . import _dask
-from ._mixture_methods import precisions_from_cholesky
 from .engine import kpod, missing, row_order
-from .engine.device import to_numpy
 
 
 def has_missing(X) -> bool:
@@ -57,54 +55,39 @@ def mean_imputed(X: np.ndarray) -> np.ndarray:
 def fit_k(
     estimator, X: np.ndarray, imputed: np.ndarray, sample_weight, n_components: int,
     reading=None,
-) -> None:
-    """Fit ``n_components`` to ``X`` with NaN: the usual fit (transformer or k-means++
-    starts, and EM; the transformer's from ``reading`` where it chose K) on the
-    ``imputed`` rows gives the start, then EM for data missing at random runs on the
-    observed entries alone, and its estimate is kept."""
+) -> missing.MissingEMResult:
+    """EM of ``n_components`` on ``X`` with NaN: the usual fit (transformer or k-means++
+    starts, and EM; the transformer's from ``reading`` where it chose K) of ``estimator``
+    on the ``imputed`` rows gives the start, then EM for data missing at random runs on
+    the observed entries alone; its estimate is returned, for the estimator to keep."""
     with warnings.catch_warnings():
         # Whether EM converged on the imputed rows does not matter: they only start the
         # EM below, whose convergence is reported.
         warnings.simplefilter("ignore", ConvergenceWarning)
         estimator._fit_k(imputed, sample_weight, n_components, reading)
-    covariance_type = estimator.covariance_type
-    result = missing.fit_em_missing(
+    return missing.fit_em_missing(
         X,
         estimator.weights_.astype(np.float64),
         estimator.means_.astype(np.float64),
         estimator.covariances_.astype(np.float64),
-        covariance_type=covariance_type,
+        covariance_type=estimator.covariance_type,
         reg_covar=estimator.reg_covar,
         max_iter=estimator.max_iter,
         tol=estimator.tol,
         sample_weight=sample_weight,
         device=estimator.device_,
     )
-    dtype = X.dtype
-    precisions_cholesky = to_numpy(result.precisions_cholesky)
-    estimator.weights_ = to_numpy(result.weights).astype(dtype, copy=False)
-    estimator.means_ = to_numpy(result.means).astype(dtype, copy=False)
-    estimator.covariances_ = to_numpy(result.covariances).astype(dtype, copy=False)
-    estimator.precisions_cholesky_ = precisions_cholesky.astype(dtype, copy=False)
-    estimator.precisions_ = precisions_from_cholesky(
-        precisions_cholesky, covariance_type
-    ).astype(dtype, copy=False)
-    estimator.converged_ = result.converged
-    estimator.n_iter_ = result.n_iter
-    estimator.lower_bound_ = result.lower_bound
-    estimator.lower_bounds_ = np.asarray(result.lower_bounds)
-    estimator._mark_collapsed(X, sample_weight)
-    estimator._warn_if_not_converged()
 
 
 def fit_clusters(
     estimator, X: np.ndarray, imputed: np.ndarray, sample_weight, n_clusters: int,
     reading=None,
-) -> None:
-    """Cluster ``X`` with NaN into ``n_clusters``: the usual fit (the transformer's or
-    k-means++ starts, and Lloyd) on the ``imputed`` rows gives the start, then k-POD
-    (:func:`~transformer_gmm.engine.kpod.fit_kpod`) minimises the inertia over the
-    observed entries, and its centres, labels and inertia are kept."""
+) -> tuple[kpod.KPODResult, np.ndarray]:
+    """k-POD of ``n_clusters`` on ``X`` with NaN: the usual fit (the transformer's or
+    k-means++ starts, and Lloyd) of ``estimator`` on the ``imputed`` rows gives the start,
+    then k-POD (:func:`~transformer_gmm.engine.kpod.fit_kpod`) minimises the inertia over
+    the observed entries; returns its result and the labels in the rows' own order, for
+    the estimator to keep."""
     estimator._fit_k(imputed, sample_weight, n_clusters, reading)
     # In the rows' canonical order, as every fit reads them: the same result, to the bit,
     # whatever their order.
@@ -119,10 +102,7 @@ def fit_clusters(
     )
     labels = np.empty_like(result.labels)
     labels[order] = result.labels
-    estimator.cluster_centers_ = result.centers.astype(X.dtype, copy=False)
-    estimator.labels_ = labels
-    estimator.inertia_ = result.inertia
-    estimator.n_iter_ = result.n_iter
+    return result, labels
 
 
 def observed_distances(X, centers: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ from . import _array_api, _dask, _initialization
 from ._collapsed import collapsed_components
 from ._warnings import warn_user
 from .engine import e_step, missing
+from .engine.device import to_numpy
 
 # Free parameters of the covariances, by type (for bic and aic).
 _N_COVARIANCE_PARAMETERS = {
@@ -73,21 +74,44 @@ class FittedMixtureMixin:
     ``precisions_cholesky_``, ``covariance_type`` and ``random_state``,
     and validate input with the estimator's ``_validate_predict_data``."""
 
-    def _store_fit(self, fits, i: int, plan, dtype) -> None:
+    def _set_parameters(
+        self, weights, means, covariances, precisions_cholesky, dtype, copy: bool = False
+    ) -> None:
+        """The mixture's parameters from float64 arrays, kept in ``dtype``; ``precisions_``
+        from the float64 factors (squaring float32 ones would double their rounding)."""
+        precisions = precisions_from_cholesky(precisions_cholesky, self.covariance_type)
+        self.weights_ = weights.astype(dtype, copy=copy)
+        self.means_ = means.astype(dtype, copy=copy)
+        self.covariances_ = covariances.astype(dtype, copy=copy)
+        self.precisions_cholesky_ = precisions_cholesky.astype(dtype, copy=copy)
+        self.precisions_ = precisions.astype(dtype, copy=False)
+
+    def _store_missing_fit(self, result, X, sample_weight) -> None:
+        """Keep ``result``, EM's estimate on ``X`` with NaN (an engine ``MissingEMResult``)."""
+        self._set_parameters(
+            *(to_numpy(t) for t in (result.weights, result.means, result.covariances,
+                                    result.precisions_cholesky)),
+            X.dtype,
+        )
+        self.converged_ = result.converged
+        self.n_iter_ = result.n_iter
+        self.lower_bound_ = result.lower_bound
+        self.lower_bounds_ = np.asarray(result.lower_bounds)
+        self._mark_collapsed(X, sample_weight)
+        self._warn_if_not_converged()
+
+    def _store_fit(self, fits, i: int, plan, dtype, collapsed=None) -> None:
         """Set the fitted attributes from dataset ``i`` of ``fits`` (an engine
         ``MixtureFits``) of ``plan``, in the training data's ``dtype`` (as GaussianMixture
         keeps float32); copies where the fits are of several datasets, so that no estimator
         keeps the whole batch's arrays alive (of one, the arrays are its own: a copy of
-        wide full covariances would double them)."""
-        copy = len(fits.weights) > 1
-        precisions_cholesky = fits.precisions_cholesky[i]
-        # From the float64 factors: squaring float32 ones would double their rounding.
-        precisions = precisions_from_cholesky(precisions_cholesky, plan.covariance_type)
-        self.weights_ = fits.weights[i].astype(dtype, copy=copy)
-        self.means_ = fits.means[i].astype(dtype, copy=copy)
-        self.covariances_ = fits.covariances[i].astype(dtype, copy=copy)
-        self.precisions_cholesky_ = precisions_cholesky.astype(dtype, copy=copy)
-        self.precisions_ = precisions.astype(dtype, copy=False)
+        wide full covariances would double them). ``collapsed``: its
+        ``collapsed_components_`` where the caller marked them (else :meth:`_mark_collapsed`
+        does)."""
+        self._set_parameters(
+            fits.weights[i], fits.means[i], fits.covariances[i], fits.precisions_cholesky[i],
+            dtype, copy=len(fits.weights) > 1,
+        )
         self.converged_ = bool(fits.converged[i])
         self.n_iter_ = int(fits.n_iter[i])
         self.lower_bound_ = float(fits.lower_bound[i])
@@ -99,6 +123,8 @@ class FittedMixtureMixin:
         self.device_ = plan.device
         self.n_components_ = plan.n_components
         self.n_features_in_ = self.means_.shape[1]  # as validation sets it
+        if collapsed is not None:
+            self.collapsed_components_ = collapsed
 
     def _mark_collapsed(self, X, sample_weight) -> None:
         """``collapsed_components_`` of the mixture just fitted on ``X`` (with

@@ -234,8 +234,7 @@ random_state
         ), namespace)
     for i, estimator in enumerate(estimators):
         dtype = Xs.dtype if isinstance(Xs, np.ndarray) else Xs[i].dtype
-        estimator._store_fit(fits, i, plan, dtype)
-        estimator.collapsed_components_ = collapsed[i]
+        estimator._store_fit(fits, i, plan, dtype, collapsed=collapsed[i])
         _array_api.attributes_to_input(estimator, namespace)
     return estimators
 

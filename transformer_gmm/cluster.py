@@ -31,6 +31,7 @@ from ._base import TransformerMixtureBase
 from ._cluster_initialization import init_kind
 from ._verbose import kmeans_report
 from ._warnings import warn_user
+from .engine import online
 from .engine.plan import KMeansPlan
 
 
@@ -207,6 +208,7 @@ default="transformer"
     _accept_sparse = "csr"
     # NaN marks a missing entry in fit and the methods that read rows (see _missing).
     _allow_nan = True
+    _streamed_attribute = "cluster_centers_"
 
     def __init__(
         self,
@@ -358,7 +360,11 @@ default="transformer"
             else:
                 n_clusters, reading = choice.n_components, choice.reading
         if has_missing:
-            _missing.fit_clusters(self, X, start_rows, sample_weight, n_clusters, reading)
+            result, labels = _missing.fit_clusters(
+                self, X, start_rows, sample_weight, n_clusters, reading
+            )
+            self.cluster_centers_ = result.centers.astype(X.dtype, copy=False)
+            self.labels_, self.inertia_, self.n_iter_ = labels, result.inertia, result.n_iter
         else:
             self._fit_k(X, sample_weight, n_clusters, reading)
 
@@ -411,18 +417,28 @@ default="transformer"
 
     def _partial_fit(self, X, sample_weight):
         """:meth:`partial_fit` on a numpy batch without NaN."""
-        if not _streaming.is_streaming(self, "cluster_centers_"):
+        if not self._is_streaming():
             self._fit_numpy(X, sample_weight, allow_nan=False)
             if sample_weight is not None:
                 sample_weight = _initialization.checked_sample_weight(
                     sample_weight, len(self.labels_), 0
                 )
-            _streaming.start_kmeans(self, sample_weight)
+            # The per-centre counts of the first batch, which the steps go on from.
+            counts = np.bincount(
+                self.labels_, weights=sample_weight, minlength=len(self.cluster_centers_)
+            )
+            self._counts = counts.astype(np.float64)
+            self._start_stream(len(self.labels_))
             return self
         X, sample_weight = _streaming.validate_batch(
             self, X, sample_weight, accept_sparse=self._accept_sparse
         )
-        _streaming.step_kmeans(self, X, sample_weight)
+        self._count_batch(X.shape[0])
+        centers, self._counts, self.labels_, self.inertia_ = online.kmeans_step(
+            X, sample_weight, self.cluster_centers_, self._counts, device=self.device_
+        )
+        self.cluster_centers_ = centers.astype(self.cluster_centers_.dtype, copy=False)
+        self._mark_stream()
         return self
 
     def _fit_k(self, X, sample_weight, n_clusters: int, reading=None):

@@ -25,6 +25,7 @@ from . import (
 from ._base import TransformerMixtureBase
 from ._collapsed import identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
+from .engine import online
 from .engine.plan import MixturePlan
 
 
@@ -220,6 +221,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
 
     # NaN marks a missing entry in fit and the methods that score rows (see _missing).
     _allow_nan = True
+    _streamed_attribute = "means_"
 
     def __init__(
         self,
@@ -452,12 +454,29 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
 
     def _partial_fit(self, X, sample_weight):
         """:meth:`partial_fit` on a numpy batch without NaN."""
-        if not _streaming.is_streaming(self, "means_"):
+        if not self._is_streaming():
             X = self._fit(X, sample_weight, allow_nan=False)
-            _streaming.start(self, "means_", X.shape[0])
+            self._start_stream(X.shape[0])
             return self
         X, sample_weight = _streaming.validate_batch(self, X, sample_weight)
-        _streaming.step_mixture(self, X, sample_weight)
+        self._count_batch(X.shape[0])
+        rho = online.step_size(self.n_steps_ - 1, self.learning_decay, self.learning_offset)
+        parameters = (self.weights_, self.means_, self.covariances_, self.precisions_cholesky_)
+        fitted, log_likelihood = online.mixture_step(
+            X,
+            sample_weight,
+            parameters,
+            rho,
+            covariance_type=self.covariance_type,
+            reg_covar=self.reg_covar,
+            device=self.device_,
+        )
+        self._set_parameters(*fitted, self.means_.dtype)  # the first batch's dtype, kept
+        self.lower_bound_ = log_likelihood
+        self.n_iter_ += 1
+        self.lower_bounds_ = np.append(getattr(self, "lower_bounds_", []), log_likelihood)
+        self._mark_collapsed(X, sample_weight)
+        self._mark_stream()
         return self
 
     def _fit(self, X, sample_weight, allow_nan: bool = True):
@@ -499,7 +518,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             n_components, reading = self._choose_n_components(start_rows, sample_weight)
         if has_missing:  # K chosen by BIC was fitted on the imputed rows: refitted here
             n_components = len(self.weights_) if n_components is None else n_components
-            _missing.fit_k(self, X, start_rows, sample_weight, n_components, reading)
+            result = _missing.fit_k(self, X, start_rows, sample_weight, n_components, reading)
+            self._store_missing_fit(result, X, sample_weight)
         elif n_components is not None:  # else BIC fitted every candidate: the chosen one is kept
             self._fit_k(X, sample_weight, n_components, reading)
         warn_collapsed(self.collapsed_components_, self.covariance_type, X.shape[1])

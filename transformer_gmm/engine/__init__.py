@@ -14,8 +14,13 @@ them in Python. The modules, from the estimators' side down:
     batch (on a subsample first for many rows), and keeps one run per dataset.
 
 :mod:`~transformer_gmm.engine.fit_by_blocks`
-    The same fits for data read by blocks of rows (a Dask array, which
-    ``transformer_gmm._dask`` drives): per-block statistics, EM and Lloyd over their sums.
+    The same fits for a Dask array (which ``transformer_gmm._dask`` drives): starts on a
+    sample, then EM or Lloyd by blocks.
+
+:mod:`~transformer_gmm.engine.blocks`
+    Statistics over blocks of rows, a bounded slice at a time in float64, and EM and Lloyd
+    from a start over them: a Dask array's chunks, and rows in memory above
+    ``fit.REFIT_BY_BLOCKS_ROWS``.
 
 :mod:`~transformer_gmm.engine.starts`
     Where EM and Lloyd start: the transformer's starts, k-means++'s, and the estimator's
@@ -52,8 +57,9 @@ them in Python. The modules, from the estimators' side down:
     user's space by one M-step on the transformer's responsibilities.
 
 :mod:`~transformer_gmm.engine.em`
-    EM as scikit-learn's ``GaussianMixture`` runs it: the loop, and the re-seeding of
-    components that empty on the way.
+    EM as scikit-learn's ``GaussianMixture`` runs it: the loop of every fit
+    (``run_em``), the rows it reads in memory, and the re-seeding of components that
+    empty on the way.
 
 :mod:`~transformer_gmm.engine.e_step`
     EM's E-step: weighted log-probabilities, responsibilities, the lower bound; and the
@@ -68,11 +74,19 @@ them in Python. The modules, from the estimators' side down:
     the four covariance types.
 
 :mod:`~transformer_gmm.engine.kmeans`
-    k-means++ seeding and Lloyd's algorithm, as scikit-learn's ``KMeans``.
+    k-means++ seeding and Lloyd's algorithm, as scikit-learn's ``KMeans``: the loop of
+    every fit (``run_lloyd``) and the rows it reads in memory.
 
 :mod:`~transformer_gmm.engine.sufficient_stats`
-    EM and Lloyd from statistics summed over blocks of rows, which
-    :mod:`~transformer_gmm.engine.fit_by_blocks` computes where the blocks live.
+    The statistics EM and Lloyd need of some rows, which add up over blocks, and the
+    rows the two loops read through them alone.
+
+:mod:`~transformer_gmm.engine.missing`, :mod:`~transformer_gmm.engine.kpod`
+    Data with missing entries: the observed entries' expected statistics (EM), and
+    k-POD (Lloyd on rows filled from their centres).
+
+:mod:`~transformer_gmm.engine.online`
+    A stream's steps: stepwise EM and mini-batch k-means, one batch at a time.
 
 :mod:`~transformer_gmm.engine.batching`
     The batch convention every kernel shares: checks, padding, per-row weights, and the
@@ -88,6 +102,8 @@ import importlib
 
 _SUBMODULES = {
     "batching",
+    "blocks",
+    "collapse",
     "device",
     "e_step",
     "em",
@@ -95,9 +111,13 @@ _SUBMODULES = {
     "fit_by_blocks",
     "gaussian",
     "input_range",
+    "k_posterior",
     "kmeans",
+    "kpod",
     "m_step",
+    "missing",
     "model_cache",
+    "online",
     "plan",
     "precision",
     "readout",

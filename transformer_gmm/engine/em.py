@@ -440,10 +440,15 @@ def run_em(
     batch = ShrinkingBatch(n_batch, device)
     fresh = torch.zeros(n_batch, dtype=torch.bool, device=device)  # re-seeded last iteration
     history, times, started = [], [], time.perf_counter()  # lower bounds, (B,) an iteration
+    all_active = True  # known on the host: no run of the working batch has converged
     for iteration in range(1, max_iter + 1):
         active = ~converged  # (A,) over the working batch of A <= B datasets
+        if all_active:
+            # The step reads the precisions alone, and replaces every run's covariances:
+            # the old ones are freed before the new are made (on wide data each is d^2).
+            params = MixtureParams(params.weights, params.means, None, params.precisions_cholesky)
         log_prob_norm, nk, new, failed = rows.step(params)
-        params = _select(active, new, params)
+        params = new if all_active else _select(active, new, params)
         empty = nk < rows.bound  # (A, K)
         reseeded = empty.any(-1) & active  # (A,) re-seeded below
         change = log_prob_norm - lower_bound  # +inf on the first iteration
@@ -473,6 +478,7 @@ def run_em(
             raise IllDefinedCovariance(rows.dtype)
         if n_running == 0:
             break
+        all_active = n_running == len(batch.rows)
         if iteration < max_iter and batch.should_shrink(n_running):
             state = (*as_tuple(params), lower_bound, n_iter, converged)
             keep = batch.shrink(converged, n_running, state)
@@ -480,6 +486,7 @@ def run_em(
             params = MixtureParams(*(take(t, keep) for t in as_tuple(params)))
             lower_bound, n_iter, converged = lower_bound[keep], n_iter[keep], converged[keep]
             fresh = fresh[keep]
+            all_active = True
     *fitted, lower_bound, n_iter, converged = batch.results(
         (*as_tuple(params), lower_bound, n_iter, converged)
     )

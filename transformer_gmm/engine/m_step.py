@@ -84,7 +84,8 @@ def _covariances_full(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: f
     if all_components_at_once(X, means):  # small: every W in one buffer (see gaussian.py)
         root = resp.sqrt().mT  # (B, K, N)
         w = (X[:, None] - means[:, :, None, :]).mul_(root[..., None])  # (B, K, N, d)
-        return (w.mT @ w).div_(nk[..., None, None]) + reg * eye
+        # In place: on wide data each covariance is d^2, and a sum would copy them all.
+        return (w.mT @ w).div_(nk[..., None, None]).add_(reg * eye)
     # Large: one (B, N, d) buffer that every component reuses; allocating a fresh one per
     # component cost more than the arithmetic (page faults; 2.3x the time at N = 500,000,
     # d = 16, K = 5, one CPU thread). Each component's square roots are taken as it comes,
