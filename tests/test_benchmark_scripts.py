@@ -239,6 +239,7 @@ def test_anisotropic_tasks_and_held_out_samples_follow_the_truth():
     np.testing.assert_allclose(heldout.mean(axis=0), expected_mean, atol=0.1)
 
 
+@pytest.mark.slow  # 200-fit stage timings and FLOP rates in a fresh process: about 20 s
 def test_stages_account_for_the_whole_fit(tmp_path):
     stages = _load("stages")
     from transformer_gmm.engine import readout
@@ -434,6 +435,7 @@ def test_realdata_large_quick_runs(tmp_path):
     assert transformer["vs_kmeans_pp_median_iterations"] != ""
 
 
+@pytest.mark.slow  # eight fresh processes that import torch: about 15 s
 def test_memory_quick_runs_each_case_in_a_fresh_process(tmp_path):
     memory = _load("memory")
     cases = ["wide TransformerGMM()", "wide GaussianMixture()"]

@@ -1,7 +1,8 @@
-"""What TransformerGMM and TransformerClusterer share as estimators: parameters, the
-predict data's validation, and the checkpoint's loading and publishing. The steps of a fit,
-which :func:`~transformer_gmm.fit_many` shares too, are in :mod:`transformer_gmm._fitting`.
-No torch here."""
+"""What TransformerGMM and TransformerClusterer share as estimators: parameters, the fit's
+skeleton (each estimator supplies its hooks), the predict data's validation, streams'
+bookkeeping, the choice of K's state, and the checkpoint's loading and publishing. The
+steps of a fit, which :func:`~transformer_gmm.fit_many` shares too, are in
+:mod:`transformer_gmm._fitting`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
-from . import _dask, storage
+from . import _array_api, _choose_k, _dask, _fitting, _initialization, _missing, storage
 from .engine import model_cache
 from .storage.checkpoints import is_missing_default
 
@@ -58,6 +59,71 @@ class TransformerMixtureBase(BaseEstimator):
         # fitted parameters and results go back in it (see transformer_gmm._array_api).
         tags.array_api_support = True
         return tags
+
+    # --- the fit ----------------------------------------------------------------------
+
+    # The parameter that sets the number of components ("n_components", "n_clusters").
+    _k_name: str = ""
+    # The error of a fit on a Dask array that needs X in memory (_needs_X_in_memory).
+    _in_memory_message: str = ""
+
+    def _fit(self, X, sample_weight, allow_nan: bool = True):
+        """Every fit, in scikit-learn's manner (``BaseMixture.fit_predict``): read the
+        input, validate it, choose K where asked, fit K (on the observed entries where X
+        holds NaN, which the starts and the choice of K read mean-imputed), set the fitted
+        state; returns the validated ``X``, which is numpy.
+
+        Arrays of another namespace than numpy (``array_api_dispatch`` on) are read as
+        numpy here, once, and the fitted state goes back to their namespace and device at
+        the end. Each estimator supplies the hooks: ``_needs_X_in_memory``,
+        ``_forget_previous_fit``, ``_choose`` (K and the pass that chose it, or None where
+        the choice fitted it), ``_fit_k``, ``_fit_k_missing``, ``_fitted_k`` and
+        ``_after_fit``."""
+        namespace = _array_api.input_namespace(X)
+        if namespace is not None:
+            X = _array_api.to_numpy(X)
+        sample_weight = _array_api.to_numpy(sample_weight)  # of any namespace: it follows X
+        # A warm start goes on from parameters a fit may have returned in another namespace.
+        _array_api.attributes_to_numpy(self)
+        K = getattr(self, self._k_name)
+        auto = _choose_k.is_auto(K)
+        X = _fitting.validate_fit_data(
+            self, X, 1 if auto else K, self._accept_sparse, self._too_few_samples,
+            allow_nan=allow_nan,
+        )
+        has_missing = _missing.has_missing(X)
+        start_rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
+        if has_missing:
+            _missing.check_fit_data(self, X)
+            start_rows = _missing.mean_imputed(X)
+        if _dask.is_dask_array(X) and self._needs_X_in_memory(auto, sample_weight):
+            raise ValueError(self._in_memory_message)
+        sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
+        self._forget_previous_fit()
+        reading = None
+        if not auto:
+            self._store_choice(None)
+        else:
+            K, reading = self._choose(start_rows, sample_weight, has_missing)
+        if K is None and has_missing:  # fitted on the imputed rows by the choice: refitted
+            K = self._fitted_k()
+        if has_missing:
+            self._fit_k_missing(X, start_rows, sample_weight, K, reading)
+        elif K is not None:  # else the choice fitted the chosen K: its fit is kept
+            self._fit_k(X, sample_weight, K, reading)
+        self._after_fit(X)
+        _array_api.attributes_to_input(self, namespace)
+        return X
+
+    @staticmethod
+    def _too_few_samples(n_components: int, n_samples: int) -> str:
+        return _fitting.too_few_samples_message(n_components, n_samples)
+
+    def _forget_previous_fit(self) -> None:
+        """Drop what an earlier fit set and this one may not."""
+
+    def _after_fit(self, X) -> None:
+        """Warnings about the fitted state."""
 
     # --- streams (partial_fit) --------------------------------------------------------
 

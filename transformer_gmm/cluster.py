@@ -209,6 +209,12 @@ default="transformer"
     # NaN marks a missing entry in fit and the methods that read rows (see _missing).
     _allow_nan = True
     _streamed_attribute = "cluster_centers_"
+    _k_name = "n_clusters"
+    _in_memory_message = (
+        "sample_weight, init other than 'transformer' or 'k-means++', and n_clusters "
+        "other than an int need X in memory; fit on a numpy array (X.compute()) to use them."
+    )
+    _too_few_samples = staticmethod(_too_few_samples_message)
 
     def __init__(
         self,
@@ -287,86 +293,58 @@ default="transformer"
         >>> np.sort(km.cluster_centers_[:, 0]).round().tolist()
         [-5.0, 5.0]
         """
-        # Arrays of another namespace (array_api_dispatch on) are read as numpy once; the
-        # centres and labels go back to their namespace and device at the end.
-        namespace = _array_api.input_namespace(X)
-        if namespace is not None:
-            X = _array_api.to_numpy(X)
-        sample_weight = _array_api.to_numpy(sample_weight)  # of any namespace: it follows X
-        self._fit_numpy(X, sample_weight)
-        _array_api.attributes_to_input(self, namespace)
+        self._fit(X, sample_weight)
         return self
 
-    def _fit_numpy(self, X, sample_weight, allow_nan: bool = True) -> None:
-        """:meth:`fit` on numpy (or dask, or sparse) ``X``. ``X`` with NaN (where
-        ``allow_nan``) is clustered by :func:`~transformer_gmm._missing.fit_clusters`;
-        without, as it always was."""
-        _array_api.attributes_to_numpy(self)
-        auto = _choose_k.is_auto(self.n_clusters)
-        X = _fitting.validate_fit_data(
-            self, X, 1 if auto else self.n_clusters, self._accept_sparse,
-            _too_few_samples_message, allow_nan=allow_nan,
-        )
-        has_missing = _missing.has_missing(X)
-        start_rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
-        if has_missing:
-            _missing.check_fit_data(self, X)
-            start_rows = _missing.mean_imputed(X)
-        if _dask.is_dask_array(X) and (
+    def _needs_X_in_memory(self, auto: bool, sample_weight) -> bool:
+        """Whether this fit needs ``X`` in memory: K to choose, ``sample_weight``, or an
+        ``init`` other than the transformer or k-means++."""
+        return (
             auto
             or sample_weight is not None
             or init_kind(self.init) not in ("transformer", "k-means++")
-        ):
-            raise ValueError(
-                "sample_weight, init other than 'transformer' or 'k-means++', and n_clusters "
-                "other than an int need X in memory; fit on a numpy array (X.compute()) to "
-                "use them."
-            )
-        if sample_weight is not None:
-            sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
-        n_clusters, reading = self.n_clusters, None
+        )
+
+    def _forget_previous_fit(self) -> None:
         for name in ("mixture_", "component_to_cluster_"):  # of an earlier merged fit
             self.__dict__.pop(name, None)
-        if auto and self.merge:
+
+    def _choose(self, X, sample_weight, has_missing: bool) -> tuple:
+        """The K to fit and the pass that chose it or None; K is None when the choice has
+        already fitted it (by BIC, whose fitted attributes are then this estimator's, or
+        ``merge=True``)."""
+        if init_kind(self.init) == "array":
+            raise ValueError(
+                "An array init fixes the number of clusters; pass n_clusters as an int "
+                f"to use it, not {self.n_clusters!r}."
+            )
+        if self.merge:
             if has_missing:
                 raise ValueError(
                     "merge=True does not take missing values (NaN) yet: impute X first "
                     "(sklearn.impute.SimpleImputer), or fit with merge=False, which reads them."
                 )
-            if init_kind(self.init) == "array":
-                raise ValueError(
-                    "An array init fixes the number of clusters; pass n_clusters as an int "
-                    f"to use it, not {self.n_clusters!r}."
-                )
             self._fit_merged(X, sample_weight)
-            return
-        if not auto:
-            self._store_choice(None)
-        else:
-            if init_kind(self.init) == "array":
-                raise ValueError(
-                    "An array init fixes the number of clusters; pass n_clusters as an int "
-                    f"to use it, not {self.n_clusters!r}."
-                )
-            choice = _choose_k.choose(
-                self, start_rows, sample_weight, check_random_state(self.random_state), "n_clusters"
-            )
-            self._store_choice(choice)
-            if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
-                self._take_fitted(choice.fitted)
-                if not has_missing:
-                    return
-                n_clusters = self.n_clusters_  # fitted on the imputed rows: refitted below
-            else:
-                n_clusters, reading = choice.n_components, choice.reading
-        if has_missing:
-            result, labels = _missing.fit_clusters(
-                self, X, start_rows, sample_weight, n_clusters, reading
-            )
-            self.cluster_centers_ = result.centers.astype(X.dtype, copy=False)
-            self.labels_, self.inertia_, self.n_iter_ = labels, result.inertia, result.n_iter
-        else:
-            self._fit_k(X, sample_weight, n_clusters, reading)
+            return None, None
+        choice = _choose_k.choose(
+            self, X, sample_weight, check_random_state(self.random_state), "n_clusters"
+        )
+        self._store_choice(choice)
+        if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
+            self._take_fitted(choice.fitted)
+            return None, None
+        return choice.n_components, choice.reading
+
+    def _fit_k_missing(self, X, start_rows, sample_weight, n_clusters, reading) -> None:
+        """Cluster ``X`` with NaN: :func:`~transformer_gmm._missing.fit_clusters`."""
+        result, labels = _missing.fit_clusters(
+            self, X, start_rows, sample_weight, n_clusters, reading
+        )
+        self.cluster_centers_ = result.centers.astype(X.dtype, copy=False)
+        self.labels_, self.inertia_, self.n_iter_ = labels, result.inertia, result.n_iter
+
+    def _fitted_k(self) -> int:
+        return self.n_clusters_
 
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y=None, sample_weight=None):
@@ -418,7 +396,7 @@ default="transformer"
     def _partial_fit(self, X, sample_weight):
         """:meth:`partial_fit` on a numpy batch without NaN."""
         if not self._is_streaming():
-            self._fit_numpy(X, sample_weight, allow_nan=False)
+            self._fit(X, sample_weight, allow_nan=False)
             if sample_weight is not None:
                 sample_weight = _initialization.checked_sample_weight(
                     sample_weight, len(self.labels_), 0

@@ -14,7 +14,6 @@ from sklearn.utils.validation import check_is_fitted
 from . import (
     _array_api,
     _choose_k,
-    _dask,
     _fitting,
     _initialization,
     _merge,
@@ -222,6 +221,12 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     # NaN marks a missing entry in fit and the methods that score rows (see _missing).
     _allow_nan = True
     _streamed_attribute = "means_"
+    _k_name = "n_components"
+    _in_memory_message = (
+        "sample_weight, warm_start, weights_init, means_init, precisions_init, "
+        "init_params other than 'transformer' and n_components other than an int "
+        "need X in memory; fit on a numpy array (X.compute()) to use them."
+    )
 
     def __init__(
         self,
@@ -479,56 +484,20 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         self._mark_stream()
         return self
 
-    def _fit(self, X, sample_weight, allow_nan: bool = True):
-        """Validate ``X``, choose K where asked, fit; return the validated ``X``. The
-        labels of the training rows, a final E-step over all of them, are left to
-        :meth:`fit_predict`: ``fit`` has no use for them, and on many rows they cost as
-        much as several EM iterations. ``X`` with NaN (where ``allow_nan``) is fitted by
-        :func:`~transformer_gmm._missing.fit_k`; without, as it always was.
+    def _fit_k_missing(self, X, start_rows, sample_weight, n_components, reading) -> None:
+        """Fit ``n_components`` to ``X`` with NaN: :func:`~transformer_gmm._missing.fit_k`."""
+        result = _missing.fit_k(self, X, start_rows, sample_weight, n_components, reading)
+        self._store_missing_fit(result, X, sample_weight)
 
-        Arrays of another namespace than numpy (with ``array_api_dispatch`` on) are read
-        as numpy here, once, and the fitted parameters are returned in their namespace and
-        on their device at the end; the returned ``X`` is numpy."""
-        namespace = _array_api.input_namespace(X)
-        if namespace is not None:
-            X = _array_api.to_numpy(X)
-        sample_weight = _array_api.to_numpy(sample_weight)  # of any namespace: it follows X
-        # A warm start goes on from parameters a fit may have returned in another namespace.
-        _array_api.attributes_to_numpy(self)
-        auto = _choose_k.is_auto(self.n_components)
-        X = _fitting.validate_fit_data(
-            self, X, 1 if auto else self.n_components, allow_nan=allow_nan
-        )
-        has_missing = _missing.has_missing(X)
-        start_rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
-        if has_missing:
-            _missing.check_fit_data(self, X)
-            start_rows = _missing.mean_imputed(X)
-        if _dask.is_dask_array(X) and (auto or self._needs_X_in_memory(sample_weight)):
-            raise ValueError(
-                "sample_weight, warm_start, weights_init, means_init, precisions_init, "
-                "init_params other than 'transformer' and n_components other than an int "
-                "need X in memory; fit on a numpy array (X.compute()) to use them."
-            )
-        sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
-        n_components, reading = self.n_components, None
-        if not auto:
-            self._store_choice(None)
-        else:
-            n_components, reading = self._choose_n_components(start_rows, sample_weight)
-        if has_missing:  # K chosen by BIC was fitted on the imputed rows: refitted here
-            n_components = len(self.weights_) if n_components is None else n_components
-            result = _missing.fit_k(self, X, start_rows, sample_weight, n_components, reading)
-            self._store_missing_fit(result, X, sample_weight)
-        elif n_components is not None:  # else BIC fitted every candidate: the chosen one is kept
-            self._fit_k(X, sample_weight, n_components, reading)
+    def _fitted_k(self) -> int:
+        return len(self.weights_)
+
+    def _after_fit(self, X) -> None:
         warn_collapsed(self.collapsed_components_, self.covariance_type, X.shape[1])
         identical = identical_components(
             self.means_, self.covariances_, self.precisions_cholesky_, self.covariance_type
         )
         warn_identical(identical, self.covariances_, self.reg_covar)
-        _array_api.attributes_to_input(self, namespace)
-        return X
 
     def _fit_k(self, X, sample_weight, n_components: int, reading=None) -> None:
         """Fit ``n_components`` to the validated ``X``; the
@@ -555,7 +524,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             )
         self._warn_if_not_converged()
 
-    def _choose_n_components(self, X, sample_weight) -> tuple:
+    def _choose(self, X, sample_weight, has_missing: bool) -> tuple:
         """The K to fit (a warm start keeps the previous one), and the pass that chose it
         or None; K is None when the choice by BIC has already fitted it, whose fitted
         attributes are then this estimator's."""
@@ -596,9 +565,11 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         previous = self if warm else None
         return _fitting.mixture_plan(params, X, sample_weight, random_state, previous, reading)
 
-    def _needs_X_in_memory(self, sample_weight) -> bool:
-        """Whether this fit needs ``X`` in memory: a warm start, the ``*_init`` arrays,
-        another ``init_params`` or ``sample_weight``."""
+    def _needs_X_in_memory(self, auto: bool, sample_weight) -> bool:
+        """Whether this fit needs ``X`` in memory: K to choose, a warm start, the
+        ``*_init`` arrays, another ``init_params`` or ``sample_weight``."""
         given = (self.weights_init, self.means_init, self.precisions_init, sample_weight)
         warm = self.warm_start and hasattr(self, "converged_")
-        return warm or self.init_params != "transformer" or any(p is not None for p in given)
+        return (
+            auto or warm or self.init_params != "transformer" or any(p is not None for p in given)
+        )
