@@ -65,7 +65,7 @@ def test_without_nan_the_fit_never_takes_the_missing_data_path(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the missing-data path ran on data without NaN")
 
-    monkeypatch.setattr(_missing, "fit_clusters", forbidden)
+    monkeypatch.setattr(_missing, "kpod_in_canonical_order", forbidden)
     monkeypatch.setattr(_missing, "observed_distances", forbidden)
     monkeypatch.setattr(kpod, "fit_kpod", forbidden)
     km = clusterer().fit(X)

@@ -150,7 +150,7 @@ def test_without_nan_the_fit_never_takes_the_missing_data_path(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the missing-data path ran on data without NaN")
 
-    monkeypatch.setattr(_missing, "fit_k", forbidden)
+    monkeypatch.setattr(_missing, "mean_imputed", forbidden)
     monkeypatch.setattr(missing, "weighted_log_prob", forbidden)
     monkeypatch.setattr(missing, "fit_em_missing", forbidden)
     gmm = TransformerGMM(3, checkpoint=None, random_state=0).fit(X)

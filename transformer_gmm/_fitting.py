@@ -159,19 +159,20 @@ def _plan(
 
 
 def mixture_plan(
-    params: dict, X, sample_weight, random_state, previous=None, reading=None
+    params: dict, X, sample_weight, random_state, warm_start: GivenStarts | None = None,
+    reading=None,
 ) -> MixturePlan:
     """The mixture fit of ``X``, decided once: EM settings and starts (the backbone or None,
     the numbers of the transformer's and of k-means's starts, the other starts and the given
-    parameters or None, the name of each run's start). ``previous`` is the fitted estimator
-    ``warm_start`` goes on from; ``reading`` the pass that read P(K | X) (see
-    :func:`transformer_starts`). The random starts are drawn from ``random_state`` first,
-    as scikit-learn does, then the seed of the fit's generator."""
+    parameters or None, the name of each run's start). ``warm_start``: the fitted
+    parameters a warm start goes on from (the estimator's own); ``reading`` the pass that
+    read P(K | X) (see :func:`transformer_starts`). The random starts are drawn from
+    ``random_state`` first, as scikit-learn does, then the seed of the fit's generator."""
     device = resolve_device(params["device"])
     K = params["n_components"]
     em = dict(covariance_type=params["covariance_type"], reg_covar=params["reg_covar"])
-    if previous is not None:
-        fields = dict(em, given=_warm_start_from(previous, X.shape[1]), start_names=("warm_start",))
+    if warm_start is not None:
+        fields = dict(em, given=warm_start, start_names=("warm_start",))
         return _plan(MixturePlan, params, K, device, fields, random_state)
     given = _initialization.initial_parameters(params, X.shape[1])
     init_params = params["init_params"]
@@ -193,23 +194,6 @@ def mixture_plan(
         )
         fields = dict(em, given=GivenStarts(resp=resp, **given), start_names=names)
     return _plan(MixturePlan, params, K, device, fields, random_state)
-
-
-def _warm_start_from(previous, n_features: int) -> GivenStarts:
-    """The fitted parameters of ``previous``, for ``warm_start``."""
-    shape = (len(previous.weights_), n_features)
-    if previous.means_.shape != shape:
-        raise ValueError(
-            f"warm_start=True continues the previous fit, whose means have shape "
-            f"{previous.means_.shape}, but this fit asks for {shape} (n_components, "
-            "n_features). Set warm_start=False, or fit a new estimator."
-        )
-    return GivenStarts(
-        weights=previous.weights_.astype(np.float64),
-        means=previous.means_.astype(np.float64),
-        precisions_cholesky=previous.precisions_cholesky_.astype(np.float64),
-        lower_bound=previous.lower_bound_,
-    )
 
 
 def kmeans_plan(

@@ -1,17 +1,14 @@
-"""The estimators on data with missing entries (NaN): the checks, the start, and, for
-TransformerGMM, EM on the observed entries (:mod:`transformer_gmm.engine.missing`); for
-TransformerClusterer, k-POD (:mod:`transformer_gmm.engine.kpod`). Data without NaN never
-come here.
+"""The estimators on data with missing entries (NaN): the checks, the imputed rows that
+start the fit, k-POD on the rows in canonical order (:mod:`transformer_gmm.engine.kpod`),
+and distances over the observed coordinates. TransformerGMM's EM on the observed entries
+is :mod:`transformer_gmm.engine.missing`. Data without NaN never come here.
 """
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 from scipy import sparse
-from sklearn.exceptions import ConvergenceWarning
 
 from . import _dask
 from .engine import kpod, missing, row_order
@@ -52,53 +49,21 @@ def mean_imputed(X: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(X), means, X).astype(X.dtype, copy=False)
 
 
-def fit_k(
-    estimator, X: np.ndarray, imputed: np.ndarray, sample_weight, n_components: int,
-    reading=None,
-) -> missing.MissingEMResult:
-    """EM of ``n_components`` on ``X`` with NaN: the usual fit (transformer or k-means++
-    starts, and EM; the transformer's from ``reading`` where it chose K) of ``estimator``
-    on the ``imputed`` rows gives the start, then EM for data missing at random runs on
-    the observed entries alone; its estimate is returned, for the estimator to keep."""
-    with warnings.catch_warnings():
-        # Whether EM converged on the imputed rows does not matter: they only start the
-        # EM below, whose convergence is reported.
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        estimator._fit_k(imputed, sample_weight, n_components, reading)
-    return missing.fit_em_missing(
-        X,
-        estimator.weights_.astype(np.float64),
-        estimator.means_.astype(np.float64),
-        estimator.covariances_.astype(np.float64),
-        covariance_type=estimator.covariance_type,
-        reg_covar=estimator.reg_covar,
-        max_iter=estimator.max_iter,
-        tol=estimator.tol,
-        sample_weight=sample_weight,
-        device=estimator.device_,
-    )
-
-
-def fit_clusters(
-    estimator, X: np.ndarray, imputed: np.ndarray, sample_weight, n_clusters: int,
-    reading=None,
+def kpod_in_canonical_order(
+    X: np.ndarray, centers: np.ndarray, sample_weight, *, max_iter: int, tol: float, device: str
 ) -> tuple[kpod.KPODResult, np.ndarray]:
-    """k-POD of ``n_clusters`` on ``X`` with NaN: the usual fit (the transformer's or
-    k-means++ starts, and Lloyd) of ``estimator`` on the ``imputed`` rows gives the start,
-    then k-POD (:func:`~transformer_gmm.engine.kpod.fit_kpod`) minimises the inertia over
-    the observed entries; returns its result and the labels in the rows' own order, for
-    the estimator to keep."""
-    estimator._fit_k(imputed, sample_weight, n_clusters, reading)
-    # In the rows' canonical order, as every fit reads them: the same result, to the bit,
-    # whatever their order.
+    """k-POD (:func:`~transformer_gmm.engine.kpod.fit_kpod`) of ``X`` with NaN from
+    ``centers``, on the rows in their canonical order, as every fit reads them (the same
+    result, to the bit, whatever their order); returns its result and the labels in the
+    rows' own order."""
     order = row_order.canonical_order(X, sample_weight)
     result = kpod.fit_kpod(
         X[order],
-        estimator.cluster_centers_.astype(np.float64),
-        max_iter=estimator.max_iter,
-        tol=estimator.tol,
+        centers.astype(np.float64),
+        max_iter=max_iter,
+        tol=tol,
         sample_weight=None if sample_weight is None else sample_weight[order],
-        device=estimator.device_,
+        device=device,
     )
     labels = np.empty_like(result.labels)
     labels[order] = result.labels

@@ -336,9 +336,13 @@ default="transformer"
         return choice.n_components, choice.reading
 
     def _fit_k_missing(self, X, start_rows, sample_weight, n_clusters, reading) -> None:
-        """Cluster ``X`` with NaN: :func:`~transformer_gmm._missing.fit_clusters`."""
-        result, labels = _missing.fit_clusters(
-            self, X, start_rows, sample_weight, n_clusters, reading
+        """Cluster ``X`` with NaN: the usual fit (the transformer's or k-means++ starts,
+        and Lloyd) on the imputed ``start_rows`` starts k-POD, which minimises the inertia
+        over the observed entries; its centres, labels and inertia are kept."""
+        self._fit_k(start_rows, sample_weight, n_clusters, reading)
+        result, labels = _missing.kpod_in_canonical_order(
+            X, self.cluster_centers_, sample_weight, max_iter=self.max_iter, tol=self.tol,
+            device=self.device_,
         )
         self.cluster_centers_ = result.centers.astype(X.dtype, copy=False)
         self.labels_, self.inertia_, self.n_iter_ = labels, result.inertia, result.n_iter

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import DensityMixin, _fit_context
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _num_samples as _num_rows
@@ -17,15 +19,15 @@ from . import (
     _fitting,
     _initialization,
     _merge,
-    _missing,
     _streaming,
     _verbose,
 )
 from ._base import TransformerMixtureBase
 from ._collapsed import identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
-from .engine import online
+from .engine import missing, online
 from .engine.plan import MixturePlan
+from .engine.starts import GivenStarts
 
 
 class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
@@ -485,8 +487,26 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         return self
 
     def _fit_k_missing(self, X, start_rows, sample_weight, n_components, reading) -> None:
-        """Fit ``n_components`` to ``X`` with NaN: :func:`~transformer_gmm._missing.fit_k`."""
-        result = _missing.fit_k(self, X, start_rows, sample_weight, n_components, reading)
+        """Fit ``n_components`` to ``X`` with NaN: the usual fit (the transformer's starts
+        from ``reading`` where it chose K) on the imputed ``start_rows`` starts EM for data
+        missing at random on the observed entries alone, whose estimate is kept."""
+        with warnings.catch_warnings():
+            # Whether EM converged on the imputed rows does not matter: they only start the
+            # EM below, whose convergence is reported.
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            self._fit_k(start_rows, sample_weight, n_components, reading)
+        result = missing.fit_em_missing(
+            X,
+            self.weights_.astype(np.float64),
+            self.means_.astype(np.float64),
+            self.covariances_.astype(np.float64),
+            covariance_type=self.covariance_type,
+            reg_covar=self.reg_covar,
+            max_iter=self.max_iter,
+            tol=self.tol,
+            sample_weight=sample_weight,
+            device=self.device_,
+        )
         self._store_missing_fit(result, X, sample_weight)
 
     def _fitted_k(self) -> int:
@@ -562,8 +582,24 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             params[name] = _array_api.to_numpy(params[name])
         if n_components is not None:
             params["n_components"] = n_components
-        previous = self if warm else None
-        return _fitting.mixture_plan(params, X, sample_weight, random_state, previous, reading)
+        warm_start = self._warm_start_parameters(X.shape[1]) if warm else None
+        return _fitting.mixture_plan(params, X, sample_weight, random_state, warm_start, reading)
+
+    def _warm_start_parameters(self, n_features: int) -> GivenStarts:
+        """The fitted parameters ``warm_start`` goes on from, for a fit of ``n_features``."""
+        shape = (len(self.weights_), n_features)
+        if self.means_.shape != shape:
+            raise ValueError(
+                f"warm_start=True continues the previous fit, whose means have shape "
+                f"{self.means_.shape}, but this fit asks for {shape} (n_components, "
+                "n_features). Set warm_start=False, or fit a new estimator."
+            )
+        return GivenStarts(
+            weights=self.weights_.astype(np.float64),
+            means=self.means_.astype(np.float64),
+            precisions_cholesky=self.precisions_cholesky_.astype(np.float64),
+            lower_bound=self.lower_bound_,
+        )
 
     def _needs_X_in_memory(self, auto: bool, sample_weight) -> bool:
         """Whether this fit needs ``X`` in memory: K to choose, a warm start, the
