@@ -69,24 +69,25 @@ STAGES = [
 ]
 FORWARD, READOUT = STAGES[3][0], STAGES[4][0]
 
-CONFIGURATIONS: dict[str, Callable[[], object]] = {
-    "TransformerGMM()": lambda: TransformerGMM(4, covariance_type="spherical", random_state=0),
-    "TransformerGMM(n_init=1)": lambda: TransformerGMM(
-        4, covariance_type="spherical", n_init=1, random_state=0
-    ),
-    "TransformerGMM(n_init=1, max_iter=0)": lambda: TransformerGMM(
-        4, covariance_type="spherical", n_init=1, max_iter=0, random_state=0
-    ),
-    "TransformerGMM(n_init=1, max_iter=0), bfloat16": lambda: Bfloat16(
-        TransformerGMM(4, covariance_type="spherical", n_init=1, max_iter=0, random_state=0)
-    ),
-    "TransformerGMM(checkpoint=None, n_init=1)": lambda: TransformerGMM(
-        4, covariance_type="spherical", checkpoint=None, n_init=1, random_state=0
-    ),
-    "GaussianMixture(n_init=1)": lambda: GaussianMixture(
-        4, covariance_type="spherical", random_state=0
-    ),
-}
+def configurations(checkpoint: str) -> dict[str, Callable[[], object]]:
+    """What the stage table times, the transformer's fits reading ``checkpoint``."""
+    def mixture(**params):
+        return TransformerGMM(
+            4, covariance_type="spherical", random_state=0, **{"checkpoint": checkpoint, **params}
+        )
+
+    return {
+        "TransformerGMM()": lambda: mixture(),
+        "TransformerGMM(n_init=1)": lambda: mixture(n_init=1),
+        "TransformerGMM(n_init=1, max_iter=0)": lambda: mixture(n_init=1, max_iter=0),
+        "TransformerGMM(n_init=1, max_iter=0), bfloat16": lambda: Bfloat16(
+            mixture(n_init=1, max_iter=0)
+        ),
+        "TransformerGMM(checkpoint=None, n_init=1)": lambda: mixture(checkpoint=None, n_init=1),
+        "GaussianMixture(n_init=1)": lambda: GaussianMixture(
+            4, covariance_type="spherical", random_state=0
+        ),
+    }
 
 
 @contextmanager
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     labels = ["fit"] + [label for label, _, _ in STAGES] + ["other"]
     rows = []
     with single_threaded():
-        for name, make in CONFIGURATIONS.items():
+        for name, make in configurations(args.checkpoint).items():
             ms = measure(make, task.X, repeats)
             rows += [dict(configuration=name, stage=s, ms_per_fit=ms[s]) for s in labels]
             print(f"\n{name}: {ms['fit']:.2f} ms per fit")

@@ -248,7 +248,7 @@ def test_stages_account_for_the_whole_fit(tmp_path):
     rows = stages.main(["--repeats", "2", "--results", str(tmp_path)])
     assert readout.forward is forward  # every wrapped function is put back
     per_configuration = len(stages.STAGES) + 2  # the stages, "fit" and "other"
-    n_rows = len(stages.CONFIGURATIONS) * per_configuration
+    n_rows = len(stages.configurations("default")) * per_configuration
     assert len(_csv(tmp_path / "stages.csv")) == len(rows) == n_rows
     by_config: dict[str, dict[str, float]] = {}
     for row in rows:
