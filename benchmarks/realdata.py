@@ -27,6 +27,7 @@ with any seed.
     python benchmarks/realdata.py --checkpoint new/ --baseline-checkpoint default
     python benchmarks/realdata.py --em-steps 1 2 5   # how much EM the transformer's start needs
     python benchmarks/realdata.py --bfloat16         # the backbone's products in bfloat16
+    python benchmarks/realdata.py --n-init 2 3       # fewer starts than the default's four
 
 ``--baseline-checkpoint`` adds TGMM, TGMM n_init=1 and the transformer alone with a second
 checkpoint (marked "[baseline]"), on the same seeds, and prints the paired differences.
@@ -93,9 +94,10 @@ def in_bfloat16(methods: dict) -> dict:
     return {name + BF16: (wrapped(make), silenced) for name, (make, silenced) in methods.items()}
 
 
-def mixture_methods(checkpoint, baseline=None, em_steps=(), bfloat16=False) -> dict:
+def mixture_methods(checkpoint, baseline=None, em_steps=(), bfloat16=False, n_inits=()) -> dict:
     """name: (make(K, covariance, seed) -> unfitted estimator, warnings to silence).
-    ``em_steps`` adds the transformer's start followed by that many EM steps, each."""
+    ``em_steps`` adds the transformer's start followed by that many EM steps, each;
+    ``n_inits`` the default with that many starts, each (the transformer's two first)."""
 
     def gaussian_mixture(n_init):
         return lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, n_init=n_init,
@@ -125,6 +127,7 @@ def mixture_methods(checkpoint, baseline=None, em_steps=(), bfloat16=False) -> d
         **{f"{TGMM1} max_iter={steps}": (transformer_gmm(checkpoint, n_init=1, max_iter=steps),
                                          (ConvergenceWarning,))
            for steps in em_steps},
+        **{f"{TGMM} n_init={n}": (transformer_gmm(checkpoint, n_init=n), ()) for n in n_inits},
     }
 
 
@@ -177,13 +180,14 @@ def _row(dataset: Dataset, held_out: np.ndarray | None, covariance: str, seed: i
     )
 
 
-def warm_up(checkpoint, baseline, em_steps=(), bfloat16=False) -> None:
+def warm_up(checkpoint, baseline, em_steps=(), bfloat16=False, n_inits=()) -> None:
     """Load the checkpoints and let torch set itself up before anything is timed. Not
     guarded: a checkpoint that cannot be loaded stops the run here."""
     X = np.random.default_rng(0).standard_normal((64, 2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for make, _ in mixture_methods(checkpoint, baseline, em_steps, bfloat16).values():
+        methods = mixture_methods(checkpoint, baseline, em_steps, bfloat16, n_inits)
+        for make, _ in methods.values():
             make(2, "full", 0).fit(X)
         for make, _ in clustering_methods(checkpoint, bfloat16).values():
             make(2, 0).fit(X)
@@ -203,11 +207,11 @@ def split(dataset: Dataset, seed: int, held_out: float) -> tuple[Dataset, np.nda
 
 
 def run(datasets: list[Dataset], covariances, seeds, checkpoint, baseline=None,
-        em_steps=(), bfloat16=False, held_out: float = 0.0) -> list[dict]:
+        em_steps=(), bfloat16=False, held_out: float = 0.0, n_inits=()) -> list[dict]:
     """One row per fit, with the derived columns (time ratio, gap to the best, at best).
     With ``held_out``, every method fits the same rows of each (dataset, seed) and is also
     scored on the rest."""
-    mixtures = mixture_methods(checkpoint, baseline, em_steps, bfloat16)
+    mixtures = mixture_methods(checkpoint, baseline, em_steps, bfloat16, n_inits)
     clusterers = clustering_methods(checkpoint, bfloat16)
     rows = []
     for whole in datasets:
@@ -590,6 +594,9 @@ def main(argv=None):
                              "with --checkpoint on the same seeds")
     parser.add_argument("--em-steps", nargs="+", type=int, default=(),
                         help="add TGMM n_init=1 stopped after this many EM steps (each)")
+    parser.add_argument("--n-init", nargs="+", type=int, default=(),
+                        help="add TGMM with this many starts (each; the transformer's two "
+                             "first, then k-means++'s), against the default's four")
     parser.add_argument("--held-out", type=float, default=0.0,
                         help="a fraction of each dataset's rows (drawn by seed) that every "
                              "method leaves out of its fit and is scored on (0: none)")
@@ -617,9 +624,11 @@ def main(argv=None):
     torch.set_num_threads(1)
     try:
         with single_threaded():
-            warm_up(args.checkpoint, args.baseline_checkpoint, args.em_steps, args.bfloat16)
+            warm_up(args.checkpoint, args.baseline_checkpoint, args.em_steps, args.bfloat16,
+                    args.n_init)
             rows = run(datasets, covariances, seeds, args.checkpoint,
-                       args.baseline_checkpoint, args.em_steps, args.bfloat16, args.held_out)
+                       args.baseline_checkpoint, args.em_steps, args.bfloat16, args.held_out,
+                       args.n_init)
     finally:
         torch.set_num_threads(threads)
 
