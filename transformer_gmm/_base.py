@@ -51,6 +51,15 @@ class TransformerMixtureBase(BaseEstimator):
             ensure_all_finite="allow-nan" if self._allow_nan else True,
         )
 
+    @staticmethod
+    def _apply_to_rows(function, X, *args, n_columns: int | None = None, dtype=np.float64):
+        """``function(X, *args)`` on validated ``X``; on a Dask array, the same on each
+        chunk, lazily (a Dask array of shape (n,) or (n, n_columns)): where every method
+        that scores rows decides between the two."""
+        if _dask.is_dask_array(X):
+            return _dask.map_rows(function, X, *args, n_columns=n_columns, dtype=dtype)
+        return function(X, *args)
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.allow_nan = self._allow_nan

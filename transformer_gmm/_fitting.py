@@ -207,7 +207,7 @@ def kmeans_plan(
     device = resolve_device(params["device"])
     K, init = params["n_clusters"], params["init"]
     kind = init_kind(init)
-    trace = bool(params["verbose"]) and not _dask.is_dask_array(X)
+    trace = bool(params["verbose"])  # a fit by blocks traces nothing
     if kind == "transformer":
         fields = dict(transformer_starts(params, K, KMEANS_FALLBACK, reading), trace=trace)
         return _plan(KMeansPlan, params, K, device, fields, random_state)

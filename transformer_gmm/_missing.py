@@ -29,8 +29,6 @@ def has_missing(X) -> bool:
 
 def check_fit_data(estimator, X: np.ndarray) -> None:
     """What a fit on ``X`` with NaN needs that a fit without does not."""
-    if _dask.is_dask_array(X):
-        return
     empty = np.isnan(X).all(axis=0)
     if empty.any():
         raise ValueError(

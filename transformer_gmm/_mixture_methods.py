@@ -15,7 +15,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from . import _array_api, _dask, _initialization
+from . import _array_api, _initialization
 from ._collapsed import collapsed_components
 from ._warnings import warn_user
 from .engine import e_step, missing
@@ -165,16 +165,9 @@ class FittedMixtureMixin:
         return self._validate_predict_data(X), namespace
 
     def _estimate_weighted_log_prob(self, X):
-        return self._apply_to_rows(_weighted_log_prob, X, self.weights_.shape[0])
-
-    def _apply_to_rows(self, function, X, n_columns: int | None = None, dtype=np.float64):
-        """``function(X, *self._parameters())`` on validated ``X``; on a dask array, the
-        same on each chunk, lazily (a dask array of shape (n,) or (n, n_columns))."""
-        if _dask.is_dask_array(X):
-            return _dask.map_rows(
-                function, X, *self._parameters(), n_columns=n_columns, dtype=dtype
-            )
-        return function(X, *self._parameters())
+        return self._apply_to_rows(
+            _weighted_log_prob, X, *self._parameters(), n_columns=self.weights_.shape[0]
+        )
 
     def score_samples(self, X):
         """Log-likelihood of each sample under the fitted mixture.
@@ -204,7 +197,8 @@ class FittedMixtureMixin:
         True
         """
         X, namespace = self._validated_rows(X, "score_samples")
-        return _array_api.returned(self._apply_to_rows(_score_samples, X, dtype=X.dtype), namespace)
+        scores = self._apply_to_rows(_score_samples, X, *self._parameters(), dtype=X.dtype)
+        return _array_api.returned(scores, namespace)
 
     def score(self, X, y=None, sample_weight=None):
         """Mean log-likelihood per sample (higher is better).
@@ -236,7 +230,7 @@ class FittedMixtureMixin:
         -3.4
         """
         X, _ = self._validated_rows(X, "score")  # a float whatever the namespace
-        log_prob = self._apply_to_rows(_score_samples, X, dtype=X.dtype)
+        log_prob = self._apply_to_rows(_score_samples, X, *self._parameters(), dtype=X.dtype)
         if sample_weight is None:
             return float(log_prob.mean())
         sample_weight = _initialization.checked_sample_weight(
@@ -258,7 +252,8 @@ class FittedMixtureMixin:
             Component labels: the argmax of :meth:`predict_proba`'s rows.
         """
         X, namespace = self._validated_rows(X, "predict")
-        return _array_api.returned(self._apply_to_rows(_predict, X, dtype=np.intp), namespace)
+        labels = self._apply_to_rows(_predict, X, *self._parameters(), dtype=np.intp)
+        return _array_api.returned(labels, namespace)
 
     def predict_proba(self, X):
         """Posterior probability of each component for each sample.
@@ -289,7 +284,9 @@ class FittedMixtureMixin:
         array([1])
         """
         X, namespace = self._validated_rows(X, "predict_proba")
-        proba = self._apply_to_rows(_predict_proba, X, self.weights_.shape[0], dtype=X.dtype)
+        proba = self._apply_to_rows(
+            _predict_proba, X, *self._parameters(), n_columns=self.weights_.shape[0], dtype=X.dtype
+        )
         return _array_api.returned(proba, namespace)
 
     def sample(self, n_samples=1):

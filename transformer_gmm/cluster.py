@@ -628,7 +628,7 @@ default="transformer"
         if _dask.is_dask_array(X):  # one task a chunk, with nothing but the centres in it
             check_is_fitted(self)
             X = self._validate_predict_data(X)
-            return _dask.map_rows(_nearest_center, X, self.cluster_centers_, dtype=np.int32)
+            return self._apply_to_rows(_nearest_center, X, self.cluster_centers_, dtype=np.int32)
         distances, namespace = self._distances(X, "predict")
         if hasattr(self, "component_to_cluster_"):  # merged: the mixture's component's cluster
             components = self.mixture_.predict(self._validate_predict_data(_array_api.to_numpy(X)))
@@ -681,11 +681,10 @@ default="transformer"
         centers = _array_api.to_numpy(self.cluster_centers_)
         if _missing.has_missing(X):  # over each row's observed coordinates
             return _missing.observed_distances(X, centers), namespace
-        if _dask.is_dask_array(X):
-            return _dask.map_rows(
-                euclidean_distances, X, centers, n_columns=centers.shape[0]
-            ), namespace
-        return euclidean_distances(X, centers), namespace
+        distances = self._apply_to_rows(
+            euclidean_distances, X, centers, n_columns=centers.shape[0]
+        )
+        return distances, namespace
 
     def score(self, X, y=None, sample_weight=None):
         """Minus the inertia of ``X`` with respect to the fitted centres (higher is better).
