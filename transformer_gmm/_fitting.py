@@ -140,6 +140,17 @@ def transformer_starts(params: dict, n_components: int, fallback: str, reading=N
     )
 
 
+def gated_kmeans(params: dict, starts: dict) -> bool:
+    """Whether a mixture fit runs its k-means++ starts only where the transformer's
+    disagree: with ``n_init="auto"``, two or more transformer starts and k-means++ ones.
+    An int ``n_init`` runs every start it asks for."""
+    return (
+        params["n_init"] == "auto"
+        and starts["n_transformer_inits"] >= 2
+        and starts["n_kmeans_inits"] > 0
+    )
+
+
 Plan = TypeVar("Plan", MixturePlan, KMeansPlan)
 
 
@@ -182,7 +193,10 @@ def mixture_plan(
         fields = dict(em, given=GivenStarts(**given), start_names=("user",))
     elif init_params == "transformer":
         starts = transformer_starts(params, K, MIXTURE_FALLBACK, reading)
-        fields = dict(em, **starts, given=GivenStarts(**given) if given else None)
+        fields = dict(
+            em, **starts, given=GivenStarts(**given) if given else None,
+            kmeans_if_starts_disagree=gated_kmeans(params, starts) and not given,
+        )
     elif init_params == "kmeans":
         given = GivenStarts(**given) if given else None
         fields = dict(em, n_kmeans_inits=n_init, given=given, start_names=names)

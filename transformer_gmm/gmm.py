@@ -76,7 +76,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         The number of initialisations, run as one batch. With the transformer, the
         first ``2 * n_views`` are its starts and the rest k-means++ starts; ``"auto"``
         runs all of the transformer's and two k-means++ (the transformer's alone with
-        ``max_iter=0``, one k-means++ without a transformer). With another
+        ``max_iter=0``, one k-means++ without a transformer; where EM is costly, the
+        k-means++ starts only if the transformer's end on different optima). With another
         ``init_params``, ``"auto"`` is 1. Which run is kept: see the User Guide.
     init_params : {"transformer", "kmeans", "k-means++", "random", \
 "random_from_data"}, default="transformer"

@@ -145,7 +145,7 @@ def _fit_on_device(plan: FitPlan, x, mask, weights_all, orders):
     if weights is not None and index is not None:
         weights = take_rows(weights[..., None], index)[..., 0]
     solver = _solver(plan, orders)
-    first = solver.solve(x, mask, weights, solver.starts(x, mask, weights, generator, index))
+    first = solver.run_starts(x, mask, weights, generator, index)
     best = solver.choose(first, x, mask, weights)
     if index is None:
         return solver.result(first, best, orders[0])
@@ -178,7 +178,7 @@ def _fit_then_refit_by_blocks(plan: FitPlan, X: np.ndarray, order: np.ndarray, d
     index, _ = subsample_rows((1, X.shape[0]), None, SELECTION_ROWS, generator)
     x = tensor(X[index[0].numpy()], plan.device, torch.float64)[None]  # (1, S, d)
     solver = _solver(plan, [order])
-    first = solver.solve(x, None, None, solver.starts(x, None, None, generator, index))
+    first = solver.run_starts(x, None, None, generator, index)
     best = solver.choose(first, x, None, None)
     final = solver.refit_by_blocks(first, best, X)
     return solver.result(final, best, order, first=first)
@@ -252,6 +252,20 @@ class _Mixtures:
             x, mask, generator, self.plan, sample_weight=weights, given=self.given, index=index
         )
 
+    def run_starts(self, x, mask, weights, generator, index) -> em.EMResult:
+        """EM from every start (:meth:`solve` of :meth:`starts`), or, where the plan says so,
+        EM is costly (``GATED_FROM_VALUES``) and the runs fit in memory at once, from the
+        k-means++ starts only of the datasets whose transformer starts disagree
+        (:meth:`_run_gated`)."""
+        plan = self.plan
+        if (
+            plan.kmeans_if_starts_disagree
+            and x.shape[1] * x.shape[2] >= GATED_FROM_VALUES
+            and runs_per_chunk(x, plan) >= plan.n_runs
+        ):
+            return self._run_gated(x, mask, weights, generator, index)
+        return self.solve(x, mask, weights, self.starts(x, mask, weights, generator, index))
+
     def _em(self, x, mask, weights, params, n_runs: int, **extra) -> em.EMResult:
         plan = self.plan
         return em.fit_em(
@@ -293,6 +307,73 @@ class _Mixtures:
             ))
             results.append(self._em(x, mask, weights, params_in_chunk, runs_in_chunk, **extra))
         return _joined(results, n_datasets)
+
+    def _run_gated(self, x, mask, weights, generator, index) -> em.EMResult:
+        """EM from the transformer's starts of every dataset; then k-means++'s starts are
+        built, and EM run from them, only for the datasets whose transformer runs ended
+        more than ``STARTS_AGREE`` apart. Where they agree, their optimum is taken as
+        found: the k-means++ runs stay at a lower bound of -inf (never chosen), holding the
+        best transformer run's parameters. The starts are drawn in the ungated order (the
+        transformer's, then k-means++'s), and each run's iterations are its own whatever
+        the batch, so a single dataset that runs every start gets the ungated fit."""
+        plan, n_datasets = self.plan, x.shape[0]
+        n_runs, n_transformer = plan.n_runs, plan.n_transformer_inits
+        transformer_plan = dataclasses.replace(plan, n_kmeans_inits=0)
+        kmeans_plan = dataclasses.replace(plan, n_transformer_inits=0)
+        params = starts.mixture_starts(
+            x, mask, generator, transformer_plan, sample_weight=weights, index=index
+        )
+        first = _Mixtures(transformer_plan, None).solve(x, mask, weights, params)
+        bounds = first.lower_bound.view(n_datasets, n_transformer)
+        spread = bounds.max(1).values - bounds.min(1).values  # NaN where a run broke down
+        datasets = (~(spread <= STARTS_AGREE)).nonzero().flatten()
+        every = torch.arange(n_datasets, device=x.device)
+        kmeans_runs = range(n_transformer, n_runs)
+        second = None
+        if len(datasets) > 0:
+            x_k, mask_k, weights_k = x, mask, weights
+            if len(datasets) < n_datasets:
+                x_k = x[datasets]
+                mask_k = None if mask is None else mask[datasets]
+                weights_k = None if weights is None else weights[datasets]
+            params_k = starts.mixture_starts(
+                x_k, mask_k, generator, kmeans_plan, sample_weight=weights_k, index=index
+            )
+            second = _Mixtures(kmeans_plan, None).solve(x_k, mask_k, weights_k, params_k)
+        # Every dataset's R runs, dataset-major: the transformer's, then k-means++'s.
+        best = _first_best_run(bounds)  # (B,)
+        result_params = []
+        for name in runs.FIELDS:
+            field = getattr(first.params, name)
+            full = field.new_empty((n_datasets * n_runs, *field.shape[1:]))
+            full[_places(every, range(n_transformer), n_runs)] = field
+            # Runs not taken hold the best transformer run's parameters (never chosen).
+            best_params = field.reshape(n_datasets, n_transformer, *field.shape[1:])[every, best]
+            full[_places(every, kmeans_runs, n_runs)] = best_params.repeat_interleave(
+                len(kmeans_runs), dim=0
+            )
+            if second is not None:
+                full[_places(datasets, kmeans_runs, n_runs)] = getattr(second.params, name)
+            result_params.append(full)
+        lower_bound = first.lower_bound.new_full((n_datasets * n_runs,), -math.inf)
+        n_iter = first.n_iter.new_zeros(n_datasets * n_runs)
+        converged = first.converged.new_zeros(n_datasets * n_runs)
+        parts = [(first, every, range(n_transformer))]
+        if second is not None:
+            parts.append((second, datasets, kmeans_runs))
+        n_steps = max(part.lower_bounds.shape[1] for part, _, _ in parts)
+        history = first.lower_bounds.new_full((n_datasets * n_runs, n_steps), math.nan)
+        for part, rows, run_range in parts:
+            places = _places(rows, run_range, n_runs)
+            lower_bound[places] = part.lower_bound
+            n_iter[places] = part.n_iter
+            converged[places] = part.converged
+            history[places, : part.lower_bounds.shape[1]] = part.lower_bounds
+        times = _joined_times([part for part, _, _ in parts], n_steps)
+        return em.EMResult(
+            m_step.MixtureParams(*result_params), lower_bound, n_iter, converged,
+            lower_bounds=history, iteration_times=times,
+        )
 
     def choose(self, result: em.EMResult, x, mask, weights) -> torch.Tensor:
         n_rows = x.shape[1] if mask is None else mask.sum(dim=1)  # rows each bound is over
@@ -352,6 +433,37 @@ class _Mixtures:
         )
 
 
+# The transformer's runs of a dataset whose lower bounds (mean log-likelihood per point)
+# end within this of each other reached one optimum: n_init="auto" then runs no k-means++
+# start for it (docs/benchmarks.md, "Fewer starts where the transformer's agree").
+STARTS_AGREE = 1e-3
+# ... and only where the starts run on this many values (rows x features) or more: below,
+# EM from two more starts in the same batch costs less than a second batch would (small
+# real datasets: the gated default was no faster), and the fit stays as it was.
+GATED_FROM_VALUES = 1 << 17
+
+
+def _places(datasets: torch.Tensor, run_range, n_runs: int) -> torch.Tensor:
+    """The rows of a dataset-major (B * R, ...) batch of runs that hold runs ``run_range``
+    of ``datasets``, dataset by dataset."""
+    run_index = torch.as_tensor(list(run_range), device=datasets.device)
+    return (datasets[:, None] * n_runs + run_index[None, :]).flatten()
+
+
+def _first_best_run(bounds: torch.Tensor) -> torch.Tensor:
+    """Each dataset's best run (B,) of the (B, R) bounds, NaN last."""
+    return torch.nan_to_num(bounds, nan=-math.inf).argmax(1)
+
+
+def _joined_times(results: list, n_steps: int) -> list[float]:
+    """Iteration times of EM results run one after another: step t ended when each had."""
+    return [
+        sum(r.iteration_times[min(t, len(r.iteration_times) - 1)] for r in results
+            if r.iteration_times)
+        for t in range(n_steps)
+    ]
+
+
 # The memory that EM's runs on wide data may take at once (their parameters and the
 # M-step's temporaries): above it, the runs of a fit go in chunks (see runs_per_chunk).
 MEMORY_BUDGET_BYTES = 256 * 2**20
@@ -393,11 +505,7 @@ def _joined(results: list[em.EMResult], n_datasets: int) -> em.EMResult:
         for r in results
     ]
     # The chunks ran one after another: iteration t ended when every chunk had run it.
-    times = [
-        sum(r.iteration_times[min(t, len(r.iteration_times) - 1)] for r in results
-            if r.iteration_times)
-        for t in range(n_iterations)
-    ]
+    times = _joined_times(results, n_iterations)
     params = m_step.MixtureParams(*(join([getattr(r.params, f) for r in results])
                                     for f in runs.FIELDS))
     return em.EMResult(
@@ -442,6 +550,9 @@ class _KMeans:
             sample_weight=weights,
             trace=None if self.stages is None else self.stages[stage],
         )
+
+    def run_starts(self, x, mask, weights, generator, index) -> kmeans.LloydResult:
+        return self.solve(x, mask, weights, self.starts(x, mask, weights, generator, index))
 
     def solve(self, x, mask, weights, centers) -> kmeans.LloydResult:
         return self._lloyd(x.expand(centers.shape[0], -1, -1), centers, weights, 0)

@@ -62,13 +62,16 @@ class FitPlan:
 
 @dataclass(frozen=True, kw_only=True)
 class MixturePlan(FitPlan):
-    """An EM fit: :class:`FitPlan`'s fields, the ``covariance_type``, ``reg_covar``, and
+    """An EM fit: :class:`FitPlan`'s fields, the ``covariance_type``, ``reg_covar``,
     ``given``, what the estimator fixed about the starts (its own starts, ``*_init``
-    parameters or a warm start)."""
+    parameters or a warm start), and ``kmeans_if_starts_disagree``: run the k-means++
+    starts of a dataset only where EM from the transformer's starts ended on different
+    optima (``n_init="auto"``; see :func:`transformer_gmm.engine.fit.fit`)."""
 
     covariance_type: str
     reg_covar: float = 0.0
     given: GivenStarts | None = None
+    kmeans_if_starts_disagree: bool = False
 
     @property
     def n_given(self) -> int:
