@@ -155,6 +155,12 @@ def in_memory(X: np.ndarray) -> BlockReducer:
     )
 
 
+def _summed(reduce_blocks: BlockReducer, function, args: tuple, length: int) -> torch.Tensor:
+    """``function``'s vector summed over every block, as a float64 tensor (length,)."""
+    vector = reduce_blocks.sum(function, args, length)
+    return torch.from_numpy(np.asarray(vector, dtype=np.float64).reshape(-1))
+
+
 def _parameters(params: m_step.MixtureParams) -> tuple[np.ndarray, ...]:
     return tuple(to_numpy(t) for t in (params.weights, params.means, params.precisions_cholesky))
 
@@ -174,13 +180,9 @@ def em_from(
             n_runs, n_components, n_features, covariance_type
         )
         args = (*_parameters(params), covariance_type)
-        vector = reduce_blocks.sum(block_mixture_statistics, args, length)
+        vector = _summed(reduce_blocks, block_mixture_statistics, args, length)
         return sufficient_stats.MixtureStatistics.from_vector(
-            torch.from_numpy(np.asarray(vector, dtype=np.float64).reshape(-1)),
-            n_runs,
-            n_components,
-            n_features,
-            covariance_type,
+            vector, n_runs, n_components, n_features, covariance_type
         )
 
     n_worst = min(n_components, n_rows)
@@ -225,12 +227,9 @@ def lloyd_from(
         n_runs = centers.shape[0]
         args = (to_numpy(centers), to_numpy(offset.flatten()), with_inertia)
         length = sufficient_stats.lloyd_statistics_size(n_runs, n_clusters, n_features)
-        vector = reduce_blocks.sum(block_lloyd_statistics, args, length)
+        vector = _summed(reduce_blocks, block_lloyd_statistics, args, length)
         return sufficient_stats.LloydStatistics.from_vector(
-            torch.from_numpy(np.asarray(vector, dtype=np.float64).reshape(-1)),
-            n_runs,
-            n_clusters,
-            n_features,
+            vector, n_runs, n_clusters, n_features
         )
 
     n_far = min(n_clusters, n_rows)
