@@ -20,8 +20,11 @@ from sklearn.utils import check_random_state  # noqa: E402
 from transformer_gmm import TransformerClusterer, TransformerGMM, _dask, _initialization  # noqa: E402
 from transformer_gmm._fitting import draw_seed  # noqa: E402
 from transformer_gmm.engine import em, fit, gaussian, kmeans, m_step, runs  # noqa: E402
-from transformer_gmm.engine.plan import KMeansPlan, MixturePlan  # noqa: E402
-from transformer_gmm.engine.starts import GivenStarts  # noqa: E402
+from transformer_gmm.engine.plan import (  # noqa: E402
+    GivenStarts,  # noqa: E402
+    KMeansPlan,
+    MixturePlan,
+)
 
 K = 3
 CENTERS = [[-5.0, 0.0, 1.0], [0.0, 5.0, -1.0], [4.0, -1.0, 0.0]]

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from transformer_gmm.engine import kmeans
-from transformer_gmm.engine.plan import FitPlan, KMeansPlan, MixturePlan
-from transformer_gmm.engine.starts import GivenStarts
+from transformer_gmm.engine.plan import FitPlan, GivenStarts, KMeansPlan, MixturePlan
 
 SETTINGS = dict(n_components=3, max_iter=10, tol=1e-3, device="cpu", seed=0)
 

@@ -11,9 +11,8 @@ from conftest import TINY_CHECKPOINT, make_blobs
 
 from transformer_gmm import TransformerClusterer, TransformerGMM, fit_many
 from transformer_gmm.engine import fit
-from transformer_gmm.engine.plan import MixturePlan
+from transformer_gmm.engine.plan import GivenStarts, MixturePlan
 from transformer_gmm.engine.row_order import canonical_order, row_hashes
-from transformer_gmm.engine.starts import GivenStarts
 
 FITTED = ["weights_", "means_", "covariances_", "precisions_cholesky_", "lower_bound_"]
 CENTERS = [[-5.0, 0.0], [0.0, 5.0], [4.0, -1.0]]

@@ -19,8 +19,7 @@ from ._cluster_initialization import given_centers, init_kind, n_runs
 from ._warnings import FallbackWarning, warn_user
 from .engine import fit, model_cache
 from .engine.device import resolve_device
-from .engine.plan import KMeansPlan, MixturePlan
-from .engine.starts import GivenStarts
+from .engine.plan import GivenStarts, KMeansPlan, MixturePlan
 from .storage.checkpoints import is_missing_default
 
 if TYPE_CHECKING:

@@ -26,8 +26,7 @@ from ._base import TransformerMixtureBase
 from ._collapsed import identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
 from .engine import missing, online
-from .engine.plan import MixturePlan
-from .engine.starts import GivenStarts
+from .engine.plan import GivenStarts, MixturePlan
 
 
 class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):

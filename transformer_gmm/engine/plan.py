@@ -10,6 +10,7 @@ components, the stopping rule, the device, the seed and the starts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,30 @@ import numpy as np
 if TYPE_CHECKING:
     from ..nn import MixtureTransformer
     from .readout import Reading
-    from .starts import GivenStarts
+
+
+@dataclass(frozen=True)
+class GivenStarts:
+    """What the estimator fixed about a mixture fit's starts, for one dataset: ``n_seedings``
+    k-means++ seedings, responsibilities ``resp`` (R, N, K), and any ``weights``, ``means``,
+    ``precisions_cholesky`` that replace every start's (``*_init`` or a warm start).
+    """
+
+    n_seedings: int = 0
+    resp: np.ndarray | None = None
+    weights: np.ndarray | None = None
+    means: np.ndarray | None = None
+    precisions_cholesky: np.ndarray | None = None
+    lower_bound: float = -math.inf
+
+    @property
+    def complete(self) -> bool:
+        return all(p is not None for p in (self.weights, self.means, self.precisions_cholesky))
+
+    @property
+    def n_runs(self) -> int:
+        n_runs = self.n_seedings + (0 if self.resp is None else len(self.resp))
+        return 1 if n_runs == 0 and self.complete else n_runs
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,8 +8,6 @@ torch, on the fit's device; the backbone reads the data through
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,6 +15,7 @@ import torch
 
 from . import gaussian, kmeans, m_step, model_cache, readout, runs
 from .device import tensor
+from .plan import GivenStarts
 from .standardize import take_rows, weighted_rows
 
 if TYPE_CHECKING:
@@ -35,30 +34,6 @@ def _weighted_draw(x, sample_weight, backbone, generator, plan: FitPlan) -> tupl
 
 
 # --- Gaussian mixtures ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GivenStarts:
-    """What the estimator fixed about a mixture fit's starts, for one dataset: ``n_seedings``
-    k-means++ seedings, responsibilities ``resp`` (R, N, K), and any ``weights``, ``means``,
-    ``precisions_cholesky`` that replace every start's (``*_init`` or a warm start).
-    """
-
-    n_seedings: int = 0
-    resp: np.ndarray | None = None
-    weights: np.ndarray | None = None
-    means: np.ndarray | None = None
-    precisions_cholesky: np.ndarray | None = None
-    lower_bound: float = -math.inf
-
-    @property
-    def complete(self) -> bool:
-        return all(p is not None for p in (self.weights, self.means, self.precisions_cholesky))
-
-    @property
-    def n_runs(self) -> int:
-        n_runs = self.n_seedings + (0 if self.resp is None else len(self.resp))
-        return 1 if n_runs == 0 and self.complete else n_runs
 
 
 def mixture_starts(

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # tasks.py imports this module to sample
-    from .tasks import Prior
+if TYPE_CHECKING:
+    from .prior import Prior
 
 FEATURES = (
     "full_prob",

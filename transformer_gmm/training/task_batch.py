@@ -1,16 +1,141 @@
-"""Tasks of one K stacked into the padded model-space tensors a training step reads."""
+"""A task (one dataset and the map ``fit`` applies to it), and tasks of one K stacked into
+the padded model-space tensors a training step reads."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # tasks.py builds batches with collate, so it imports this module
-    from .tasks import Task
+from ..engine.standardize import Standardization
+
+
+@dataclass(frozen=True)
+class Task:
+    """One dataset in the user's (original) space, and the map ``fit`` would apply to it.
+
+    Attributes
+    ----------
+    X : ndarray of shape (n, d)
+        The points.
+    labels : ndarray of shape (n,)
+        The component each point came from.
+    means : ndarray of shape (K, d)
+    weights : ndarray of shape (K,)
+    stds : ndarray of shape (K, d)
+        Noise standard deviation per component and coordinate.
+    center : ndarray of shape (d,)
+    scale : float
+    basis : ndarray of shape (d, kept)
+    d_max : int
+        The map ``fit`` applies to ``X``, fitted by the engine's
+        :func:`~transformer_gmm.engine.standardize.fit_standardization` and kept as numpy
+        (tasks cross process boundaries from the DataLoader's workers, where every tensor
+        would hold a file descriptor): :attr:`standardization` gives it back as the
+        engine's map, and :meth:`to_model_space` and :meth:`from_model_space` apply it.
+    factors : ndarray of shape (K, d, d) or None
+        Where covariances are full: covariance k is ``factors[k] @ factors[k].T``, and
+        ``stds`` is the root of its diagonal. None where they are diagonal (``stds``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm.training import PRIORS, sample_task
+    >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], K=3, d=2, n=30, d_max=4)
+    >>> task.X.shape, task.means.shape, bool(np.bincount(task.labels).min() >= 1)
+    ((30, 2), (3, 2), True)
+    """
+
+    X: np.ndarray  # (n, d) points
+    labels: np.ndarray  # (n,) the component each point came from
+    means: np.ndarray  # (K, d)
+    weights: np.ndarray  # (K,)
+    stds: np.ndarray  # (K, d) noise standard deviation per component and coordinate
+    # The engine's map of X, as numpy: z = basis.T @ (x - center) / scale, zero-padded.
+    center: np.ndarray  # (d,)
+    scale: float
+    basis: np.ndarray  # (d, kept)
+    d_max: int
+    factors: np.ndarray | None = None  # (K, d, d): covariance k is factors[k] @ factors[k].T
+
+    @property
+    def standardization(self) -> Standardization:
+        """The map ``fit`` applies to ``X``: the engine's, for a batch of one dataset.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm.training import PRIORS, sample_task
+        >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], 2, 6, 20, d_max=4)
+        >>> task.standardization.basis.shape, task.standardization.n_kept  # 1 of 6 kept
+        (torch.Size([1, 6, 1]), 1)
+        """
+        return Standardization(
+            center=torch.from_numpy(self.center)[None],
+            scale=torch.tensor([self.scale], dtype=torch.float64),
+            basis=torch.from_numpy(self.basis)[None],
+            d_max=self.d_max,
+        )
+
+    def to_model_space(self, points: np.ndarray) -> np.ndarray:
+        """Points (m, d) of the user's space as float32 model inputs (m, d_max).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm.training import PRIORS, sample_task
+        >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], 2, 6, 20, d_max=4)
+        >>> z = task.to_model_space(task.X)  # 1 direction kept of 6, then zero padding
+        >>> z.shape, z.dtype, bool((z[:, 1:] == 0).all())
+        ((20, 4), dtype('float32'), True)
+        """
+        points = torch.as_tensor(points, dtype=torch.float64)[None]
+        return self.standardization.transform(points)[0].numpy()
+
+    def from_model_space(self, means: np.ndarray) -> np.ndarray:
+        """Model-space means (K, d_max) back in the user's space, float64 (K, d).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm.training import PRIORS, sample_task
+        >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], 3, 2, 30, d_max=4)
+        >>> back = task.from_model_space(task.to_model_space(task.means))  # d = K - 1: all kept
+        >>> bool(np.allclose(back, task.means, atol=1e-5))
+        True
+        """
+        means = torch.as_tensor(means, dtype=torch.float64)[None]
+        return self.standardization.inverse_transform_means(means)[0].numpy()
+
+    def model_space_stds(self) -> np.ndarray:
+        """Noise std per component along each kept direction in model space, (K, kept)."""
+        basis, scale = self.basis, self.scale
+        if self.factors is None:  # basis.T diag(std^2) basis: its diagonal
+            return np.sqrt(self.stds**2 @ basis**2) / scale
+        return np.sqrt(((basis.T @ self.factors) ** 2).sum(-1)) / scale
+
+    def oracle_means(self) -> np.ndarray:
+        """Means of the true clusters, (K, d): what an estimator that knew the labels gets.
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from transformer_gmm.training import PRIORS, sample_task
+        >>> task = sample_task(np.random.default_rng(0), PRIORS["tiny"], K=3, d=2, n=30, d_max=4)
+        >>> oracle = task.oracle_means()
+        >>> oracle.shape, bool(np.allclose(oracle[0], task.X[task.labels == 0].mean(0)))
+        ((3, 2), True)
+        """
+        K = self.means.shape[0]
+        counts = np.bincount(self.labels, minlength=K)[:, None]  # (K, 1), >= 1 by construction
+        sums = np.zeros_like(self.means)
+        np.add.at(sums, self.labels, self.X)
+        return sums / counts
+
+
+# --- sampling ------------------------------------------------------------------------
 
 
 @dataclass
