@@ -327,6 +327,8 @@ class RowsInMemory:
     and ``sample_weight``, as :func:`fit_em` takes them; one E-step and one M-step over
     every row at a time (:meth:`step`)."""
 
+    reads_covariances = False  # the E-step reads the precisions
+
     def __init__(self, X: Tensor, mask, sample_weight, covariance_type: str, reg_covar: float):
         X, mask, sample_weight = compact(X), compact(mask), compact(sample_weight)
         self.X, self.mask, self.sample_weight = zero_padding(X, mask), mask, sample_weight
@@ -408,7 +410,9 @@ def run_em(
     the weighted counts, the new parameters, the runs whose covariances failed),
     ``reseed(params, counts, empty)``, ``counts(params)`` and ``lower_bound(params)`` (for
     ``max_iter=0``), ``take(keep)`` (the runs still going), ``bound`` (the count below
-    which a component is empty) and ``dtype``. ``params`` are of batch 1 or ``n_batch``.
+    which a component is empty), ``dtype`` and ``reads_covariances`` (whether ``step``
+    reads the covariances, which the loop otherwise frees before each step). ``params``
+    are of batch 1 or ``n_batch``.
     """
     params = MixtureParams(  # parameters of batch 1 serve every dataset
         *(None if t is None else t.expand(n_batch, *t.shape[1:]) for t in as_tuple(params))
@@ -443,7 +447,7 @@ def run_em(
     all_active = True  # known on the host: no run of the working batch has converged
     for iteration in range(1, max_iter + 1):
         active = ~converged  # (A,) over the working batch of A <= B datasets
-        if all_active:
+        if all_active and not rows.reads_covariances:
             # The step reads the precisions alone, and replaces every run's covariances:
             # the old ones are freed before the new are made (on wide data each is d^2).
             params = MixtureParams(params.weights, params.means, None, params.precisions_cholesky)

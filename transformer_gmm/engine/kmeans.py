@@ -292,11 +292,14 @@ class LloydRows:
     centres at a time (:meth:`step`). It keeps each run's labels, whose standing still
     is Lloyd's strict convergence."""
 
-    def __init__(self, X, offset, weights, padded, n_batch: int, weighted_X=None):
+    def __init__(
+        self, X, offset, weights, padded, n_batch: int, weighted_X=None, traced: bool = False
+    ):
         self.X, self.offset, self.weights, self.padded = X, offset, weights, padded
         self.weighted_X = weighted_X
         self.labels_old = X.new_full((n_batch, X.shape[1]), -1, dtype=torch.long)
-        self._last = None  # (centred centres, labels) of the last step, for inertia
+        self.traced = traced  # keep each step's assignment, for inertia()
+        self._last = None  # (centred centres, labels) of the last step, where traced
 
     def step(self, centers: Tensor, active: Tensor) -> tuple[Tensor, Tensor]:
         """New centres (A, K, d) from ``centers`` and, for each run, whether no label
@@ -317,7 +320,8 @@ class LloydRows:
         new_centers = centers_from_sums(counts, sums, offset)
         strict = ((labels == self.labels_old) | self.padded).all(-1)  # (A,)
         self.labels_old = torch.where(active[:, None], labels, self.labels_old)
-        self._last = (centered, labels)
+        if self.traced:  # else the labels would outlive the step
+            self._last = (centered, labels)
         return new_centers, strict
 
     def inertia(self) -> Tensor:
@@ -480,7 +484,7 @@ def lloyd(
         weighted_X = X * weights
     n_iter = torch.zeros(n_batch, dtype=torch.long, device=X.device)
     if max_iter > 0:
-        rows = LloydRows(X, offset, weights, padded, n_batch, weighted_X)
+        rows = LloydRows(X, offset, weights, padded, n_batch, weighted_X, trace is not None)
         centers, n_iter, _ = run_lloyd(rows, centers, threshold, max_iter, trace)
 
     # Final assignment, so that labels and inertia belong to the returned centres.

@@ -343,6 +343,7 @@ def fit_em_missing(
         max_iter=max_iter,
         tol=tol,
         unit=unit,
+        reads_covariances=True,  # the conditional moments need them
     )
     bounds = result.lower_bounds[0]
     return MissingEMResult(

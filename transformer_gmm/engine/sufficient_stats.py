@@ -357,6 +357,7 @@ def fit_em_from_statistics(
     max_iter: int,
     tol: float,
     unit: float = 1.0,
+    reads_covariances: bool = False,
 ) -> EMResult:
     """EM from ``params`` with :func:`~transformer_gmm.engine.em.fit_em`'s rules, on data seen
     through ``statistics_of`` and ``worst_explained_of`` only.
@@ -391,6 +392,9 @@ def fit_em_from_statistics(
         An average row's weight, where the statistics weigh the rows (their total weight
         is ``n_rows * unit``): a component is empty below a millionth of it, and a
         re-seeded one starts with it.
+    reads_covariances : bool, default=False
+        Whether ``statistics_of`` reads the runs' covariances (rows with missing entries
+        do); otherwise the loop frees them before each pass.
 
     Returns
     -------
@@ -427,7 +431,7 @@ def fit_em_from_statistics(
     """
     rows = RowsByStatistics(
         statistics_of, worst_explained_of, n_rows, covariance_type, reg_covar,
-        params.means.dtype, unit,
+        params.means.dtype, unit, reads_covariances,
     )
     return run_em(rows, params, params.means.shape[0], max_iter=max_iter, tol=tol)
 
@@ -446,10 +450,11 @@ class RowsByStatistics:
         reg_covar: float,
         dtype: torch.dtype,
         unit: float = 1.0,
+        reads_covariances: bool = False,
     ):
         self.statistics_of, self.worst_explained_of = statistics_of, worst_explained_of
         self.n_rows, self.covariance_type, self.reg_covar = n_rows, covariance_type, reg_covar
-        self.dtype, self.unit = dtype, unit
+        self.dtype, self.unit, self.reads_covariances = dtype, unit, reads_covariances
         self.total = n_rows * unit  # the rows' weight
         self.bound = empty_bound(unit, dtype)
 
