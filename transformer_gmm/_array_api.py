@@ -23,8 +23,6 @@ from sklearn.utils._array_api import (
     move_to,
 )
 
-from . import _dask
-
 # Constructor parameters that may be arrays of the input's namespace.
 MIXTURE_INIT_PARAMETERS = ("weights_init", "means_init", "precisions_init")
 
@@ -50,9 +48,9 @@ def input_namespace(X) -> Namespace | None:
     read whatever their namespace."""
     if not get_config()["array_api_dispatch"]:
         return None
-    # Dask and sparse input keep their own paths; dask would otherwise pass for a
-    # namespace of its own.
-    if sparse.issparse(X) or _dask.is_dask_array(X):
+    # Sparse input keeps its own path (a Dask array never comes here: the estimators'
+    # doors take it first).
+    if sparse.issparse(X):
         return None
     xp, is_array_api, device = get_namespace_and_device(X)
     if not is_array_api or _is_numpy_namespace(xp):
@@ -67,7 +65,7 @@ def to_numpy(array):
     through it."""
     if array is None or isinstance(array, (np.ndarray, list, tuple, int, float, str)):
         return array
-    if sparse.issparse(array) or _dask.is_dask_array(array):
+    if sparse.issparse(array):
         return array
     module = type(array).__module__.split(".")[0]
     torch = sys.modules.get("torch")
@@ -109,7 +107,7 @@ def attributes_to_input(estimator, namespace: Namespace | None) -> None:
 def check_fitted_namespace(X, estimator, attribute: str, method: str) -> None:
     """scikit-learn's error, which says how to move the estimator, where ``X`` (dispatch
     on) is not of the namespace and device ``estimator`` was fitted on."""
-    if not (sparse.issparse(X) or _dask.is_dask_array(X)):
+    if not sparse.issparse(X):
         check_same_namespace(X, estimator, attribute=attribute, method=method)
 
 

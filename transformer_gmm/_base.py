@@ -1,5 +1,5 @@
 """What TransformerGMM and TransformerClusterer share as estimators: parameters, the fit's
-skeleton (each estimator supplies its hooks), the predict data's validation, streams'
+skeleton (each estimator supplies its hooks), the doors where data come in, streams'
 bookkeeping, the choice of K's state, and the checkpoint's loading and publishing. The
 steps of a fit, which :func:`~transformer_gmm.fit_many` shares too, are in
 :mod:`transformer_gmm._fitting`."""
@@ -12,9 +12,10 @@ from numbers import Integral, Real
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import validate_data
+from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import _array_api, _choose_k, _dask, _fitting, _initialization, _missing, storage
+from ._rows import Rows
 from .engine import model_cache
 from .storage.checkpoints import is_missing_default
 
@@ -32,17 +33,28 @@ class TransformerMixtureBase(BaseEstimator):
         "random_state": ["random_state"],
     }
 
-    # --- input -----------------------------------------------------------------------
+    # --- input: the doors -----------------------------------------------------------
+    # Data come in through three doors: _fit, _read_rows (every method that scores rows)
+    # and _check_batch (partial_fit). Each decides once whether X is a Dask array, whose
+    # every pass is one Dask computation over its chunks; nothing past them asks again.
 
     # Sparse input the estimator takes: False, or "csr" (scipy's other formats convert).
     _accept_sparse: bool | str = False
     # Whether fit and the methods that score rows take NaN as a missing entry.
     _allow_nan: bool = False
 
-    def _validate_predict_data(self, X) -> np.ndarray:
+    def _read_rows(self, X, method: str, attribute: str) -> Rows:
+        """``X`` validated for ``method`` of the fitted estimator: the door through which
+        every method that scores rows takes them. With ``array_api_dispatch`` on, ``X``
+        must be of the namespace and device of the fitted ``attribute``."""
+        check_is_fitted(self)
         if _dask.is_dask_array(X):
-            return _dask.validate(self, X, reset=False)
-        return validate_data(
+            return Rows(_dask.validate(self, X, reset=False), None, chunked=True)
+        _array_api.check_fitted_namespace(X, self, attribute=attribute, method=method)
+        namespace = _array_api.input_namespace(X)
+        if namespace is not None:
+            X = _array_api.to_numpy(X)
+        X = validate_data(
             self,
             X,
             accept_sparse=self._accept_sparse,
@@ -50,15 +62,16 @@ class TransformerMixtureBase(BaseEstimator):
             reset=False,
             ensure_all_finite="allow-nan" if self._allow_nan else True,
         )
+        return Rows(X, namespace, chunked=False)
 
     @staticmethod
-    def _apply_to_rows(function, X, *args, n_columns: int | None = None, dtype=np.float64):
-        """``function(X, *args)`` on validated ``X``; on a Dask array, the same on each
-        chunk, lazily (a Dask array of shape (n,) or (n, n_columns)): where every method
-        that scores rows decides between the two."""
+    def _check_batch(X) -> None:
+        """``partial_fit``'s door: a batch is in memory."""
         if _dask.is_dask_array(X):
-            return _dask.map_rows(function, X, *args, n_columns=n_columns, dtype=dtype)
-        return function(X, *args)
+            raise ValueError(
+                "partial_fit takes a batch in memory; pass batch.compute(), or fit the whole "
+                "dask array with fit."
+            )
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -76,11 +89,11 @@ class TransformerMixtureBase(BaseEstimator):
     # The error of a fit on a Dask array that needs X in memory (_needs_X_in_memory).
     _in_memory_message: str = ""
 
-    def _fit(self, X, sample_weight, allow_nan: bool = True):
+    def _fit(self, X, sample_weight, allow_nan: bool = True) -> Rows:
         """Every fit, in scikit-learn's manner (``BaseMixture.fit_predict``): read the
         input, validate it, choose K where asked, fit K (on the observed entries where X
         holds NaN, which the starts and the choice of K read mean-imputed), set the fitted
-        state; returns the validated ``X``, which is numpy.
+        state; returns the validated rows, numpy or a Dask array.
 
         Arrays of another namespace than numpy (``array_api_dispatch`` on) are read as
         numpy here, once, and the fitted state goes back to their namespace and device at
@@ -88,14 +101,16 @@ class TransformerMixtureBase(BaseEstimator):
         ``_forget_previous_fit``, ``_choose`` (K and the pass that chose it, or None where
         the choice fitted it), ``_fit_k``, ``_fit_k_missing``, ``_fitted_k`` and
         ``_after_fit``."""
+        K = getattr(self, self._k_name)
+        auto = _choose_k.is_auto(K)
+        if _dask.is_dask_array(X):
+            return self._fit_chunks(X, sample_weight, K, auto)
         namespace = _array_api.input_namespace(X)
         if namespace is not None:
             X = _array_api.to_numpy(X)
         sample_weight = _array_api.to_numpy(sample_weight)  # of any namespace: it follows X
         # A warm start goes on from parameters a fit may have returned in another namespace.
         _array_api.attributes_to_numpy(self)
-        K = getattr(self, self._k_name)
-        auto = _choose_k.is_auto(K)
         X = _fitting.validate_fit_data(
             self, X, 1 if auto else K, self._accept_sparse, self._too_few_samples,
             allow_nan=allow_nan,
@@ -105,8 +120,6 @@ class TransformerMixtureBase(BaseEstimator):
         if has_missing:
             _missing.check_fit_data(self, X)
             start_rows = _missing.mean_imputed(X)
-        if _dask.is_dask_array(X) and self._needs_X_in_memory(auto, sample_weight):
-            raise ValueError(self._in_memory_message)
         sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
         self._forget_previous_fit()
         reading = None
@@ -122,7 +135,22 @@ class TransformerMixtureBase(BaseEstimator):
             self._fit_k(X, sample_weight, K, reading)
         self._after_fit(X)
         _array_api.attributes_to_input(self, namespace)
-        return X
+        return Rows(X, namespace, chunked=False)
+
+    def _fit_chunks(self, X, sample_weight, K, auto: bool) -> Rows:
+        """:meth:`_fit` of a Dask array: every EM or Lloyd pass is one Dask computation
+        over its chunks (:func:`transformer_gmm._dask.fit_plan`), and what needs ``X`` in
+        memory is refused."""
+        X = _dask.validate(self, X, reset=True, min_samples=2)
+        if not auto and X.shape[0] < K:
+            raise ValueError(self._too_few_samples(K, X.shape[0]))
+        if self._needs_X_in_memory(auto, sample_weight):
+            raise ValueError(self._in_memory_message)
+        self._forget_previous_fit()
+        self._store_choice(None)
+        self._fit_k(X, None, K, run=_dask.fit_plan)
+        self._after_fit(X)
+        return Rows(X, None, chunked=True)
 
     @staticmethod
     def _too_few_samples(n_components: int, n_samples: int) -> str:

@@ -211,9 +211,12 @@ def _reducer(X) -> blocks.BlockReducer:
     )
 
 
-def fit_plan(plan: MixturePlan | KMeansPlan, X) -> fit.MixtureFits | fit.KMeansFit:
-    """:func:`transformer_gmm.engine.fit.fit` of ``plan`` for one Dask array ``X``; a k-means
-    fit's ``labels`` are None (the estimator labels lazily)."""
+def fit_plan(
+    plan: MixturePlan | KMeansPlan, X, sample_weight: None = None
+) -> fit.MixtureFits | fit.KMeansFit:
+    """:func:`transformer_gmm.engine.fit.fit` of ``plan`` for one Dask array ``X`` (no
+    ``sample_weight``: the estimators refuse one on a Dask array); a k-means fit's
+    ``labels`` are None (the estimator labels lazily)."""
     is_mixture = isinstance(plan, MixturePlan)
     summary = _summarize(X, plan.seed, "TransformerGMM" if is_mixture else "TransformerClusterer")
     check_range(summary.highest, summary.lowest, summary.n_rows, X.dtype)

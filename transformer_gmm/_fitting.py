@@ -14,7 +14,7 @@ from scipy import sparse
 from sklearn.utils._param_validation import validate_parameter_constraints
 from sklearn.utils.validation import validate_data
 
-from . import _dask, _initialization
+from . import _initialization
 from ._cluster_initialization import given_centers, init_kind, n_runs
 from ._warnings import FallbackWarning, warn_user
 from .engine import fit, model_cache
@@ -59,17 +59,14 @@ def validate_fit_data(
     """``X`` checked as ``estimator``'s fit takes it (which sets its ``n_features_in_``), in
     float64 or float32, dense, with at least two and ``n_components`` rows; NaN let through
     where ``allow_nan`` (inf never)."""
-    if _dask.is_dask_array(X):
-        X = _dask.validate(estimator, X, reset=True, min_samples=2)
-    else:
-        X = validate_data(
-            estimator,
-            X,
-            accept_sparse=accept_sparse,
-            dtype=[np.float64, np.float32],
-            ensure_min_samples=2,
-            ensure_all_finite="allow-nan" if allow_nan else True,
-        )
+    X = validate_data(
+        estimator,
+        X,
+        accept_sparse=accept_sparse,
+        dtype=[np.float64, np.float32],
+        ensure_min_samples=2,
+        ensure_all_finite="allow-nan" if allow_nan else True,
+    )
     if X.shape[0] < n_components:
         raise ValueError(message(n_components, X.shape[0]))
     return densified(X) if sparse.issparse(X) else X
@@ -234,9 +231,8 @@ def kmeans_plan(
 
 
 def run(plan: MixturePlan | KMeansPlan, X, sample_weight=None):
-    """``plan`` run on ``X``: in memory, or by blocks for a Dask array."""
-    if _dask.is_dask_array(X):
-        return _dask.fit_plan(plan, X)
+    """``plan`` run on ``X`` in memory (a Dask array's fit runs
+    :func:`transformer_gmm._dask.fit_plan` instead)."""
     return fit.fit(plan, [X], None if sample_weight is None else [sample_weight])
 
 

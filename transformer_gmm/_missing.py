@@ -10,14 +10,11 @@ import numpy as np
 import torch
 from scipy import sparse
 
-from . import _dask
 from .engine import kpod, missing, row_order
 
 
 def has_missing(X) -> bool:
     """Whether the validated ``X`` (in memory, dense or sparse) holds a NaN."""
-    if _dask.is_dask_array(X):
-        return False
     if sparse.issparse(X):  # NaN can only be a stored value
         return has_missing(X.data)
     # A sum is one pass with no (n, d) mask; it is NaN where X holds one, and also where

@@ -72,7 +72,7 @@ def _predict_proba(X: np.ndarray, *parameters) -> np.ndarray:
 class FittedMixtureMixin:
     """Methods of a fitted mixture: they read ``weights_``, ``means_``, ``covariances_``,
     ``precisions_cholesky_``, ``covariance_type`` and ``random_state``,
-    and validate input with the estimator's ``_validate_predict_data``."""
+    and take rows through the estimator's door, ``_read_rows``."""
 
     def _set_parameters(
         self, weights, means, covariances, precisions_cholesky, dtype, copy: bool = False
@@ -153,20 +153,9 @@ class FittedMixtureMixin:
         arrays = (self.weights_, self.means_, self.precisions_cholesky_)
         return (*map(_array_api.to_numpy, arrays), self.covariance_type)
 
-    def _validated_rows(self, X, method: str) -> tuple:
-        """``X`` validated as numpy rows, and the namespace its results go back to (None:
-        numpy, or dispatch off): the door through which every method that scores rows
-        takes them. With dispatch on, ``X`` must be of the fit's namespace and device."""
-        check_is_fitted(self)
-        _array_api.check_fitted_namespace(X, self, "means_", method)
-        namespace = _array_api.input_namespace(X)
-        if namespace is not None:
-            X = _array_api.to_numpy(X)
-        return self._validate_predict_data(X), namespace
-
-    def _estimate_weighted_log_prob(self, X):
-        return self._apply_to_rows(
-            _weighted_log_prob, X, *self._parameters(), n_columns=self.weights_.shape[0]
+    def _estimate_weighted_log_prob(self, rows):
+        return rows.apply(
+            _weighted_log_prob, *self._parameters(), n_columns=self.weights_.shape[0]
         )
 
     def score_samples(self, X):
@@ -196,9 +185,9 @@ class FittedMixtureMixin:
         >>> bool(gmm.score_samples([[-5.0, -5.0]])[0] > gmm.score_samples([[0.0, 0.0]])[0])
         True
         """
-        X, namespace = self._validated_rows(X, "score_samples")
-        scores = self._apply_to_rows(_score_samples, X, *self._parameters(), dtype=X.dtype)
-        return _array_api.returned(scores, namespace)
+        rows = self._read_rows(X, "score_samples", "means_")
+        scores = rows.apply(_score_samples, *self._parameters(), dtype=rows.X.dtype)
+        return _array_api.returned(scores, rows.namespace)
 
     def score(self, X, y=None, sample_weight=None):
         """Mean log-likelihood per sample (higher is better).
@@ -229,8 +218,8 @@ class FittedMixtureMixin:
         >>> round(gmm.score(X, sample_weight=np.r_[np.ones(50), np.zeros(50)]), 1)  # first 50
         -3.4
         """
-        X, _ = self._validated_rows(X, "score")  # a float whatever the namespace
-        log_prob = self._apply_to_rows(_score_samples, X, *self._parameters(), dtype=X.dtype)
+        rows = self._read_rows(X, "score", "means_")  # a float whatever the namespace
+        log_prob = rows.apply(_score_samples, *self._parameters(), dtype=rows.X.dtype)
         if sample_weight is None:
             return float(log_prob.mean())
         sample_weight = _initialization.checked_sample_weight(
@@ -251,9 +240,9 @@ class FittedMixtureMixin:
         labels : ndarray of shape (n_samples,)
             Component labels: the argmax of :meth:`predict_proba`'s rows.
         """
-        X, namespace = self._validated_rows(X, "predict")
-        labels = self._apply_to_rows(_predict, X, *self._parameters(), dtype=np.intp)
-        return _array_api.returned(labels, namespace)
+        rows = self._read_rows(X, "predict", "means_")
+        labels = rows.apply(_predict, *self._parameters(), dtype=np.intp)
+        return _array_api.returned(labels, rows.namespace)
 
     def predict_proba(self, X):
         """Posterior probability of each component for each sample.
@@ -283,11 +272,12 @@ class FittedMixtureMixin:
         >>> gmm.predict([[0.3, 0.2]])
         array([1])
         """
-        X, namespace = self._validated_rows(X, "predict_proba")
-        proba = self._apply_to_rows(
-            _predict_proba, X, *self._parameters(), n_columns=self.weights_.shape[0], dtype=X.dtype
+        rows = self._read_rows(X, "predict_proba", "means_")
+        proba = rows.apply(
+            _predict_proba, *self._parameters(), n_columns=self.weights_.shape[0],
+            dtype=rows.X.dtype,
         )
-        return _array_api.returned(proba, namespace)
+        return _array_api.returned(proba, rows.namespace)
 
     def sample(self, n_samples=1):
         """Draw samples from the fitted mixture.

@@ -12,17 +12,8 @@ import numpy as np
 from scipy import sparse
 from sklearn.utils.validation import validate_data
 
-from . import _dask
 from ._fitting import densified
 from ._initialization import checked_sample_weight
-
-
-def check_in_memory(X) -> None:
-    if _dask.is_dask_array(X):
-        raise ValueError(
-            "partial_fit takes a batch in memory; pass batch.compute(), or fit the whole "
-            "dask array with fit."
-        )
 
 
 @contextmanager

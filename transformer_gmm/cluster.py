@@ -15,12 +15,10 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted
 
 from . import (
     _array_api,
     _choose_k,
-    _dask,
     _fitting,
     _initialization,
     _merge,
@@ -29,6 +27,7 @@ from . import (
 )
 from ._base import TransformerMixtureBase
 from ._cluster_initialization import init_kind
+from ._rows import Rows
 from ._verbose import kmeans_report
 from ._warnings import warn_user
 from .engine import online
@@ -392,7 +391,7 @@ default="transformer"
         >>> np.sort(km.cluster_centers_[:, 0]).round().tolist()
         [-5.0, 5.0]
         """
-        _streaming.check_in_memory(X)
+        self._check_batch(X)
         _array_api.check_numpy_stream(type(self).__name__, X)
         with _streaming.missing_values_refused(type(self).__name__):
             return self._partial_fit(X, sample_weight)
@@ -423,9 +422,10 @@ default="transformer"
         self._mark_stream()
         return self
 
-    def _fit_k(self, X, sample_weight, n_clusters: int, reading=None):
+    def _fit_k(self, X, sample_weight, n_clusters: int, reading=None, run=_fitting.run):
         """Fit ``n_clusters`` to the validated ``X``; the transformer's starts read from
-        ``reading``, the pass that read P(K | X), where there is one."""
+        ``reading``, the pass that read P(K | X), where there is one; ``run`` runs the
+        plan (in memory, or on a Dask array's chunks)."""
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_clusters)
         random_state = check_random_state(self.random_state)
@@ -437,7 +437,7 @@ default="transformer"
             )
         plan = self._plan(X, sample_weight, random_state, n_clusters, reading)
         self._n_init = plan.n_runs
-        self._store_fit(_fitting.run(plan, X, sample_weight), X, plan)
+        self._store_fit(run(plan, X, sample_weight), X, plan)
         return self
 
     def _store_fit(self, fitted, X, plan: KMeansPlan) -> None:
@@ -625,16 +625,15 @@ default="transformer"
         >>> bool(labels[0] == labels[1]), bool(labels[0] != labels[2])
         (True, True)
         """
-        if _dask.is_dask_array(X):  # one task a chunk, with nothing but the centres in it
-            check_is_fitted(self)
-            X = self._validate_predict_data(X)
-            return self._apply_to_rows(_nearest_center, X, self.cluster_centers_, dtype=np.int32)
-        distances, namespace = self._distances(X, "predict")
+        rows = self._read_rows(X, "predict", "cluster_centers_")
+        if rows.chunked:  # one task a chunk, with nothing but the centres in it
+            return rows.apply(_nearest_center, self.cluster_centers_, dtype=np.int32)
         if hasattr(self, "component_to_cluster_"):  # merged: the mixture's component's cluster
-            components = self.mixture_.predict(self._validate_predict_data(_array_api.to_numpy(X)))
+            components = self.mixture_.predict(rows.X)
             labels = self.component_to_cluster_[np.asarray(components)].astype(np.int32)
-            return _array_api.returned(labels, namespace)
-        return _array_api.returned(distances.argmin(axis=1).astype(np.int32), namespace)
+            return _array_api.returned(labels, rows.namespace)
+        labels = self._distances(rows).argmin(axis=1).astype(np.int32)
+        return _array_api.returned(labels, rows.namespace)
 
     def transform(self, X):
         """Distances from each sample to each cluster centre.
@@ -664,27 +663,16 @@ default="transformer"
         >>> bool((distances.argmin(axis=1) == km.predict([[-5.0, -5.0], [5.0, 5.0]])).all())
         True
         """
-        distances, namespace = self._distances(X, "transform")
-        return _array_api.returned(distances, namespace)
+        rows = self._read_rows(X, "transform", "cluster_centers_")
+        return _array_api.returned(self._distances(rows), rows.namespace)
 
-    def _distances(self, X, method: str) -> tuple:
-        """Distances from the validated ``X`` to the centres, in numpy (lazily for a dask
-        array), and the namespace they go back to (None: numpy, or dispatch off): the door
-        through which the methods that read rows take them. With dispatch on, ``X`` must be
-        of the fit's namespace and device."""
-        check_is_fitted(self)
-        _array_api.check_fitted_namespace(X, self, "cluster_centers_", method)
-        namespace = _array_api.input_namespace(X)
-        if namespace is not None:
-            X = _array_api.to_numpy(X)
-        X = self._validate_predict_data(X)
+    def _distances(self, rows: Rows):
+        """Distances from ``rows`` (read by :meth:`_read_rows`) to the centres, in numpy
+        (lazily for a Dask array); a row with NaN, over its observed coordinates."""
         centers = _array_api.to_numpy(self.cluster_centers_)
-        if _missing.has_missing(X):  # over each row's observed coordinates
-            return _missing.observed_distances(X, centers), namespace
-        distances = self._apply_to_rows(
-            euclidean_distances, X, centers, n_columns=centers.shape[0]
-        )
-        return distances, namespace
+        if not rows.chunked and _missing.has_missing(rows.X):
+            return _missing.observed_distances(rows.X, centers)
+        return rows.apply(euclidean_distances, centers, n_columns=centers.shape[0])
 
     def score(self, X, y=None, sample_weight=None):
         """Minus the inertia of ``X`` with respect to the fitted centres (higher is better).
@@ -714,7 +702,8 @@ default="transformer"
         >>> bool(np.isclose(km.score(X), -km.inertia_))
         True
         """
-        squared = self._distances(X, "score")[0].min(axis=1) ** 2  # a float whatever the namespace
+        rows = self._read_rows(X, "score", "cluster_centers_")  # a float whatever the namespace
+        squared = self._distances(rows).min(axis=1) ** 2
         if sample_weight is None:
             return -float(squared.sum())
         sample_weight = _initialization.checked_sample_weight(

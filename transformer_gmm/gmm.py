@@ -352,9 +352,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         >>> np.bincount(labels)
         array([50, 50])
         """
-        namespace = _array_api.input_namespace(X)
-        X = self._fit(X, sample_weight)
-        return _array_api.returned(self._estimate_weighted_log_prob(X).argmax(axis=1), namespace)
+        rows = self._fit(X, sample_weight)
+        labels = self._estimate_weighted_log_prob(rows).argmax(axis=1)
+        return _array_api.returned(labels, rows.namespace)
 
     def merge_components(self, X, n_clusters=None, sample_weight=None):
         """The cluster of each component: components merged by the entropy criterion.
@@ -454,7 +454,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         >>> gmm.weights_.round(1)
         array([0.5, 0.5])
         """
-        _streaming.check_in_memory(X)
+        self._check_batch(X)
         _array_api.check_numpy_stream(type(self).__name__, X)
         with _streaming.missing_values_refused(type(self).__name__):
             return self._partial_fit(X, sample_weight)
@@ -462,7 +462,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     def _partial_fit(self, X, sample_weight):
         """:meth:`partial_fit` on a numpy batch without NaN."""
         if not self._is_streaming():
-            X = self._fit(X, sample_weight, allow_nan=False)
+            X = self._fit(X, sample_weight, allow_nan=False).X
             self._start_stream(X.shape[0])
             return self
         X, sample_weight = _streaming.validate_batch(self, X, sample_weight)
@@ -519,15 +519,17 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         )
         warn_identical(identical, self.covariances_, self.reg_covar)
 
-    def _fit_k(self, X, sample_weight, n_components: int, reading=None) -> None:
-        """Fit ``n_components`` to the validated ``X``; the
-        transformer's starts read from ``reading``, the pass that read P(K | X), where
-        there is one."""
+    def _fit_k(
+        self, X, sample_weight, n_components: int, reading=None, run=_fitting.run
+    ) -> None:
+        """Fit ``n_components`` to the validated ``X``; the transformer's starts read from
+        ``reading``, the pass that read P(K | X), where there is one; ``run`` runs the
+        plan (in memory, or on a Dask array's chunks)."""
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_components)
         random_state = check_random_state(self.random_state)
         plan = self._plan(X, sample_weight, random_state, n_components, reading)
-        fits = _fitting.run(plan, X, sample_weight)
+        fits = run(plan, X, sample_weight)
         self._store_fit(fits, 0, plan, X.dtype)
         self._mark_collapsed(X, sample_weight)
         if self.verbose and fits.lower_bounds is not None:
