@@ -73,5 +73,19 @@ def _reaches(matrices: Tensor, floor: Tensor) -> Tensor:
     ``floor`` (...): the matrix less ``floor`` times the identity is then not positive
     definite, which one Cholesky factorization tells, several times cheaper than the
     eigenvalues (fit_many checks every component of every dataset)."""
-    eye = torch.eye(matrices.shape[-1], dtype=matrices.dtype, device=matrices.device)
-    return torch.linalg.cholesky_ex(matrices - floor[..., None, None] * eye).info > 0
+    d = matrices.shape[-1]
+    eye = torch.eye(d, dtype=matrices.dtype, device=matrices.device)
+    batch = matrices.shape[:-2]
+    flat, floors = matrices.reshape(-1, d, d), floor.expand(batch).reshape(-1)
+    # A few matrices at a time: each step's two temporaries stay within _CHUNK_BYTES where
+    # the matrices are wide (2,000 features: 32 MB a matrix), all at once where not.
+    step = max(1, _CHUNK_BYTES // (d * d * matrices.element_size()))
+    info = [
+        torch.linalg.cholesky_ex(flat[i : i + step] - floors[i : i + step, None, None] * eye).info
+        for i in range(0, flat.shape[0], step)
+    ]
+    return (torch.cat(info) > 0).reshape(batch)
+
+
+# The most bytes of matrices _reaches factorizes at once.
+_CHUNK_BYTES = 1 << 26

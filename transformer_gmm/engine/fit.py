@@ -297,15 +297,22 @@ class _Mixtures:
         # run's iterations are its own whatever the batch around it, so the result is the
         # batch's, in a fraction of its memory.
         n_datasets = x.shape[0]
-        results = []
-        for first in range(0, n_runs, per_chunk):
-            chunk = slice(first, min(first + per_chunk, n_runs))
-            runs_in_chunk = chunk.stop - chunk.start
-            params_in_chunk = m_step.MixtureParams(*(
-                None if t is None else t.unflatten(0, (n_datasets, n_runs))[:, chunk].flatten(0, 1)
+        chunks = [
+            m_step.MixtureParams(*(
+                None if t is None
+                else t.unflatten(0, (n_datasets, n_runs))[:, first : first + per_chunk]
+                .flatten(0, 1).clone()
                 for t in (getattr(params, f) for f in runs.FIELDS)
             ))
+            for first in range(0, n_runs, per_chunk)
+        ]
+        del params  # each chunk's starts are freed once its EM has begun from them
+        results = []
+        while chunks:
+            params_in_chunk = chunks.pop(0)
+            runs_in_chunk = len(params_in_chunk.weights) // n_datasets
             results.append(self._em(x, mask, weights, params_in_chunk, runs_in_chunk, **extra))
+            del params_in_chunk
         return _joined(results, n_datasets)
 
     def _run_gated(self, x, mask, weights, generator, index) -> em.EMResult:
@@ -492,11 +499,30 @@ def runs_per_chunk(x: torch.Tensor, plan: MixturePlan) -> int:
 
 def _joined(results: list[em.EMResult], n_datasets: int) -> em.EMResult:
     """The EM results of chunks of each dataset's runs, as one result over all of them
-    (dataset-major); lower bounds past a chunk's last iteration are NaN, as EM leaves them."""
+    (dataset-major); lower bounds past a chunk's last iteration are NaN, as EM leaves them.
+    Takes the chunks' parameters out of ``results`` as it copies them."""
     def join(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
         if tensors[0] is None:
             return None
         return torch.cat([t.unflatten(0, (n_datasets, -1)) for t in tensors], dim=1).flatten(0, 1)
+
+    def join_freeing(name: str) -> torch.Tensor | None:
+        # The chunks' parameters copied into one tensor, each chunk's released once copied:
+        # on wide data they are most of the fit's memory, and a concatenation would hold
+        # them twice.
+        parts = [getattr(r.params, name) for r in results]
+        if parts[0] is None:
+            return None
+        shape = (n_datasets, sum(t.shape[0] // n_datasets for t in parts), *parts[0].shape[1:])
+        joined = parts[0].new_empty(shape)
+        first = 0
+        for i, r in enumerate(results):
+            part = parts[i].unflatten(0, (n_datasets, -1))
+            joined[:, first : first + part.shape[1]] = part
+            first += part.shape[1]
+            parts[i] = part = None
+            results[i] = dataclasses.replace(r, params=dataclasses.replace(r.params, **{name: None}))
+        return joined.flatten(0, 1)
 
     n_iterations = max(r.lower_bounds.shape[1] for r in results)
     lower_bounds = [
@@ -506,8 +532,7 @@ def _joined(results: list[em.EMResult], n_datasets: int) -> em.EMResult:
     ]
     # The chunks ran one after another: iteration t ended when every chunk had run it.
     times = _joined_times(results, n_iterations)
-    params = m_step.MixtureParams(*(join([getattr(r.params, f) for r in results])
-                                    for f in runs.FIELDS))
+    params = m_step.MixtureParams(*(join_freeing(f) for f in runs.FIELDS))
     return em.EMResult(
         params,
         join([r.lower_bound for r in results]),
