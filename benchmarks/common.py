@@ -191,14 +191,16 @@ def paper_em_mixture(X: np.ndarray, n_components: int, rng: np.random.Generator,
 # --- cost --------------------------------------------------------------------------------
 
 
-def backbone_flops(config, n_samples: int, n_components: int) -> float:
-    """FLOPs (2 per multiply-add) of one forward pass over one dataset of n_samples.
+def backbone_flops(model, n_samples: int, n_components: int) -> float:
+    """FLOPs (2 per multiply-add) of one forward pass of ``model`` over one dataset of
+    n_samples.
 
     The backbone reads T = min(n, context_size) tokens. Per block: the q, kv and output
     projections (4 D^2 per token), the MLP (2 r D^2), and attention's scores and
     weighted sum (2 T D per token). Then the read-in and the K-slot readout head.
     """
-    tokens, d, k = min(n_samples, config.context_size), config.d_model, n_components
+    config = model.config
+    tokens, d, k = min(n_samples, model.reading.context_size), config.d_model, n_components
     per_block = tokens * (4 + 2 * config.mlp_ratio) * d * d + 2 * tokens * tokens * d
     read_in = tokens * config.d_max * d
     # Head: keys and values and point projections of every token, attention of K seeds,

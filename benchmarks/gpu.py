@@ -207,7 +207,7 @@ class ForwardPass:
         for _ in range(3):
             call()
         _, seconds = timed(lambda: [call() for _ in range(self.repeats)], self.device)
-        flops = self.batch * backbone_flops(self.model.config, 128, 4)
+        flops = self.batch * backbone_flops(self.model, 128, 4)
         return self.row(label, precision, flops, seconds / self.repeats)
 
     def bfloat16(self):

@@ -127,7 +127,7 @@ def throughput(checkpoint, device, batch_sizes, peak_tflops, seed=0):
     if checkpoint is not None:
         from transformer_gmm.storage import load_model
 
-        flops = backbone_flops(load_model(checkpoint).config, 128, 4)
+        flops = backbone_flops(load_model(checkpoint), 128, 4)
     rows = []
     for batch in batch_sizes:
         datasets = np.stack([sample_tgmm_task(rng, 4, 8).X for _ in range(batch)])

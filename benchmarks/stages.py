@@ -163,7 +163,7 @@ def flop_rates(checkpoint: str, repeats: int) -> list[dict]:
             with torch.inference_mode():
                 seconds = _seconds_per_call(lambda z=z: network(z, 4, None),
                                             max(1, repeats // batch))
-            rate = batch * backbone_flops(config, 128, 4) / seconds / 1e9
+            rate = batch * backbone_flops(model, 128, 4) / seconds / 1e9
             rows.append(dict(what=f"forward pass, batch {batch}{suffix}", gflops=rate,
                              fraction_of_matmul=rate / matmul))
 

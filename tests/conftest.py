@@ -16,16 +16,27 @@ import torch
 from transformer_gmm.engine import model_cache, readout
 from transformer_gmm.engine.device import pad, to_numpy
 from transformer_gmm.engine.standardize import fit_standardization
-from transformer_gmm.nn import MixtureTransformer, config_from_preset
+from transformer_gmm.nn import (
+    MixtureTransformer,
+    ReadingConfig,
+    config_from_preset,
+    reading_from_preset,
+)
 from transformer_gmm.storage import save_checkpoint
 
 
 def make_tiny_checkpoint(folder: Path, seed: int = 0, **config_changes) -> Path:
     """Save an untrained model of the "tiny" preset (heads for K = 2..4, d_max = 4,
-    context 64), with ``config_changes``, to ``folder``. Its estimates are poor, which is
-    what the tests want: EM must still polish them into a good fit."""
+    context 64), with ``config_changes`` (fields of its ModelConfig or ReadingConfig), to
+    ``folder``. Its estimates are poor, which is what the tests want: EM must still polish
+    them into a good fit."""
     torch.manual_seed(seed)
-    model = MixtureTransformer(config_from_preset("tiny", **config_changes))
+    reading_names = set(ReadingConfig.__dataclass_fields__)
+    reading = {k: v for k, v in config_changes.items() if k in reading_names}
+    model_changes = {k: v for k, v in config_changes.items() if k not in reading_names}
+    model = MixtureTransformer(
+        config_from_preset("tiny", **model_changes), reading_from_preset("tiny", **reading)
+    )
     # The training initialisation is deliberately small (every slot starts near the data
     # mean); unit-variance weights give components that differ, like a trained model's.
     with torch.no_grad():

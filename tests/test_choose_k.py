@@ -378,8 +378,10 @@ def test_training_the_head_changes_nothing_else_and_resumes(tmp_path):
     state = trained.state_dict()
     for name, weight in source.state_dict().items():  # every fit of a given K is unchanged
         assert torch.equal(state[name], weight), name
-    x, mask, k = k_posterior.sample_k_batch(np.random.default_rng(0), trained.config, 6)
-    assert x.shape[0] == 6 and x.shape[1] <= trained.config.context_size
+    x, mask, k = k_posterior.sample_k_batch(
+        np.random.default_rng(0), trained.config, trained.reading, 6
+    )
+    assert x.shape[0] == 6 and x.shape[1] <= trained.reading.context_size
     assert k.min() >= 0 and k.max() < trained.config.k_max  # K - 1, K in 1..k_max
 
 
@@ -395,7 +397,9 @@ def test_a_frozen_k_unknown_embedding_stays_and_the_head_learns(tmp_path):
     assert torch.equal(trained.k_unknown, start.k_unknown)  # the mean of the K embeddings
     head = "k_posterior_head.out.weight"
     assert not torch.equal(trained.state_dict()[head], start.state_dict()[head])
-    x, mask, _ = k_posterior.sample_k_batch(np.random.default_rng(0), trained.config, 3)
+    x, mask, _ = k_posterior.sample_k_batch(
+        np.random.default_rng(0), trained.config, trained.reading, 3
+    )
     k_posterior.trainable(trained, k_unknown=False)
     frozen = k_posterior.k_log_posterior(trained, x, mask, k_unknown=False)
     torch.testing.assert_close(frozen, trained.k_log_posterior(x, mask))
@@ -409,14 +413,17 @@ def test_head_batches_drawn_by_workers_are_the_steps_own():
     from transformer_gmm.training import k_posterior
     from transformer_gmm.training.prefetch import step_batches
 
-    config = load_checkpoint(TINY_CHECKPOINT).config
-    draw = functools.partial(k_posterior.k_batch_of_step, config=config, batch_size=3, seed=7)
+    model = load_checkpoint(TINY_CHECKPOINT)
+    config, reading = model.config, model.reading
+    draw = functools.partial(
+        k_posterior.k_batch_of_step, config=config, reading=reading, batch_size=3, seed=7
+    )
     in_process = step_batches(draw, 5, 8)
     by_workers = step_batches(draw, 5, 8, workers=2)
     for _ in range(3):  # steps 5, 6, 7, whichever worker drew them
         for a, b in zip(next(in_process), next(by_workers), strict=True):
             assert torch.equal(a, b)
-    step_6 = k_posterior.sample_k_batch(np.random.default_rng([7, 6]), config, 3)
+    step_6 = k_posterior.sample_k_batch(np.random.default_rng([7, 6]), config, reading, 3)
     again = step_batches(draw, 6, 7)
     assert all(torch.equal(a, b) for a, b in zip(step_6, next(again), strict=True))
 

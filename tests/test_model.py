@@ -12,8 +12,10 @@ from transformer_gmm.nn import (
     MixtureOutput,
     MixtureTransformer,
     ModelConfig,
+    ReadingConfig,
     config_from_preset,
 )
+from transformer_gmm.nn.config import split_checkpoint_config
 
 ATOL = 1e-5
 
@@ -172,14 +174,52 @@ def test_config_from_preset_overrides_and_errors():
         (dict(scale_type="tied"), "scale_type"),
         (dict(n_layer=0), "n_layer"),
         (dict(d_max=4.0), "d_max"),
-        (dict(context_size=True), "context_size"),
-        (dict(noise_directions=-1), "noise_directions"),
-        (dict(noise_directions=1.0), "noise_directions"),
     ],
 )
 def test_config_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
         ModelConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(context_size=True), "context_size"),
+        (dict(context_size=0), "context_size"),
+        (dict(noise_directions=-1), "noise_directions"),
+        (dict(noise_directions=1.0), "noise_directions"),
+    ],
+)
+def test_reading_config_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ReadingConfig(**kwargs)
+
+
+def test_model_config_holds_only_what_fixes_the_weights():
+    # How a fit shows the model data is its ReadingConfig, kept beside it: no weight's
+    # shape depends on it, and the forward pass does not read it.
+    assert not {"context_size", "noise_directions"} & set(ModelConfig.__dataclass_fields__)
+    config = config_from_preset("tiny")
+    torch.manual_seed(0)
+    a = MixtureTransformer(config, ReadingConfig(context_size=8, noise_directions=2))
+    torch.manual_seed(0)
+    b = MixtureTransformer(config)
+    assert a.reading != b.reading and b.reading == ReadingConfig()
+    x = torch.randn(1, 20, config.d_max)
+    assert torch.equal(a(x, 2).means, b(x, 2).means)
+
+
+def test_checkpoint_config_splits_strictly():
+    both = {**ModelConfig().to_dict(), **ReadingConfig(context_size=9).to_dict()}
+    assert split_checkpoint_config(both) == (ModelConfig(), ReadingConfig(context_size=9))
+    with pytest.raises(ValueError, match="dropout"):
+        split_checkpoint_config({**both, "dropout": 0.1})
+    without_context = dict(both)
+    del without_context["context_size"]
+    with pytest.raises(ValueError, match="context_size"):
+        split_checkpoint_config(without_context)
+    with pytest.raises(ValueError, match="context_size"):
+        ModelConfig.from_dict(both)  # a ModelConfig alone knows no reading fields
 
 
 def test_config_round_trip_and_strict_from_dict():
@@ -199,8 +239,8 @@ def test_config_round_trip_and_strict_from_dict():
 
 def test_configs_written_before_noise_directions_read_as_zero():
     # Checkpoints saved before the field existed read K - 1 directions: so must they now.
-    written_before = ModelConfig().to_dict()
+    written_before = {**ModelConfig().to_dict(), **ReadingConfig().to_dict()}
     del written_before["noise_directions"]
-    assert ModelConfig.from_dict(written_before).noise_directions == 0
-    reads_one_more = ModelConfig(noise_directions=1)
-    assert ModelConfig.from_dict(reads_one_more.to_dict()) == reads_one_more
+    assert split_checkpoint_config(written_before)[1].noise_directions == 0
+    reads_one_more = ReadingConfig(noise_directions=1)
+    assert ReadingConfig.from_dict(reads_one_more.to_dict()) == reads_one_more

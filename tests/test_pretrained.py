@@ -79,7 +79,8 @@ def test_pinned_network_output(name):
     X = make_data()
     backbone = model_cache.load_backbone("default")
     config = backbone.config
-    standardization = OneStandardization(X, config.d_max, n_components, config.noise_directions)
+    noise = backbone.reading.noise_directions
+    standardization = OneStandardization(X, config.d_max, n_components, noise)
     (estimate,) = transformer_estimates(
         backbone, [standardization.transform(X)], n_components, "cpu"
     )

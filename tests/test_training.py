@@ -492,7 +492,7 @@ def test_init_from_a_shallower_model_starts_deeper_with_the_same_outputs(tmp_pat
         a, b = source(x, k), deeper(x, k)
         assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a, b, strict=True))
     wider = _tiny(tmp_path, "wider", max_steps=1, init_from=str(first / "checkpoint"), d_model=32)
-    with pytest.raises(ValueError, match=r"only n_layer, k_max \(upward\), noise_directions"):
+    with pytest.raises(ValueError, match=r"only n_layer, k_max \(upward\) and a spherical"):
         T.train(wider)
 
 
@@ -621,8 +621,8 @@ def test_init_from_a_model_that_read_fewer_directions(tmp_path):
         noise_directions=1,
     )  # fmt: skip
     reads_more = load_checkpoint(T.train(reads_more_cfg) / "checkpoint")
-    assert reads_more.config.noise_directions == 1
-    assert load_checkpoint(first / "checkpoint").config.noise_directions == 0
+    assert reads_more.reading.noise_directions == 1
+    assert load_checkpoint(first / "checkpoint").reading.noise_directions == 0
     # Its batches hold one direction more where the data has it (the tiny prior's d reaches
     # past K), and the estimators read as many.
     batch = T.get_batch(reads_more_cfg, reads_more.config, step=0, rank=0)
@@ -752,8 +752,8 @@ def test_several_focus_priors_share_the_steps():
             K,
             4,
             mc.d_max,
-            mc.context_size,
-            mc.noise_directions,
+            T.reading_config(one).context_size,
+            T.reading_config(one).noise_directions,
         )
         assert torch.equal(T.get_batch(one, mc, step, 0).x, expected.x)
 

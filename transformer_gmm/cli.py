@@ -267,9 +267,9 @@ def _card_summary(card: str, sentences: int = 2) -> str:
 
 
 def _summary(name: str, folder: Path, source: str) -> str:
-    from .storage.format import WEIGHTS_FILE, read_config
+    from .storage.format import WEIGHTS_FILE, read_config, read_reading
 
-    config = read_config(folder)
+    config, reading = read_config(folder), read_reading(folder)
     weights = folder / WEIGHTS_FILE
     if weights.is_file():
         size = f"{_human_size(weights.stat().st_size)} of weights"
@@ -277,7 +277,8 @@ def _summary(name: str, folder: Path, source: str) -> str:
         size = f"no weights ({WEIGHTS_FILE} is missing)"
     else:
         size = "weights not downloaded yet (they come with the first use)"
-    fields = ", ".join(f"{key}={value}" for key, value in config.to_dict().items())
+    both = {**config.to_dict(), **reading.to_dict()}
+    fields = ", ".join(f"{key}={value}" for key, value in both.items())
     return "\n".join(
         [
             f"Checkpoint:  {name}",
@@ -285,7 +286,7 @@ def _summary(name: str, folder: Path, source: str) -> str:
             f"Folder:      {folder}",
             f"Components:  K = {config.k_min}..{config.k_max} (a readout head for each)",
             f"Input:       up to {config.d_max} features (more are projected), "
-            f"{config.context_size} points per forward pass (more are subsampled)",
+            f"{reading.context_size} points per forward pass (more are subsampled)",
             f"Parameters:  {_n_parameters(config):,}; {size}",
             f"Config:      {fields}",
         ]
@@ -400,7 +401,7 @@ def _export(args: argparse.Namespace) -> int:
 def _preset_model(preset: str, assignments: list[str], seed: int):
     import torch
 
-    from .nn import MixtureTransformer, config_from_preset
+    from .nn import MixtureTransformer, ReadingConfig, config_from_preset, reading_from_preset
 
     overrides = {}
     for assignment in assignments:
@@ -408,9 +409,16 @@ def _preset_model(preset: str, assignments: list[str], seed: int):
         if not sep:
             raise ValueError(f"--set expects FIELD=VALUE, got {assignment!r}.")
         overrides[field.strip()] = int(value) if value.strip().isdigit() else value.strip()
-    config = config_from_preset(preset, **overrides)
+    # --set takes the fields of both configs: how the model reads data goes to its reading.
+    reading_names = set(ReadingConfig.__dataclass_fields__)
+    reading = reading_from_preset(
+        preset, **{k: v for k, v in overrides.items() if k in reading_names}
+    )
+    config = config_from_preset(
+        preset, **{k: v for k, v in overrides.items() if k not in reading_names}
+    )
     torch.manual_seed(seed)  # the same preset and seed give the same weights
-    return MixtureTransformer(config)
+    return MixtureTransformer(config, reading)
 
 
 def _save_untrained(model, folder: Path, preset: str, seed: int, card: str | None) -> Path:
@@ -422,5 +430,5 @@ def _save_untrained(model, folder: Path, preset: str, seed: int, card: str | Non
             "are random, so EM does all the work until you train it; replace this note with "
             "how it was trained before you publish it."
         )
-        card = default_model_card(model.config, note=note)
+        card = default_model_card(model.config, note=note, reading=model.reading)
     return save_checkpoint(model, folder, model_card=card)

@@ -521,7 +521,8 @@ def _joined(results: list[em.EMResult], n_datasets: int) -> em.EMResult:
             joined[:, first : first + part.shape[1]] = part
             first += part.shape[1]
             parts[i] = part = None
-            results[i] = dataclasses.replace(r, params=dataclasses.replace(r.params, **{name: None}))
+            emptied = dataclasses.replace(r.params, **{name: None})
+            results[i] = dataclasses.replace(r, params=emptied)
         return joined.flatten(0, 1)
 
     n_iterations = max(r.lower_bounds.shape[1] for r in results)

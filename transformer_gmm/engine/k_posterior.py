@@ -76,9 +76,9 @@ def read_k_unknown(
     if sample_weight is not None:
         weights = [np.asarray(w)[order] for w, order in zip(sample_weight, orders, strict=True)]
         w = pad(weights, device, x.dtype)[0]  # (B, N), zero on padding
-        x, mask = weighted_rows(x, w, config.context_size, generator)
+        x, mask = weighted_rows(x, w, model.reading.context_size, generator)
     # Projected as for the largest K: every direction up to d_max.
-    read = read_views(config, x, mask, config.k_max, generator, n_views)
+    read = read_views(model, x, mask, config.k_max, generator, n_views)
     with torch.inference_mode():
         tokens, tokens_mask = model.k_unknown_tokens(read.views, read.views_mask)
         log_p = model.k_posterior_head(tokens, tokens_mask)  # (V * B, k_max)

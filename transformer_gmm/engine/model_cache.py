@@ -1,12 +1,13 @@
 """The loaded transformers: a checkpoint's model, loaded once, and its copies on devices.
 
 A fit's transformer start reads the data with the model a checkpoint holds (the
-"backbone", a :class:`~transformer_gmm.nn.MixtureTransformer`: its ``config`` says what
-it reads, ``d_max`` features and ``context_size`` rows, and ``supported_n_components``
-which K it has a head for). :mod:`transformer_gmm.storage.checkpoints` loads it once per
-process and shares it; this module keeps its copies on the other devices (and a bfloat16
-copy on CPU, :mod:`~transformer_gmm.engine.precision`), so that fits after the first load
-and copy nothing, and forgets them all on request (:func:`clear_model_cache`).
+"backbone", a :class:`~transformer_gmm.nn.MixtureTransformer`: its ``config`` says how
+many features it reads, ``d_max``, its ``reading`` how many rows, ``context_size``, and
+``supported_n_components`` which K it has a head for).
+:mod:`transformer_gmm.storage.checkpoints` loads it once per process and shares it; this
+module keeps its copies on the other devices (and a bfloat16 copy on CPU,
+:mod:`~transformer_gmm.engine.precision`), so that fits after the first load and copy
+nothing, and forgets them all on request (:func:`clear_model_cache`).
 """
 
 from __future__ import annotations

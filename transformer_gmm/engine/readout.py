@@ -188,23 +188,25 @@ class Reading:
 
 
 def read_views(
-    config, x: Tensor, mask: Tensor | None, n_components: int, generator, n_views: int
+    model, x: Tensor, mask: Tensor | None, n_components: int, generator, n_views: int
 ) -> ReadViews:
     """Standardize ``x`` (B, N, d) as for ``n_components`` and stack ``n_views`` views for
-    the backbone: view v reads its own draw of at most ``config.context_size`` rows (the
-    same rows in every view where all fit), reflected by :func:`reflections`.
+    the backbone ``model``: view v reads its own draw of at most
+    ``model.reading.context_size`` rows (the same rows in every view where all fit),
+    reflected by :func:`reflections`.
 
     Where a dataset has more rows than the context, each view reads other rows: a second
     look at large data, which a reflection of the same rows is not.
     """
+    reading = model.reading
     standardization = fit_standardization(
-        x, mask, config.d_max, n_components, config.noise_directions
+        x, mask, model.config.d_max, n_components, reading.noise_directions
     )
     shape = tuple(x.shape[:2])
     z = standardization.transform(x)  # (B, N, d_max) float32
     signs = reflections(n_views, z.shape[-1]).to(z)  # (V, d_max)
     # View by view, so that view 0's draw is the same for any number of views.
-    draws = [subsample_rows(shape, mask, config.context_size, generator) for _ in range(n_views)]
+    draws = [subsample_rows(shape, mask, reading.context_size, generator) for _ in range(n_views)]
     if draws[0][0] is None:  # every row fits: each view reads them all
         rows_index, z_read = None, z.repeat(n_views, 1, 1)  # (V * B, N, d_max)
         rows_mask = None if mask is None else mask.repeat(n_views, 1)
@@ -248,7 +250,7 @@ def _read(
     """
     n_views, n_datasets = -(-n_starts // 2), x.shape[0]
     if reading is None:
-        read = read_views(model.config, x, mask, n_components, generator, n_views)
+        read = read_views(model, x, mask, n_components, generator, n_views)
         out = forward(model, read.views, n_components, read.views_mask)
         standardization, z, signs = read.standardization, read.z, read.signs
         rows, rows_mask = read.rows(x), read.rows_mask  # (V * B, C, d), (V * B, C)

@@ -30,7 +30,7 @@ def _weighted_draw(x, sample_weight, backbone, generator, plan: FitPlan) -> tupl
         n_datasets = x.shape[0]
         rows_mask = plan.reading.rows_mask
         return plan.reading.rows[:n_datasets], None if rows_mask is None else rows_mask[:n_datasets]
-    return weighted_rows(x, sample_weight, backbone.config.context_size, generator)
+    return weighted_rows(x, sample_weight, backbone.reading.context_size, generator)
 
 
 # --- Gaussian mixtures ---------------------------------------------------------------

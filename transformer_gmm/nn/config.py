@@ -1,4 +1,5 @@
-"""The model's hyperparameters: one frozen dataclass, its JSON form and a few presets."""
+"""The model's hyperparameters (:class:`ModelConfig`), how a fit shows it a dataset
+(:class:`ReadingConfig`), their JSON form and a few presets."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ class ModelConfig:
 
     Every field is stored in a checkpoint's ``config.json``; together they fix every
     weight's shape, so a checkpoint is loaded only under the exact config it was saved with.
+    How a fit shows the model a dataset (how many rows, which directions) is not the
+    model's shape: it is the :class:`ReadingConfig` the checkpoint keeps beside it.
 
     Parameters
     ----------
@@ -23,8 +26,6 @@ class ModelConfig:
         Input width: points are standardized and zero-padded (or projected) to ``d_max``.
     k_min, k_max : int, default=2, 10
         A readout head exists for every number of components in ``[k_min, k_max]``.
-    context_size : int, default=256
-        The most points one forward pass reads; ``fit`` subsamples larger datasets.
     n_layer : int, default=4
         Transformer blocks.
     n_head : int, default=4
@@ -37,10 +38,6 @@ class ModelConfig:
         One standard deviation per component, one per coordinate, or a full covariance
         (its lower Cholesky factor) in model space, so that the model's own
         responsibilities can follow elongated, correlated components.
-    noise_directions : int, default=0
-        Principal directions the model reads beyond the K - 1 that can hold the means,
-        when the data has them: they hold only noise, so they show how wide the
-        components are. It changes what the model reads, not any weight's shape.
     k_posterior_seeds : int, default=0
         Pooling seeds of the head that reads P(K | X) for K = 1..k_max under a "K unknown"
         task embedding; 0: no such head.
@@ -61,35 +58,16 @@ class ModelConfig:
     d_max: int = 8  # input width: points are standardized and zero-padded (or projected) to d_max
     k_min: int = 2  # a readout head exists for every K in [k_min, k_max]
     k_max: int = 10
-    context_size: int = 256  # most points one forward pass reads; fit subsamples larger datasets
     n_layer: int = 4
     n_head: int = 4
     d_model: int = 128
     mlp_ratio: int = 4
     scale_type: str = "spherical"  # one std per component ("spherical"), per coordinate
     # ("diag"), or a lower Cholesky factor of each component's covariance ("full")
-    noise_directions: int = 0  # principal directions read beyond the K - 1 the means span
     k_posterior_seeds: int = 0  # pooling seeds of the P(K | X) head; 0: no such head
 
     def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.name == "scale_type":
-                if not isinstance(value, str) or value not in SCALE_TYPES:
-                    raise ValueError(
-                        f"scale_type must be one of {SCALE_TYPES}, got {shown(value)}."
-                    )
-            # bool is an int subclass; a JSON 128.0 is not an int: both are rejected.
-            elif not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"{field.name} must be an int, got {shown(value)}.")
-            elif value < _SMALLEST.get(field.name, 1):
-                smallest = _SMALLEST.get(field.name)
-                kind = "a positive int" if smallest is None else f">= {smallest}"
-                raise ValueError(f"{field.name} must be {kind}, got {shown(value)}.")
-            elif value > LARGEST[field.name]:
-                raise ValueError(
-                    f"{field.name} must be at most {LARGEST[field.name]}, got {shown(value)}."
-                )
+        _check_values(self)
         if self.k_min > self.k_max:
             raise ValueError(
                 f"k_min and k_max must satisfy 1 <= k_min <= k_max, "
@@ -111,8 +89,8 @@ class ModelConfig:
 
         A config written by a newer or foreign model must not be half-understood, and a
         missing field must not silently take a default that disagrees with the weights.
-        The exceptions are fields added later whose default is what every checkpoint
-        written before them did (``noise_directions`` and ``k_posterior_seeds``: 0).
+        The exception is a field added later whose default is what every checkpoint
+        written before it did (``k_posterior_seeds``: 0).
 
         Examples
         --------
@@ -126,11 +104,108 @@ class ModelConfig:
         ...     print(str(error)[:40])
         Unknown ModelConfig field(s) ['dropout']
         """
-        if not isinstance(d, dict):
-            raise ValueError(f"A ModelConfig is read from a dict, got {type(d).__name__}.")
-        fields = {**_ADDED_LATER, **d}
-        _check_names(fields, require_all=True)
-        return cls(**fields)
+        return _from_dict(cls, d)
+
+
+@dataclass(frozen=True)
+class ReadingConfig:
+    """How a fit shows a :class:`~transformer_gmm.nn.MixtureTransformer` a dataset: no
+    weight depends on it, but the model was trained reading data this way, so a checkpoint
+    keeps it beside its :class:`ModelConfig` (in the same ``config.json``) and the loaded
+    model carries it as ``model.reading``, as a language model carries the settings its
+    generation reads. The fit (``engine/readout.py``) and the training read it; the
+    forward pass does not.
+
+    Parameters
+    ----------
+    context_size : int, default=256
+        The most points one forward pass reads; ``fit`` subsamples larger datasets.
+    noise_directions : int, default=0
+        Principal directions the model reads beyond the K - 1 that can hold the means,
+        when the data has them: they hold only noise, so they show how wide the
+        components are.
+
+    Examples
+    --------
+    >>> from transformer_gmm.nn import ReadingConfig
+    >>> ReadingConfig(context_size=128).noise_directions
+    0
+    """
+
+    context_size: int = 256  # most points one forward pass reads; fit subsamples larger datasets
+    noise_directions: int = 0  # principal directions read beyond the K - 1 the means span
+
+    def __post_init__(self) -> None:
+        _check_values(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain, JSON-ready dict; :meth:`from_dict` reads it back."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ReadingConfig:
+        """Strict inverse of :meth:`to_dict`, as :meth:`ModelConfig.from_dict`
+        (``noise_directions``, added later, is 0 where absent)."""
+        return _from_dict(cls, d)
+
+
+def split_checkpoint_config(d: dict[str, Any]) -> tuple[ModelConfig, ReadingConfig]:
+    """A checkpoint's ``config.json`` fields (both configs' in one dict) as its
+    :class:`ModelConfig` and :class:`ReadingConfig`: strict, as their ``from_dict``.
+
+    Examples
+    --------
+    >>> from transformer_gmm.nn import ModelConfig, ReadingConfig
+    >>> both = {**ModelConfig().to_dict(), **ReadingConfig().to_dict()}
+    >>> split_checkpoint_config(both) == (ModelConfig(), ReadingConfig())
+    True
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"A checkpoint's config is a dict, got {type(d).__name__}.")
+    model_names = _names(ModelConfig)
+    reading_names = _names(ReadingConfig)
+    unknown = sorted(set(d) - set(model_names) - set(reading_names))
+    if unknown:
+        raise ValueError(
+            f"Unknown config field(s) {shown(unknown)}; the known fields are "
+            f"{model_names + reading_names}."
+        )
+    model = {name: value for name, value in d.items() if name in model_names}
+    reading = {name: value for name, value in d.items() if name in reading_names}
+    return ModelConfig.from_dict(model), ReadingConfig.from_dict(reading)
+
+
+def _names(cls) -> list[str]:
+    return [field.name for field in dataclasses.fields(cls)]
+
+
+def _from_dict(cls, d: dict[str, Any]):
+    if not isinstance(d, dict):
+        raise ValueError(f"A {cls.__name__} is read from a dict, got {type(d).__name__}.")
+    fields = {**{k: v for k, v in _ADDED_LATER.items() if k in _names(cls)}, **d}
+    _check_names(fields, cls, require_all=True)
+    return cls(**fields)
+
+
+def _check_values(config) -> None:
+    """Each field of ``config`` (a ModelConfig or a ReadingConfig) of its type and within
+    its bounds."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name == "scale_type":
+            if not isinstance(value, str) or value not in SCALE_TYPES:
+                raise ValueError(f"scale_type must be one of {SCALE_TYPES}, got {shown(value)}.")
+        # bool is an int subclass; a JSON 128.0 is not an int: both are rejected.
+        elif not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{field.name} must be an int, got {shown(value)}.")
+        elif value < _SMALLEST.get(field.name, 1):
+            smallest = _SMALLEST.get(field.name)
+            kind = "a positive int" if smallest is None else f">= {smallest}"
+            raise ValueError(f"{field.name} must be {kind}, got {shown(value)}.")
+        elif value > LARGEST[field.name]:
+            raise ValueError(
+                f"{field.name} must be at most {LARGEST[field.name]}, got {shown(value)}."
+            )
 
 
 # Fields added after the first checkpoints, with the value that reproduces what those
@@ -173,19 +248,19 @@ def shown(value: Any) -> str:
     return _SHOWN.repr(value)
 
 
-def _check_names(d: dict[str, Any], *, require_all: bool) -> None:
-    names = [field.name for field in dataclasses.fields(ModelConfig)]
+def _check_names(d: dict[str, Any], cls, *, require_all: bool) -> None:
+    names = _names(cls)
     unknown = sorted(set(d) - set(names))
     if unknown:
         raise ValueError(
-            f"Unknown ModelConfig field(s) {shown(unknown)}; the known fields are {names}."
+            f"Unknown {cls.__name__} field(s) {shown(unknown)}; the known fields are {names}."
         )
     missing = [name for name in names if name not in d]
     if require_all and missing:
-        raise ValueError(f"Missing ModelConfig field(s) {missing}.")
+        raise ValueError(f"Missing {cls.__name__} field(s) {missing}.")
 
 
-PRESETS: dict[str, dict[str, Any]] = {
+PRESETS: dict[str, dict[str, Any]] = {  # ModelConfig fields, and a ReadingConfig's context_size
     # For tests: builds and runs in milliseconds, learns nothing useful.
     "tiny": dict(
         d_max=4, k_min=2, k_max=4, context_size=64, n_layer=1, n_head=2, d_model=16, mlp_ratio=4
@@ -200,7 +275,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def config_from_preset(name: str, **overrides: Any) -> ModelConfig:
-    """The preset ``name`` ("tiny", "small" or "base") with some fields replaced.
+    """The preset ``name``'s model ("tiny", "small" or "base") with some fields replaced.
 
     Parameters
     ----------
@@ -220,7 +295,25 @@ def config_from_preset(name: str, **overrides: Any) -> ModelConfig:
     >>> config.d_model, config.n_layer, config.scale_type
     (16, 1, 'diag')
     """
+    return _from_preset(ModelConfig, name, overrides)
+
+
+def reading_from_preset(name: str, **overrides: Any) -> ReadingConfig:
+    """The preset ``name``'s :class:`ReadingConfig` with some fields replaced.
+
+    Examples
+    --------
+    >>> from transformer_gmm.nn import reading_from_preset
+    >>> reading_from_preset("tiny", noise_directions=1)
+    ReadingConfig(context_size=64, noise_directions=1)
+    """
+    return _from_preset(ReadingConfig, name, overrides)
+
+
+def _from_preset(cls, name: str, overrides: dict[str, Any]):
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}; the presets are {sorted(PRESETS)}.")
-    _check_names(overrides, require_all=False)
-    return ModelConfig(**{**PRESETS[name], **overrides})
+    _check_names(overrides, cls, require_all=False)
+    names = _names(cls)
+    preset = {field: value for field, value in PRESETS[name].items() if field in names}
+    return cls(**{**preset, **overrides})

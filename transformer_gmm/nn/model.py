@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from .config import ModelConfig, ReadingConfig
 
 # Smallest standard deviation the model can output, in standardized units (the data has
 # std 1). It keeps the Gaussian likelihood bounded: a zero-width component on one point
@@ -210,6 +210,9 @@ class MixtureTransformer(nn.Module):
     ----------
     config : ModelConfig
         The model's shape; it fixes every weight's shape.
+    reading : ReadingConfig, default=None
+        How a fit shows the model a dataset (``ReadingConfig()`` if None); kept as
+        ``reading`` for the fit and the checkpoint, never read by the forward pass.
 
     Examples
     --------
@@ -222,9 +225,10 @@ class MixtureTransformer(nn.Module):
     torch.Size([1, 2, 4])
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, reading: ReadingConfig | None = None) -> None:
         super().__init__()
         self.config = config
+        self.reading = ReadingConfig() if reading is None else reading
         self.readin = nn.Linear(config.d_max, config.d_model)
         self.k_embedding = nn.Embedding(config.k_max - config.k_min + 1, config.d_model)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])

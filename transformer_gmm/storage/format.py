@@ -1,7 +1,8 @@
 """The checkpoint format: a folder of three files, read and written.
 
-- ``config.json``: the :class:`~transformer_gmm.nn.ModelConfig` fields, plus ``model_type``
-  and ``format_version``;
+- ``config.json``: the :class:`~transformer_gmm.nn.ModelConfig` fields and the
+  :class:`~transformer_gmm.nn.ReadingConfig` fields in one object, plus ``model_type`` and
+  ``format_version``;
 - ``model.safetensors``: the weights (read with safetensors only: never pickle);
 - ``README.md``: the model card.
 
@@ -20,8 +21,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ..nn import MixtureTransformer, ModelConfig
-from ..nn.config import shown
+from ..nn import MixtureTransformer, ModelConfig, ReadingConfig
+from ..nn.config import shown, split_checkpoint_config
 from ..nn.model import scale_width
 
 MODEL_TYPE = "transformer_gmm.MixtureTransformer"
@@ -94,6 +95,7 @@ def save_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     config = {"model_type": MODEL_TYPE, "format_version": FORMAT_VERSION}
     config.update(model.config.to_dict())
+    config.update(model.reading.to_dict())
     tensors = {
         name: tensor.detach().to("cpu", torch.float32).contiguous()
         for name, tensor in model.state_dict().items()
@@ -102,7 +104,10 @@ def save_checkpoint(
     # under the real name, and a reader sees the old file or the new one.
     _replace(folder / WEIGHTS_FILE, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
     _replace(folder / CONFIG_FILE, lambda p: Path(p).write_text(json.dumps(config, indent=2)))
-    card = model_card if model_card is not None else default_model_card(model.config)
+    card = (
+        model_card if model_card is not None
+        else default_model_card(model.config, reading=model.reading)
+    )
     _replace(folder / CARD_FILE, lambda p: Path(p).write_text(card, encoding="utf-8"))
     return folder
 
@@ -113,8 +118,11 @@ def _replace(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def default_model_card(config: ModelConfig, *, note: str = "") -> str:
-    """A model card (``README.md``) that describes ``config``; ``note`` follows the title.
+def default_model_card(
+    config: ModelConfig, *, note: str = "", reading: ReadingConfig | None = None
+) -> str:
+    """A model card (``README.md``) that describes ``config`` and ``reading`` (by default
+    ``ReadingConfig()``); ``note`` follows the title.
 
     It opens with the Hub's metadata block, so the Hub lists the checkpoint under the
     ``transformer_gmm`` library.
@@ -140,14 +148,16 @@ def default_model_card(config: ModelConfig, *, note: str = "") -> str:
     >>> "Trained for tests." in card
     True
     """
-    rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in config.to_dict().items())
+    reading = ReadingConfig() if reading is None else reading
+    fields = {**config.to_dict(), **reading.to_dict()}
+    rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in fields.items())
     k = f"{config.k_min}..{config.k_max}"
     return (
         "---\nlibrary_name: transformer_gmm\ntags: [gaussian-mixture, clustering]\n---\n\n"
         "# transformer_gmm checkpoint\n\n"
         + (note.strip() + "\n\n" if note.strip() else "")
         + f"A `MixtureTransformer` with readout heads for {k} components, reading up to "
-        f"{config.context_size} points of dimension up to {config.d_max}.\n\n"
+        f"{reading.context_size} points of dimension up to {config.d_max}.\n\n"
         "| field | value |\n| --- | --- |\n" + rows + "\n\n"
         "```python\nfrom transformer_gmm import TransformerGMM\n\n"
         'gmm = TransformerGMM(n_components=3, checkpoint="<this folder or Hub id>").fit(X)\n```\n'
@@ -190,7 +200,7 @@ def read_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"Checkpoint folder {str(folder)!r} does not exist.")
-    config = _read_config(folder / CONFIG_FILE)
+    config, reading = _read_configs(folder / CONFIG_FILE)
     weights = folder / WEIGHTS_FILE
     header = _read_header(weights)
     # Every size the config gives must match the weights file before anything is built: a
@@ -199,7 +209,7 @@ def read_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
     # where nothing is allocated and the expected names and shapes come for free.
     _check_sizes(weights, config, header)
     with torch.device("meta"):
-        model = MixtureTransformer(config)
+        model = MixtureTransformer(config, reading)
     _check_weights(weights, header, model.state_dict())
     state = _read_weights(weights)
     _check_finite(weights, state)
@@ -234,10 +244,29 @@ def read_config(folder: str | os.PathLike) -> ModelConfig:
     >>> config.k_min, config.k_max, config.d_max
     (2, 4, 4)
     """
-    return _read_config(Path(folder) / CONFIG_FILE)
+    return _read_configs(Path(folder) / CONFIG_FILE)[0]
 
 
-def _read_config(path: Path) -> ModelConfig:
+def read_reading(folder: str | os.PathLike) -> ReadingConfig:
+    """How a fit shows the model of the checkpoint in ``folder`` a dataset (its
+    :class:`~transformer_gmm.nn.ReadingConfig`), without reading its weights; errors as
+    :func:`read_config`'s.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.nn import reading_from_preset
+    >>> model = MixtureTransformer(config_from_preset("tiny"), reading_from_preset("tiny"))
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     reading = read_reading(save_checkpoint(model, tmp))
+    >>> reading.context_size
+    64
+    """
+    return _read_configs(Path(folder) / CONFIG_FILE)[1]
+
+
+def _read_configs(path: Path) -> tuple[ModelConfig, ReadingConfig]:
     if not path.is_file():
         raise CheckpointError(
             f"{path} is missing: a checkpoint folder holds {CONFIG_FILE}, {WEIGHTS_FILE} and "
@@ -261,7 +290,7 @@ def _read_config(path: Path) -> ModelConfig:
             "a newer transformer_gmm: upgrade it (pip install -U transformer-gmm)."
         )
     try:
-        return ModelConfig.from_dict(d)
+        return split_checkpoint_config(d)
     except (TypeError, ValueError, OverflowError, RecursionError) as error:
         raise CheckpointError(f"{path}: {error}") from error
 

@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass
 
 from ..nn import PRESETS as MODEL_PRESETS
-from ..nn import ModelConfig, config_from_preset
+from ..nn import ModelConfig, ReadingConfig, config_from_preset, reading_from_preset
 from ..nn.config import SCALE_TYPES
 from .losses import PARAMETER_LOSSES
 from .tasks import PRIORS
@@ -229,10 +229,17 @@ EVAL_SEED = 20_251_122  # the held-out tasks do not depend on --seed
 
 def model_config(cfg: TrainConfig) -> ModelConfig:
     """The model's config: the preset ``cfg.model`` with the fields ``cfg`` sets replaced."""
-    names = ("d_max", "k_max", "n_layer", "d_model", "n_head", "context_size", "noise_directions",
-             "scale_type")
+    names = ("d_max", "k_max", "n_layer", "d_model", "n_head", "scale_type")
     overrides = {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
     return config_from_preset(cfg.model, **overrides)
+
+
+def reading_config(cfg: TrainConfig) -> ReadingConfig:
+    """How the model reads a dataset, in training as in a fit: the preset ``cfg.model``'s,
+    with the fields ``cfg`` sets replaced."""
+    names = ("context_size", "noise_directions")
+    overrides = {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
+    return reading_from_preset(cfg.model, **overrides)
 
 
 def k_range(cfg: TrainConfig, mc: ModelConfig, prior: str | None = None) -> tuple[int, int]:

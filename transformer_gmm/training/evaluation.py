@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..engine.readout import model_space_responsibilities, weights_and_means_from_responsibilities
 from ..nn import MixtureOutput, MixtureTransformer, ModelConfig
-from .config import EVAL_SEED, TrainConfig, k_range
+from .config import EVAL_SEED, TrainConfig, k_range, reading_config
 from .losses import matched_mean_error, mixture_nll, oracle_nll
 from .task_batch import TaskBatch
 from .tasks import PRIORS, Task, sample_batch
@@ -23,6 +23,7 @@ from .tasks import PRIORS, Task, sample_batch
 def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:
     """The fixed held-out tasks: ``eval_tasks`` per K."""
     low, high = k_range(cfg, mc)
+    reading = reading_config(cfg)
     return [
         sample_batch(
             np.random.default_rng([EVAL_SEED, K]),
@@ -30,8 +31,8 @@ def eval_set(cfg: TrainConfig, mc: ModelConfig) -> list[TaskBatch]:
             K,
             cfg.eval_tasks,
             mc.d_max,
-            mc.context_size,
-            mc.noise_directions,
+            reading.context_size,
+            reading.noise_directions,
         )
         for K in range(low, high + 1)
     ]
@@ -207,6 +208,8 @@ def model_card(
         "the true clusters. NLL: per point and coordinate, in model space.\n\n"
         f"{table}\n\n## Training config\n\n```json\n{json.dumps(dataclasses.asdict(cfg), indent=2)}"
         f"\n```\n\n## Model config\n\n```json\n{json.dumps(mc.to_dict(), indent=2)}\n```\n\n"
+        "## How it reads a dataset\n\n"
+        f"```json\n{json.dumps(reading_config(cfg).to_dict(), indent=2)}\n```\n\n"
         "```python\nfrom transformer_gmm import TransformerGMM\n\n"
         'gmm = TransformerGMM(n_components=3, checkpoint="<this folder>").fit(X)\n```\n'
     )

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ..engine.standardize import fit_standardization
-from ..nn import ModelConfig
+from ..nn import ModelConfig, ReadingConfig
 from ..nn.model import K_POSTERIOR_WEIGHTS, MixtureTransformer
 from ..storage import load_checkpoint, save_checkpoint
 from .prefetch import step_batches
@@ -57,21 +57,22 @@ K_PRIORS: dict[str, tuple[float, Prior]] = {
 }
 
 
-def k_unknown_inputs(x: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+def k_unknown_inputs(x: torch.Tensor, config: ModelConfig, reading: ReadingConfig) -> torch.Tensor:
     """Points (1, n, d) float64 in the space the "K unknown" pass reads: (1, n, d_max)."""
-    st = fit_standardization(x, None, config.d_max, config.k_max, config.noise_directions)
+    st = fit_standardization(x, None, config.d_max, config.k_max, reading.noise_directions)
     return st.transform(x)
 
 
 def sample_k_batch(
     rng: np.random.Generator,
     config: ModelConfig,
+    reading: ReadingConfig,
     batch_size: int,
     prior_weights: dict[str, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, mask, k)``: B tasks of K uniform in 1..k_max, each subsampled to the context
-    the model ``config`` reads; each task's prior drawn by ``prior_weights`` (by default
-    those of ``K_PRIORS``)."""
+    the model (``config``, ``reading``) reads; each task's prior drawn by ``prior_weights``
+    (by default those of ``K_PRIORS``)."""
     weights = prior_weights or {name: weight for name, (weight, _) in K_PRIORS.items()}
     names = list(weights)
     probs = np.array([weights[name] for name in names])
@@ -83,9 +84,10 @@ def sample_k_batch(
         d = draw_d(rng, prior.d_range)
         task = sample_task(rng, prior, K, d, n, config.d_max)
         X = task.X
-        if len(X) > config.context_size:  # a fit reads a uniform draw of the rows
-            X = X[np.sort(rng.choice(len(X), config.context_size, replace=False))]
-        xs.append(k_unknown_inputs(torch.from_numpy(np.ascontiguousarray(X))[None], config)[0])
+        if len(X) > reading.context_size:  # a fit reads a uniform draw of the rows
+            X = X[np.sort(rng.choice(len(X), reading.context_size, replace=False))]
+        X = torch.from_numpy(np.ascontiguousarray(X))[None]
+        xs.append(k_unknown_inputs(X, config, reading)[0])
         ks.append(K)
     N = max(len(x) for x in xs)
     x = torch.zeros(batch_size, N, config.d_max)
@@ -99,12 +101,14 @@ def sample_k_batch(
 def k_batch_of_step(
     step: int,
     config: ModelConfig,
+    reading: ReadingConfig,
     batch_size: int,
     seed: int,
     prior_weights: dict[str, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step ``step``'s batch: :func:`sample_k_batch` from the seed ``(seed, step)`` alone."""
-    return sample_k_batch(np.random.default_rng([seed, step]), config, batch_size, prior_weights)
+    rng = np.random.default_rng([seed, step])
+    return sample_k_batch(rng, config, reading, batch_size, prior_weights)
 
 
 def with_k_posterior_head(
@@ -115,7 +119,7 @@ def with_k_posterior_head(
     from it), else a new one. Either way "K unknown" starts as the mean of the K
     embeddings."""
     config = dataclasses.replace(source.config, k_posterior_seeds=seeds)
-    model = MixtureTransformer(config)
+    model = MixtureTransformer(config, source.reading)
     state = source.state_dict()
     if new_head or source.config.k_posterior_seeds != seeds:
         state = without_k_posterior(state)
@@ -200,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     draw = functools.partial(
         k_batch_of_step,
         config=model.config,
+        reading=model.reading,
         batch_size=args.batch_size,
         seed=args.seed,
         prior_weights=prior_weights,

@@ -40,6 +40,7 @@ from .config import (  # noqa: F401  (re-exported: the loop's public names live 
     k_range,
     model_config,
     parse_args,
+    reading_config,
 )
 from .evaluation import autocast, eval_set, evaluate, format_table, hardware, model_card
 from .losses import training_loss
@@ -81,8 +82,10 @@ def get_batch(cfg: TrainConfig, mc: ModelConfig, step: int, rank: int) -> TaskBa
     low, high = k_range(cfg, mc, prior)
     K = int(step_rng.integers(low, high + 1))
     rng = np.random.default_rng([cfg.seed, step, rank])  # different tasks on each rank
+    reading = reading_config(cfg)
     return sample_batch(
-        rng, PRIORS[prior], K, cfg.batch_size, mc.d_max, mc.context_size, mc.noise_directions
+        rng, PRIORS[prior], K, cfg.batch_size, mc.d_max, reading.context_size,
+        reading.noise_directions,
     )
 
 
@@ -191,7 +194,7 @@ def train(cfg: TrainConfig) -> Path:
     for prior in [cfg.prior, *cfg.focus_priors] if cfg.focus_prob > 0 else [cfg.prior]:
         k_range(cfg, mc, prior)  # before any work: a K the model or a prior lacks is an error
     torch.manual_seed(cfg.seed)  # same init on every rank (DDP also broadcasts rank 0's)
-    model = MixtureTransformer(mc).to(device)
+    model = MixtureTransformer(mc, reading_config(cfg)).to(device)
     optimizer = torch.optim.AdamW(
         param_groups(model, cfg), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay
     )

@@ -27,7 +27,7 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
     (``training.k_posterior`` trains one again).
     """
     have, want = source.config.n_layer, model.config.n_layer
-    changeable = dict(n_layer=want, noise_directions=model.config.noise_directions)
+    changeable = dict(n_layer=want)  # how it reads data (model.reading) is free too
     if model.config.k_max >= source.config.k_max:
         changeable["k_max"] = model.config.k_max
     if model.config.k_posterior_seeds == 0:
@@ -37,7 +37,7 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
     if dataclasses.replace(source.config, **changeable) != model.config:
         raise ValueError(
             f"init_from's model ({source.config}) does not fit this run's ({model.config}): "
-            "only n_layer, k_max (upward), noise_directions and a spherical scale_type "
+            "only n_layer, k_max (upward) and a spherical scale_type "
             "(to a wider one) may differ."
         )
     state = without_k_posterior(source.state_dict())
