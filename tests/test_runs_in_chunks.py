@@ -79,3 +79,20 @@ def test_collapse_check_in_chunks_matches_all_at_once(monkeypatch):
     assert whole[1, 2] and whole.sum() == 1
     monkeypatch.setattr(collapse, "_CHUNK_BYTES", 1)  # one matrix at a time
     assert torch.equal(collapse.collapsed(*args), whole)
+
+
+def test_wide_starts_hold_no_covariances_and_fit_the_same(monkeypatch):
+    X = _blobs(4)
+    params = dict(covariance_type="full", n_init=4, random_state=0)
+    reference = _fitted(TransformerGMM(3, **params).fit(X))
+    built = []
+    original = engine_fit.starts.mixture_starts
+
+    def spy(*args, **kwargs):
+        built.append(original(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(engine_fit.starts, "mixture_starts", spy)
+    monkeypatch.setattr(engine_fit, "ONE_MATRIX_AT_A_TIME", X.shape[1])  # X counts as wide
+    _assert_same(_fitted(TransformerGMM(3, **params).fit(X)), reference)
+    assert built and all(start.covariances is None for start in built)

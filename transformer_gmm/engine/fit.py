@@ -249,8 +249,15 @@ class _Mixtures:
 
     def starts(self, x, mask, weights, generator, index) -> m_step.MixtureParams:
         return starts.mixture_starts(  # (B * R, ...), dataset-major
-            x, mask, generator, self.plan, sample_weight=weights, given=self.given, index=index
+            x, mask, generator, self.plan, sample_weight=weights, given=self.given, index=index,
+            covariances=not self._drops_start_covariances(x),
         )
+
+    def _drops_start_covariances(self, x) -> bool:
+        """Whether EM starts from the starts' precisions alone: on wide data, where their
+        covariances would only take memory (R K d^2 when full), and its first M-step
+        replaces them."""
+        return self.plan.max_iter > 0 and x.shape[-1] >= ONE_MATRIX_AT_A_TIME
 
     def run_starts(self, x, mask, weights, generator, index) -> em.EMResult:
         """EM from every start (:meth:`solve` of :meth:`starts`), or, where the plan says so,
@@ -285,9 +292,7 @@ class _Mixtures:
         extra = (
             {} if given is None else {"initial_lower_bound": x.new_full((1,), given.lower_bound)}
         )
-        if plan.max_iter > 0 and x.shape[-1] >= ONE_MATRIX_AT_A_TIME:
-            # EM reads a start's precisions, and its first M-step replaces the covariances
-            # of every run: on wide data they would only take memory (R K d^2 when full).
+        if self._drops_start_covariances(x):
             params = dataclasses.replace(params, covariances=None)
         n_runs = plan.n_runs
         per_chunk = runs_per_chunk(x, plan)

@@ -112,18 +112,46 @@ FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
 def unflatten(
     params: m_step.MixtureParams, n_datasets: int, run_major: bool = False
 ) -> m_step.MixtureParams:
-    """(B * R, ...) parameters, dataset-major (or run-major), as (B, R, ...)."""
-    if run_major:
-        fields = (getattr(params, f).unflatten(0, (-1, n_datasets)).transpose(0, 1) for f in FIELDS)
-        return m_step.MixtureParams(*fields)
-    fields = (getattr(params, f).unflatten(0, (n_datasets, -1)) for f in FIELDS)
-    return m_step.MixtureParams(*fields)
+    """(B * R, ...) parameters, dataset-major (or run-major), as (B, R, ...); absent
+    covariances (None) stay absent."""
+    def one(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        if run_major:
+            return t.unflatten(0, (-1, n_datasets)).transpose(0, 1)
+        return t.unflatten(0, (n_datasets, -1))
+
+    return m_step.MixtureParams(*(one(getattr(params, f)) for f in FIELDS))
 
 
 def flatten(params: m_step.MixtureParams) -> m_step.MixtureParams:
-    return m_step.MixtureParams(*(getattr(params, f).flatten(0, 1) for f in FIELDS))
+    return m_step.MixtureParams(*(
+        None if t is None else t.flatten(0, 1) for t in (getattr(params, f) for f in FIELDS)
+    ))
 
 
 def concatenate(runs: list[m_step.MixtureParams]) -> m_step.MixtureParams:
-    """Join parameters of shape (B, R_i, ...) along the runs axis."""
-    return m_step.MixtureParams(*(torch.cat([getattr(p, f) for p in runs], dim=1) for f in FIELDS))
+    """Join parameters of shape (B, R_i, ...) along the runs axis, taking each part's
+    tensors out of ``runs`` as they are copied (on wide data, the parts and their join
+    would otherwise be held at once)."""
+    joined = {}
+    for field in FIELDS:
+        parts = [getattr(p, field) for p in runs]
+        if any(t is None for t in parts):
+            joined[field] = None
+            continue
+        for p in runs:
+            setattr(p, field, None)
+        if len(parts) == 1:
+            joined[field] = parts.pop()
+            continue
+        first = parts[0]
+        out = first.new_empty((first.shape[0], sum(t.shape[1] for t in parts), *first.shape[2:]))
+        start = 0
+        while parts:  # each part freed once copied (where nothing else holds it)
+            part = parts.pop(0)
+            out[:, start : start + part.shape[1]] = part
+            start += part.shape[1]
+            del part
+        joined[field] = out
+    return m_step.MixtureParams(**joined)

@@ -45,9 +45,13 @@ def mixture_starts(
     sample_weight: torch.Tensor | None = None,
     given: GivenStarts | None = None,
     index: torch.Tensor | None = None,
+    covariances: bool = True,
 ) -> m_step.MixtureParams:
     """The starts of a mixture ``plan`` for ``x`` (B, N, d), flattened to (B * R, ...),
-    dataset-major: the transformer's, k-means++'s, then ``plan.given``'s.
+    dataset-major: the transformer's, k-means++'s, then ``plan.given``'s. Without
+    ``covariances``, the transformer's and k-means++'s starts hold None for theirs, each
+    dropped as soon as it is made: EM reads a start's precisions, and on wide data its
+    first M-step replaces covariances that would take R K d^2 of memory.
     """
     n_datasets = x.shape[0]
     n_components, covariance_type = plan.n_components, plan.covariance_type
@@ -78,6 +82,8 @@ def mixture_starts(
                 mask=init.mask,
             )
             params.weights = init.weights
+            if not covariances:
+                params.covariances = None
             run_params.append(runs.unflatten(params, n_datasets))
     if n_kmeans_inits > 0:
         # Run-major: k-means++ draws each row of its batch independently of the batch's
@@ -91,6 +97,8 @@ def mixture_starts(
             mask=None if mask is None else runs.repeat(mask, n_kmeans_inits, run_major=True),
             **runs.weighted(sample_weight, n_kmeans_inits, run_major=True),
         )
+        if not covariances:
+            params.covariances = None
         run_params.append(runs.unflatten(params, n_datasets, run_major=True))
     if given is None:
         return runs.flatten(runs.concatenate(run_params))
