@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import blocks, em, kmeans, m_step, row_order, runs, starts
+from . import blocks, e_step, em, kmeans, m_step, row_order, runs, screening, starts
 from .device import dtype_for, explain_out_of_memory, pad, seeded_generator, tensor, to_numpy
 from .gaussian import ONE_MATRIX_AT_A_TIME, IllDefinedCovariance, all_components_at_once
 from .input_range import check_magnitude, check_range
@@ -265,6 +265,8 @@ class _Mixtures:
         k-means++ starts only of the datasets whose transformer starts disagree
         (:meth:`_run_gated`)."""
         plan = self.plan
+        if self._screens(x):
+            return self._run_screened(x, mask, weights, generator, index)
         if (
             plan.kmeans_if_starts_disagree
             and x.shape[1] * x.shape[2] >= GATED_FROM_VALUES
@@ -272,6 +274,84 @@ class _Mixtures:
         ):
             return self._run_gated(x, mask, weights, generator, index)
         return self.solve(x, mask, weights, self.starts(x, mask, weights, generator, index))
+
+    def _screens(self, x) -> bool:
+        """Whether the starts compete in a projection first (:mod:`.screening`): wide
+        data, several starts of the plan's own, EM to run."""
+        plan = self.plan
+        return (
+            plan.n_runs > 1
+            and self.given is None
+            and plan.max_iter > 0
+            and screening.screens(x.shape[-1], plan.n_components)
+        )
+
+    def _run_screened(self, x, mask, weights, generator, index) -> em.EMResult:
+        """Every start made and run to convergence in the data's leading principal
+        directions, the runs chosen there as at full width (:func:`runs.choose`); the
+        winner's responsibilities give one M-step at full width, and EM runs from it alone:
+        here, or, where ``x`` is a subsample (``index``), only in the refit on every row
+        (EM on the subsample too would run the same start twice). The result holds every
+        run as :meth:`solve`'s does: the winner's is the full-width run (or its start,
+        with the screening's bound), the others keep a lower bound of -inf (never chosen)
+        and the winner's parameters."""
+        plan, n_datasets, n_runs = self.plan, x.shape[0], self.plan.n_runs
+        n_dims = screening.screening_dims(x.shape[-1], plan.n_components)
+        project = screening.principal_projection(x, mask, weights, n_dims)
+        params = starts.mixture_starts(
+            x, mask, generator, plan, sample_weight=weights, index=index, project=project
+        )
+        z = project(x)  # (B, N, p)
+        screened = em.fit_em(
+            runs.repeat(z, n_runs),
+            params,
+            covariance_type=plan.covariance_type,
+            reg_covar=plan.reg_covar,
+            max_iter=plan.max_iter,
+            tol=plan.tol,
+            mask=None if mask is None else runs.repeat(mask, n_runs),
+            **runs.weighted(weights, n_runs),
+        )
+        winner = self.choose(screened, z, mask, weights)  # (B,)
+        kept = self._kept(winner)
+        chosen = m_step.MixtureParams(*(getattr(screened.params, f)[kept] for f in runs.FIELDS))
+        _, log_resp = e_step.e_step(z, chosen, plan.covariance_type, mask, weights)
+        start = m_step.estimate_gaussian_parameters(
+            x, log_resp.exp(), covariance_type=plan.covariance_type, reg_covar=plan.reg_covar,
+            mask=mask, sample_weight=weights,
+        )
+        if index is None:
+            full = self._em(x, mask, weights, start, 1)
+        else:
+            full = em.EMResult(
+                start,
+                screened.lower_bound[kept],
+                torch.zeros(n_datasets, dtype=torch.long, device=x.device),
+                torch.zeros(n_datasets, dtype=torch.bool, device=x.device),
+                lower_bounds=x.new_empty((n_datasets, 0)),
+                iteration_times=[],
+            )
+        every = torch.arange(n_datasets, device=x.device)
+        places = winner + n_runs * every  # the winner's row of each dataset's runs
+        result_params = []
+        for name in runs.FIELDS:
+            field = getattr(full.params, name)
+            all_runs = field.repeat_interleave(n_runs, dim=0)  # the others hold the winner's
+            result_params.append(all_runs)
+        lower_bound = full.lower_bound.new_full((n_datasets * n_runs,), -math.inf)
+        lower_bound[places] = full.lower_bound
+        n_iter = full.n_iter.new_zeros(n_datasets * n_runs)
+        n_iter[places] = full.n_iter
+        converged = full.converged.new_zeros(n_datasets * n_runs)
+        converged[places] = full.converged
+        history = full.lower_bounds.new_full(
+            (n_datasets * n_runs, full.lower_bounds.shape[1]), math.nan
+        )
+        history[places] = full.lower_bounds
+        return em.EMResult(
+            m_step.MixtureParams(*result_params), lower_bound, n_iter, converged,
+            lower_bounds=history, iteration_times=full.iteration_times,
+        )
 
     def _em(self, x, mask, weights, params, n_runs: int, **extra) -> em.EMResult:
         plan = self.plan

@@ -16,6 +16,7 @@ import torch
 from . import gaussian, kmeans, m_step, model_cache, readout, runs
 from .device import tensor
 from .plan import GivenStarts
+from .screening import Projection
 from .standardize import take_rows, weighted_rows
 
 if TYPE_CHECKING:
@@ -46,13 +47,20 @@ def mixture_starts(
     given: GivenStarts | None = None,
     index: torch.Tensor | None = None,
     covariances: bool = True,
+    project: Projection | None = None,
 ) -> m_step.MixtureParams:
     """The starts of a mixture ``plan`` for ``x`` (B, N, d), flattened to (B * R, ...),
     dataset-major: the transformer's, k-means++'s, then ``plan.given``'s. Without
     ``covariances``, the transformer's and k-means++'s starts hold None for theirs, each
     dropped as soon as it is made: EM reads a start's precisions, and on wide data its
-    first M-step replaces covariances that would take R K d^2 of memory.
+    first M-step replaces covariances that would take R K d^2 of memory. With
+    ``project``, the transformer's and k-means++'s starts are made in that projection of
+    the data (:mod:`~transformer_gmm.engine.screening`): the same responsibilities and the
+    same draws, the M-steps and k-means++ on the projected rows.
     """
+    if project is not None and given is not None:
+        raise ValueError("Given starts are not screened: they start EM at full width.")
+    space = (lambda t: t) if project is None else project
     n_datasets = x.shape[0]
     n_components, covariance_type = plan.n_components, plan.covariance_type
     reg_covar, backbone, device = plan.reg_covar, plan.backbone, plan.device
@@ -74,11 +82,11 @@ def mixture_starts(
         )
         for init in starts:
             params = m_step.estimate_gaussian_parameters(
-                init.x,
+                space(init.x),
                 init.resp,
                 covariance_type=covariance_type,
                 reg_covar=reg_covar,
-                means=init.means,
+                means=space(init.means),
                 mask=init.mask,
             )
             params.weights = init.weights
@@ -89,7 +97,7 @@ def mixture_starts(
         # Run-major: k-means++ draws each row of its batch independently of the batch's
         # size, so run r of every dataset is the same for any n_kmeans_inits > r.
         params = m_step.initialize_kmeans(
-            runs.repeat(x, n_kmeans_inits, run_major=True),
+            runs.repeat(space(x), n_kmeans_inits, run_major=True),
             n_components,
             covariance_type=covariance_type,
             reg_covar=reg_covar,

@@ -1,0 +1,93 @@
+"""Starts that compete in a few principal directions before one runs at full width.
+
+On wide data (``SCREEN_FROM_FEATURES`` features or more) EM at full width from every start
+is most of a fit's time. There, each start is made in the span of the data's leading
+``screening_dims`` principal directions (the transformer's responsibilities and k-means++,
+as at full width, in that space), EM runs from every start there, and the runs compete as
+they do at full width (:func:`transformer_gmm.engine.runs.choose`). The winner's
+responsibilities give one full-width M-step, and EM at full width runs from it alone.
+The means of K clusters span K - 1 directions, which lead the data's variance where the
+clusters are apart; the likelihood there orders the starts' optima as the full one does,
+at a fraction of the cost (docs/benchmarks.md, "High-dimensional data").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .standardize import leading_axes
+
+# Screening runs where the data have at least this many features (and more than the
+# directions screening reads); narrower data run every start at full width.
+SCREEN_FROM_FEATURES = 64
+# Directions read beyond K: the means' K - 1, and some of the spread around them.
+EXTRA_DIMS = 10
+
+
+def screening_dims(n_features: int, n_components: int) -> int:
+    """The principal directions the starts compete in."""
+    return min(n_features, n_components + EXTRA_DIMS)
+
+
+def screens(n_features: int, n_components: int) -> bool:
+    """Whether starts on data of ``n_features`` compete in a projection first."""
+    return (
+        n_features >= SCREEN_FROM_FEATURES
+        and screening_dims(n_features, n_components) < n_features
+    )
+
+
+@dataclass(frozen=True)
+class Projection:
+    """``z = (x - center) @ basis``: B maps onto orthonormal directions (B, d, p), in the
+    data's own units (covariances and ``reg_covar`` mean what they mean at full width).
+    The rows it was fitted on (``rows``) are projected once (``projected``)."""
+
+    center: Tensor  # (B, d)
+    basis: Tensor  # (B, d, p)
+    rows: Tensor  # (B, N, d)
+    projected: Tensor  # (B, N, p)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """Points or means (B, M, d) in the projection, (B, M, p)."""
+        if x is self.rows:
+            return self.projected
+        return (x - self.center[:, None, :]) @ self.basis
+
+
+def principal_projection(
+    x: Tensor, mask: Tensor | None, sample_weight: Tensor | None, n_dims: int
+) -> Projection:
+    """The (weighted) mean of each dataset of ``x`` (B, N, d) and its ``n_dims`` leading
+    principal directions (:func:`~transformer_gmm.engine.standardize.leading_axes`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> x = torch.randn(1, 500, 3, dtype=torch.float64) * torch.tensor([10.0, 1.0, 0.1])
+    >>> projection = principal_projection(x, None, None, 1)
+    >>> projection.basis.shape, round(abs(float(projection.basis[0, 0, 0])), 3)
+    (torch.Size([1, 3, 1]), 1.0)
+    """
+    if mask is None and sample_weight is None:
+        total = x.new_full((x.shape[0], 1), x.shape[1])  # (B, 1)
+        center = x.mean(dim=1)  # (B, d)
+        scaled = x - center[:, None, :]  # (B, N, d)
+    else:
+        weights = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device)
+        if mask is not None:
+            weights = weights * mask
+        if sample_weight is not None:
+            weights = weights * sample_weight
+        total = weights.sum(dim=1, keepdim=True)  # (B, 1)
+        center = (weights[..., None] * x).sum(dim=1) / total  # (B, d)
+        scaled = (x - center[:, None, :]) * weights[..., None].sqrt()  # 0 on padding
+    _, vectors = leading_axes(scaled, total, n_dims)  # ascending
+    basis = vectors.flip(-1)[..., :n_dims]  # (B, d, n_dims), leading first
+    del scaled
+    # x @ basis less the centre's: no second (B, N, d) array of centred rows.
+    projected = x @ basis - (center[:, None, :] @ basis)
+    return Projection(center, basis, x, projected)
