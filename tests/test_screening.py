@@ -6,8 +6,8 @@ import pytest
 import torch
 from sklearn.metrics import adjusted_rand_score
 
-from transformer_gmm import TransformerGMM, fit_many
-from transformer_gmm.engine import em, screening, standardize
+from transformer_gmm import TransformerClusterer, TransformerGMM, fit_many
+from transformer_gmm.engine import em, kmeans, screening, standardize
 from transformer_gmm.engine import fit as engine_fit
 
 
@@ -107,3 +107,41 @@ def test_leading_axes_match_the_eigendecomposition():
     torch.testing.assert_close(values[:, -6:], exact_values[:, -6:], rtol=1e-6, atol=0)
     overlap = (vectors[..., -6:] * exact_vectors[..., -6:]).sum(dim=1).abs()  # sign aside
     torch.testing.assert_close(overlap, torch.ones_like(overlap), rtol=0, atol=1e-6)
+
+
+@pytest.fixture
+def lloyd_widths(monkeypatch):
+    monkeypatch.setattr(screening, "SCREEN_FROM_FEATURES", 32)
+    monkeypatch.setattr(screening, "EXTRA_DIMS", 2)
+    widths = []
+    original = kmeans.lloyd
+
+    def spy(X, centers, **kwargs):
+        widths.append((X.shape[-1], centers.shape[0]))
+        return original(X, centers, **kwargs)
+
+    monkeypatch.setattr(kmeans, "lloyd", spy)
+    return widths
+
+
+def test_clusterer_starts_compete_in_a_projection(lloyd_widths):
+    X, labels = _wide_blobs(6)
+    km = TransformerClusterer(3, random_state=0).fit(X)
+    assert lloyd_widths[-2:] == [(5, 4), (40, 1)]
+    assert adjusted_rand_score(labels, km.labels_) == 1.0
+    np.testing.assert_array_equal(km.predict(X), km.labels_)
+    screening.SCREEN_FROM_FEATURES = 10**9
+    reference = TransformerClusterer(3, random_state=0).fit(X)
+    assert km.inertia_ <= reference.inertia_ * (1 + 1e-9)
+    order = np.random.default_rng(1).permutation(len(X))
+    screening.SCREEN_FROM_FEATURES = 32
+    again = TransformerClusterer(3, random_state=0).fit(X[order])
+    np.testing.assert_array_equal(again.cluster_centers_, km.cluster_centers_)
+
+
+def test_clusterer_on_a_subsample_refits_the_winner_on_every_row(lloyd_widths, monkeypatch):
+    monkeypatch.setattr(engine_fit, "SELECTION_ROWS", 200)
+    X, labels = _wide_blobs(7, n=500)
+    km = TransformerClusterer(3, random_state=0).fit(X)
+    assert lloyd_widths[-2:] == [(5, 4), (40, 1)]
+    assert adjusted_rand_score(labels, km.labels_) == 1.0 and km.n_iter_ >= 1

@@ -663,7 +663,59 @@ class _KMeans:
         )
 
     def run_starts(self, x, mask, weights, generator, index) -> kmeans.LloydResult:
-        return self.solve(x, mask, weights, self.starts(x, mask, weights, generator, index))
+        centers = self.starts(x, mask, weights, generator, index)
+        if self._screens(x):
+            return self._run_screened(x, weights, centers, index)
+        return self.solve(x, mask, weights, centers)
+
+    def _screens(self, x) -> bool:
+        """Whether the starts compete in a projection first (:mod:`.screening`): wide
+        data, several starts of the plan's own, Lloyd to run, no trace to keep."""
+        plan = self.plan
+        return (
+            plan.n_runs > 1
+            and plan.given is None
+            and plan.max_iter > 0
+            and not plan.trace
+            and screening.screens(x.shape[-1], plan.n_components)
+        )
+
+    def _run_screened(self, x, weights, centers, index) -> kmeans.LloydResult:
+        """Lloyd from every start's centres in the data's leading principal directions,
+        the lowest inertia there kept; the means of its clusters start Lloyd at full
+        width, here or (on a subsample, ``index``) in the refit on every row. As
+        :meth:`_Mixtures._run_screened`, the result holds every run: the others with an
+        inertia of +inf (never chosen) and the winner's centres and labels."""
+        plan, n_runs = self.plan, centers.shape[0]
+        n_dims = screening.screening_dims(x.shape[-1], plan.n_components)
+        project = screening.principal_projection(x, None, weights, n_dims)
+        screened = kmeans.lloyd(
+            project.projected.expand(n_runs, -1, -1), project(centers), max_iter=plan.max_iter,
+            tol=plan.tol, sample_weight=weights,
+        )
+        best = int(torch.argmin(screened.inertia))
+        labels = screened.labels[best]  # (N,)
+        one_hot = torch.nn.functional.one_hot(labels, plan.n_components).to(x.dtype)  # (N, K)
+        if weights is not None:
+            one_hot = one_hot * weights[0, :, None]
+        counts = one_hot.sum(dim=0)  # (K,)
+        sums = one_hot.mT @ x[0]  # (K, d)
+        # A cluster the projection left empty keeps its start's centre.
+        start = torch.where(counts[:, None] > 0, sums / counts.clamp_min(1e-300)[:, None],
+                            centers[best])[None]  # (1, K, d)
+        if index is None:
+            full = self._lloyd(x, start, weights, 0)
+        else:
+            full = kmeans.LloydResult(
+                start, labels[None], screened.inertia[best : best + 1], screened.n_iter[:1] * 0
+            )
+        inertia = full.inertia.new_full((n_runs,), math.inf)
+        inertia[best] = full.inertia[0]
+        n_iter = full.n_iter.new_zeros(n_runs)
+        n_iter[best] = full.n_iter[0]
+        return kmeans.LloydResult(
+            full.centers.expand(n_runs, -1, -1), full.labels.expand(n_runs, -1), inertia, n_iter
+        )
 
     def solve(self, x, mask, weights, centers) -> kmeans.LloydResult:
         return self._lloyd(x.expand(centers.shape[0], -1, -1), centers, weights, 0)
