@@ -246,6 +246,9 @@ class _Mixtures:
 
     def __init__(self, plan: MixturePlan, given: starts.GivenStarts | None):
         self.plan, self.given = plan, given
+        # Each dataset's run chosen by screening (_run_screened), whose result then holds
+        # that run alone: (B,), or None where the runs compete at full width.
+        self.screened_winner: torch.Tensor | None = None
 
     def starts(self, x, mask, weights, generator, index) -> m_step.MixtureParams:
         return starts.mixture_starts(  # (B * R, ...), dataset-major
@@ -291,10 +294,11 @@ class _Mixtures:
         directions, the runs chosen there as at full width (:func:`runs.choose`); the
         winner's responsibilities give one M-step at full width, and EM runs from it alone:
         here, or, where ``x`` is a subsample (``index``), only in the refit on every row
-        (EM on the subsample too would run the same start twice). The result holds every
-        run as :meth:`solve`'s does: the winner's is the full-width run (or its start,
-        with the screening's bound), the others keep a lower bound of -inf (never chosen)
-        and the winner's parameters."""
+        (EM on the subsample too would run the same start twice). The result holds the
+        winner's run alone (its start, with the screening's bound, where the refit runs
+        it), which :meth:`choose` then keeps: copies of wide covariances for the other
+        runs would only take memory. Its history of lower bounds has a row for every run,
+        NaN but the winner's, as :meth:`result` reads it."""
         plan, n_datasets, n_runs = self.plan, x.shape[0], self.plan.n_runs
         n_dims = screening.screening_dims(x.shape[-1], plan.n_components)
         project = screening.principal_projection(x, mask, weights, n_dims)
@@ -321,6 +325,8 @@ class _Mixtures:
             mask=mask, sample_weight=weights,
         )
         if index is None:
+            if self._drops_start_covariances(x):  # EM reads the precisions (see solve)
+                start.covariances = None
             full = self._em(x, mask, weights, start, 1)
         else:
             full = em.EMResult(
@@ -331,25 +337,14 @@ class _Mixtures:
                 lower_bounds=x.new_empty((n_datasets, 0)),
                 iteration_times=[],
             )
-        every = torch.arange(n_datasets, device=x.device)
-        places = winner + n_runs * every  # the winner's row of each dataset's runs
-        result_params = []
-        for name in runs.FIELDS:
-            field = getattr(full.params, name)
-            all_runs = field.repeat_interleave(n_runs, dim=0)  # the others hold the winner's
-            result_params.append(all_runs)
-        lower_bound = full.lower_bound.new_full((n_datasets * n_runs,), -math.inf)
-        lower_bound[places] = full.lower_bound
-        n_iter = full.n_iter.new_zeros(n_datasets * n_runs)
-        n_iter[places] = full.n_iter
-        converged = full.converged.new_zeros(n_datasets * n_runs)
-        converged[places] = full.converged
+        places = winner + n_runs * torch.arange(n_datasets, device=x.device)  # winners' rows
         history = full.lower_bounds.new_full(
             (n_datasets * n_runs, full.lower_bounds.shape[1]), math.nan
         )
         history[places] = full.lower_bounds
+        self.screened_winner = winner
         return em.EMResult(
-            m_step.MixtureParams(*result_params), lower_bound, n_iter, converged,
+            full.params, full.lower_bound, full.n_iter, full.converged,
             lower_bounds=history, iteration_times=full.iteration_times,
         )
 
@@ -471,6 +466,8 @@ class _Mixtures:
         n_rows = x.shape[1] if mask is None else mask.sum(dim=1)  # rows each bound is over
         if weights is not None:  # frequency weights: the bound is over their sum
             n_rows = weights.sum(dim=1)
+        if self.screened_winner is not None:
+            return self.screened_winner
         plan, n_datasets = self.plan, x.shape[0]
         lower_bound = result.lower_bound.view(n_datasets, plan.n_runs)
         collapsed = None
@@ -481,7 +478,10 @@ class _Mixtures:
         return runs.choose(lower_bound, plan.n_transformer_inits, n_rows, collapsed)  # (B,)
 
     def _kept(self, best: torch.Tensor) -> torch.Tensor:  # the kept runs' rows of the batch
-        return best + self.plan.n_runs * torch.arange(len(best), device=best.device)
+        every = torch.arange(len(best), device=best.device)
+        if self.screened_winner is not None:  # the result holds the kept runs alone
+            return every
+        return best + self.plan.n_runs * every
 
     def refit(self, result: em.EMResult, best, x, mask, weights) -> em.EMResult:
         kept = self._kept(best)

@@ -91,6 +91,7 @@ def _precision_cholesky_matrix(covariances: Tensor) -> tuple[Tensor, Tensor]:
     infos = []
     for i, matrix in enumerate(matrices):
         lower, info = torch.linalg.cholesky_ex(matrix)
+        # (solve_triangular's out= would spare a d x d array, but it rounds differently.)
         solved[i] = torch.linalg.solve_triangular(lower, eye, upper=False)
         infos.append(info)
     info = torch.stack(infos).view(covariances.shape[:-2])
