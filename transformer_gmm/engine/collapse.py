@@ -74,18 +74,25 @@ def _reaches(matrices: Tensor, floor: Tensor) -> Tensor:
     definite, which one Cholesky factorization tells, several times cheaper than the
     eigenvalues (fit_many checks every component of every dataset)."""
     d = matrices.shape[-1]
-    eye = torch.eye(d, dtype=matrices.dtype, device=matrices.device)
     batch = matrices.shape[:-2]
     flat, floors = matrices.reshape(-1, d, d), floor.expand(batch).reshape(-1)
-    # A few matrices at a time: each step's two temporaries stay within _CHUNK_BYTES where
-    # the matrices are wide (2,000 features: 32 MB a matrix), all at once where not.
-    step = max(1, _CHUNK_BYTES // (d * d * matrices.element_size()))
-    info = [
-        torch.linalg.cholesky_ex(flat[i : i + step] - floors[i : i + step, None, None] * eye).info
-        for i in range(0, flat.shape[0], step)
-    ]
-    return (torch.cat(info) > 0).reshape(batch)
+    if flat.numel() * flat.element_size() <= _CHUNK_BYTES:  # all at once
+        eye = torch.eye(d, dtype=matrices.dtype, device=matrices.device)
+        shifted = flat - floors[:, None, None] * eye
+        return (torch.linalg.cholesky_ex(shifted).info > 0).reshape(batch)
+    # Many or wide (2,000 features: 32 MB a matrix): one at a time, in two buffers made
+    # once (column-major, as LAPACK writes), the floor taken off the diagonal in place.
+    shifted = flat.new_empty((d, d)).mT
+    factor = flat.new_empty((d, d)).mT
+    info = torch.empty((), dtype=torch.int32, device=flat.device)
+    reaches = []
+    for matrix, matrix_floor in zip(flat, floors, strict=True):
+        shifted.copy_(matrix).diagonal().sub_(matrix_floor)
+        torch.linalg.cholesky_ex(shifted, out=(factor, info))
+        reaches.append(info > 0)
+    return torch.stack(reaches).reshape(batch)
 
 
-# The most bytes of matrices _reaches factorizes at once.
-_CHUNK_BYTES = 1 << 26
+# Matrices of more bytes than this in all _reaches factorizes one at a time; fewer, all
+# at once.
+_CHUNK_BYTES = 1 << 24

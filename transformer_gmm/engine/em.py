@@ -262,6 +262,7 @@ def fit_em(
     mask: Tensor | None = None,
     sample_weight: Tensor | None = None,
     initial_lower_bound: Tensor | None = None,
+    consume_start: bool = False,
 ) -> EMResult:
     """EM from ``params`` on each dataset of the batch, as scikit-learn's ``fit_predict`` loop.
 
@@ -293,6 +294,10 @@ def fit_em(
         log-likelihood, so integer weights fit as repeated rows do.
     initial_lower_bound : Tensor of shape (B,) or (1,), optional
         What the first iteration's lower bound is compared with; -inf by default.
+    consume_start : bool, default=False
+        Empty ``params`` (its fields set to None) once the first step has read it, so that
+        its tensors are freed where the caller holds nothing else of them: on wide data a
+        start's factors are K d^2 that would otherwise stay for the whole loop.
 
     Returns
     -------
@@ -319,7 +324,7 @@ def fit_em(
     n_batch = check_params(X, params, covariance_type, mask, sample_weight)
     rows = RowsInMemory(X, mask, sample_weight, covariance_type, reg_covar)
     return run_em(rows, params, n_batch, max_iter=max_iter, tol=tol,
-                  initial_lower_bound=initial_lower_bound)
+                  initial_lower_bound=initial_lower_bound, consume_start=consume_start)
 
 
 class RowsInMemory:
@@ -401,6 +406,7 @@ def run_em(
     max_iter: int,
     tol: float,
     initial_lower_bound: Tensor | None = None,
+    consume_start: bool = False,
 ) -> EMResult:
     """The EM loop of every fit: :func:`fit_em`'s rules on data seen through ``rows``, which
     holds them in memory (:class:`RowsInMemory`) or reads them by blocks
@@ -412,8 +418,9 @@ def run_em(
     ``max_iter=0``), ``take(keep)`` (the runs still going), ``bound`` (the count below
     which a component is empty), ``dtype`` and ``reads_covariances`` (whether ``step``
     reads the covariances, which the loop otherwise frees before each step). ``params``
-    are of batch 1 or ``n_batch``.
+    are of batch 1 or ``n_batch``; ``consume_start`` as :func:`fit_em`'s.
     """
+    start = params
     params = MixtureParams(  # parameters of batch 1 serve every dataset
         *(None if t is None else t.expand(n_batch, *t.shape[1:]) for t in as_tuple(params))
     )
@@ -453,6 +460,11 @@ def run_em(
             params = MixtureParams(params.weights, params.means, None, params.precisions_cholesky)
         log_prob_norm, nk, new, failed = rows.step(params)
         params = new if all_active else _select(active, new, params)
+        # The previous step's parameters (wide covariances among them) are not held here.
+        del new
+        if consume_start and start is not None:
+            start.weights = start.means = start.covariances = start.precisions_cholesky = None
+            start = None
         empty = nk < rows.bound  # (A, K)
         reseeded = empty.any(-1) & active  # (A,) re-seeded below
         change = log_prob_norm - lower_bound  # +inf on the first iteration

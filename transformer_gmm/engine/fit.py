@@ -360,6 +360,7 @@ class _Mixtures:
             mask=None if mask is None else runs.repeat(mask, n_runs),
             **runs.weighted(weights, n_runs),
             **extra,
+            consume_start=True,  # no caller reads its start again
         )
 
     def solve(self, x, mask, weights, params) -> em.EMResult:
@@ -502,7 +503,9 @@ class _Mixtures:
         n_datasets = len(best)
         # Where the result holds the kept runs alone, in order, its own tensors: a copy of
         # wide full covariances would double them.
-        every_run_kept = first is not None or self.plan.n_runs == 1
+        every_run_kept = (
+            first is not None or self.plan.n_runs == 1 or self.screened_winner is not None
+        )
         if first is None:
             kept = self._kept(best)
             lower_bounds, times = result.lower_bounds, result.iteration_times

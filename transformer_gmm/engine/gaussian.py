@@ -79,27 +79,40 @@ class IllDefinedCovariance(ValueError):
 ONE_MATRIX_AT_A_TIME = 256
 
 
+# Each returns the factors and where they fail (not positive definite, or not finite),
+# of a shape that broadcasts against the covariances.
+
+
 def _precision_cholesky_matrix(covariances: Tensor) -> tuple[Tensor, Tensor]:
     n_features = covariances.shape[-1]
     eye = torch.eye(n_features, dtype=covariances.dtype, device=covariances.device)
     if n_features < ONE_MATRIX_AT_A_TIME or covariances.dim() == 2:
         lower, info = torch.linalg.cholesky_ex(covariances)  # (..., d, d)
         precisions_chol = torch.linalg.solve_triangular(lower, eye, upper=False).mT
-        return precisions_chol, (info != 0)[..., None, None]
+        return precisions_chol, (info != 0)[..., None, None] | ~torch.isfinite(precisions_chol)
     matrices = covariances.reshape(-1, n_features, n_features)
-    solved = torch.empty_like(matrices)  # (M, d, d): each factor's inverse, transposed below
-    infos = []
+    # Every d x d array here is column-major, as LAPACK writes them: the factor and each
+    # inverse are written in place (out=), to the bit what fresh outputs would hold, and
+    # no matrix-sized array is made or freed per matrix (on wide data each is 32 MB, and
+    # the C allocator keeps freed blocks of that size in its heap).
+    solved = matrices.new_empty(matrices.shape).mT  # (M, d, d): each factor's inverse
+    lower = matrices.new_empty((n_features, n_features)).mT
+    info = torch.empty((), dtype=torch.int32, device=matrices.device)
+    failures = []
     for i, matrix in enumerate(matrices):
-        lower, info = torch.linalg.cholesky_ex(matrix)
-        # (solve_triangular's out= would spare a d x d array, but it rounds differently.)
-        solved[i] = torch.linalg.solve_triangular(lower, eye, upper=False)
-        infos.append(info)
-    info = torch.stack(infos).view(covariances.shape[:-2])
-    return solved.view(covariances.shape).mT, (info != 0)[..., None, None]
+        torch.linalg.cholesky_ex(matrix, out=(lower, info))
+        torch.linalg.solve_triangular(lower, eye, upper=False, out=solved[i])
+        # Finite where its extremes are (NaN propagates to them): isfinite would make
+        # temporaries of the matrix's size.
+        extremes = torch.stack([solved[i].amax(), solved[i].amin()])
+        failures.append((info != 0) | ~torch.isfinite(extremes).all())
+    failed = torch.stack(failures).view(covariances.shape[:-2])
+    return solved.reshape(covariances.shape).mT, failed[..., None, None]
 
 
 def _precision_cholesky_vector(covariances: Tensor) -> tuple[Tensor, Tensor]:
-    return 1.0 / covariances.sqrt(), covariances <= 0
+    precisions_chol = 1.0 / covariances.sqrt()
+    return precisions_chol, (covariances <= 0) | ~torch.isfinite(precisions_chol)
 
 
 _PRECISION_CHOLESKY = {
@@ -115,7 +128,6 @@ def try_precision_cholesky(covariances: Tensor, covariance_type: str) -> tuple[T
     positive definite, where :func:`compute_precision_cholesky` would raise: the loops
     decide what a failure means for each dataset."""
     precisions_chol, failed = lookup(_PRECISION_CHOLESKY, covariance_type)(covariances)
-    failed = failed | ~torch.isfinite(precisions_chol)  # same shape as covariances
     n_dims = len(PARAM_SHAPES[covariance_type](1, 1))  # dims of one dataset
     return precisions_chol, failed.flatten(failed.dim() - n_dims).any(-1)
 
