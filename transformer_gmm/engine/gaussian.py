@@ -85,8 +85,8 @@ ONE_MATRIX_AT_A_TIME = 256
 
 def _precision_cholesky_matrix(covariances: Tensor) -> tuple[Tensor, Tensor]:
     n_features = covariances.shape[-1]
-    eye = torch.eye(n_features, dtype=covariances.dtype, device=covariances.device)
     if n_features < ONE_MATRIX_AT_A_TIME or covariances.dim() == 2:
+        eye = torch.eye(n_features, dtype=covariances.dtype, device=covariances.device)
         lower, info = torch.linalg.cholesky_ex(covariances)  # (..., d, d)
         precisions_chol = torch.linalg.solve_triangular(lower, eye, upper=False).mT
         return precisions_chol, (info != 0)[..., None, None] | ~torch.isfinite(precisions_chol)
@@ -96,6 +96,7 @@ def _precision_cholesky_matrix(covariances: Tensor) -> tuple[Tensor, Tensor]:
     # no matrix-sized array is made or freed per matrix (on wide data each is 32 MB, and
     # the C allocator keeps freed blocks of that size in its heap).
     solved = matrices.new_empty(matrices.shape).mT  # (M, d, d): each factor's inverse
+    eye = torch.eye(n_features, dtype=covariances.dtype, device=covariances.device)
     lower = matrices.new_empty((n_features, n_features)).mT
     info = torch.empty((), dtype=torch.int32, device=matrices.device)
     failures = []

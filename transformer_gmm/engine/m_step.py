@@ -72,8 +72,8 @@ class MixtureParams:
 
 
 def _covariances_full(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: float) -> Tensor:
-    eye = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
     if needs_grad(resp, X, means):
+        eye = torch.eye(X.shape[-1], dtype=X.dtype, device=X.device)
         # One component at a time, as scikit-learn does: memory O(B N d), not O(B N K d).
         covariances = []
         for k in range(means.shape[1]):
@@ -85,7 +85,7 @@ def _covariances_full(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: f
         root = resp.sqrt().mT  # (B, K, N)
         w = (X[:, None] - means[:, :, None, :]).mul_(root[..., None])  # (B, K, N, d)
         # In place: on wide data each covariance is d^2, and a sum would copy them all.
-        return (w.mT @ w).div_(nk[..., None, None]).add_(reg * eye)
+        return _add_to_diagonal((w.mT @ w).div_(nk[..., None, None]), reg)
     # Large: one (B, N, d) buffer that every component reuses; allocating a fresh one per
     # component cost more than the arithmetic (page faults; 2.3x the time at N = 500,000,
     # d = 16, K = 5, one CPU thread). Each component's square roots are taken as it comes,
@@ -99,7 +99,15 @@ def _covariances_full(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: f
         torch.sub(X, means[:, k, None, :], out=w).mul_(resp[..., k, None].sqrt())
         covariances[:, k] = w.mT @ w
         covariances[:, k].div_(nk[:, k, None, None])
-    return covariances.add_(reg * eye)  # (B, K, d, d)
+    return _add_to_diagonal(covariances, reg)  # (B, K, d, d)
+
+
+def _add_to_diagonal(matrices: Tensor, reg: float) -> Tensor:
+    """``matrices + reg * I``, in place on the diagonal: no d x d identity and no product of
+    it (each 32 MB on wide data, which the C allocator would keep in its heap). The same
+    values (an off-diagonal -0.0 aside, which adding 0.0 made +0.0)."""
+    matrices.diagonal(dim1=-2, dim2=-1).add_(reg)
+    return matrices
 
 
 def _covariances_tied(resp: Tensor, X: Tensor, nk: Tensor, means: Tensor, reg: float) -> Tensor:
