@@ -11,6 +11,7 @@ from sklearn.mixture.tests.test_gaussian_mixture import RandomData
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
 from transformer_gmm.engine import em, fit, model_cache, runs
+from transformer_gmm.engine.em import as_tuple
 from transformer_gmm.engine.kmeans import kmeans_plusplus
 from transformer_gmm.engine.m_step import MixtureParams
 from transformer_gmm.engine.plan import MixturePlan
@@ -26,7 +27,8 @@ def starts(monkeypatch) -> list[MixtureParams]:
     fit_em = em.fit_em
 
     def recording(x, params, **options):
-        calls.append(params)
+        # A copy: EM empties the start it is handed (consume_start) once it has read it.
+        calls.append(MixtureParams(*(None if t is None else t.clone() for t in as_tuple(params))))
         return fit_em(x, params, **options)
 
     monkeypatch.setattr(em, "fit_em", recording)

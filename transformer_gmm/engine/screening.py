@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .standardize import leading_axes
+from .standardize import AXES_ROWS, leading_axes
 
 # Screening runs where the data have at least this many features (and more than the
 # directions screening reads); narrower data run every start at full width.
@@ -73,19 +73,22 @@ def principal_projection(
     (torch.Size([1, 3, 1]), 1.0)
     """
     if mask is None and sample_weight is None:
-        total = x.new_full((x.shape[0], 1), x.shape[1])  # (B, 1)
         center = x.mean(dim=1)  # (B, d)
-        scaled = x - center[:, None, :]  # (B, N, d)
+        weights = None
     else:
         weights = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device)
         if mask is not None:
             weights = weights * mask
         if sample_weight is not None:
             weights = weights * sample_weight
-        total = weights.sum(dim=1, keepdim=True)  # (B, 1)
-        center = (weights[..., None] * x).sum(dim=1) / total  # (B, d)
-        scaled = (x - center[:, None, :]) * weights[..., None].sqrt()  # 0 on padding
-    _, vectors = leading_axes(scaled, total, n_dims)  # ascending
+        center = (weights[..., None] * x).sum(dim=1) / weights.sum(dim=1)[:, None]  # (B, d)
+    # The directions from the first AXES_ROWS rows alone (real rows come first; in
+    # canonical order they are a uniform draw): the variances along them are not needed.
+    scaled = x[:, :AXES_ROWS] - center[:, None, :]  # (B, n, d)
+    if weights is not None:
+        scaled = scaled * weights[:, :AXES_ROWS, None].sqrt()  # 0 on padding
+    counts = x.new_ones((x.shape[0], 1))  # any positive count: only the vectors are read
+    _, vectors = leading_axes(scaled, counts, n_dims)  # ascending
     basis = vectors.flip(-1)[..., :n_dims]  # (B, d, n_dims), leading first
     del scaled
     # x @ basis less the centre's: no second (B, N, d) array of centred rows.
