@@ -306,16 +306,7 @@ class _Mixtures:
             x, mask, generator, plan, sample_weight=weights, index=index, project=project
         )
         z = project(x)  # (B, N, p)
-        screened = em.fit_em(
-            runs.repeat(z, n_runs),
-            params,
-            covariance_type=plan.covariance_type,
-            reg_covar=plan.reg_covar,
-            max_iter=plan.max_iter,
-            tol=plan.tol,
-            mask=None if mask is None else runs.repeat(mask, n_runs),
-            **runs.weighted(weights, n_runs),
-        )
+        screened = self._em(z, mask, weights, params, n_runs)
         winner = self.choose(screened, z, mask, weights)  # (B,)
         kept = self._kept(winner)
         chosen = m_step.MixtureParams(*(getattr(screened.params, f)[kept] for f in runs.FIELDS))
