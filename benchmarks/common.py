@@ -200,7 +200,7 @@ def backbone_flops(model, n_samples: int, n_components: int) -> float:
     weighted sum (2 T D per token). Then the read-in and the K-slot readout head.
     """
     config = model.config
-    tokens, d, k = min(n_samples, model.reading.context_size), config.d_model, n_components
+    tokens, d, k = min(n_samples, model.reading_config.context_size), config.d_model, n_components
     per_block = tokens * (4 + 2 * config.mlp_ratio) * d * d + 2 * tokens * tokens * d
     read_in = tokens * config.d_max * d
     # Head: keys and values and point projections of every token, attention of K seeds,

@@ -379,9 +379,9 @@ def test_training_the_head_changes_nothing_else_and_resumes(tmp_path):
     for name, weight in source.state_dict().items():  # every fit of a given K is unchanged
         assert torch.equal(state[name], weight), name
     x, mask, k = k_posterior.sample_k_batch(
-        np.random.default_rng(0), trained.config, trained.reading, 6
+        np.random.default_rng(0), trained.config, trained.reading_config, 6
     )
-    assert x.shape[0] == 6 and x.shape[1] <= trained.reading.context_size
+    assert x.shape[0] == 6 and x.shape[1] <= trained.reading_config.context_size
     assert k.min() >= 0 and k.max() < trained.config.k_max  # K - 1, K in 1..k_max
 
 
@@ -398,7 +398,7 @@ def test_a_frozen_k_unknown_embedding_stays_and_the_head_learns(tmp_path):
     head = "k_posterior_head.out.weight"
     assert not torch.equal(trained.state_dict()[head], start.state_dict()[head])
     x, mask, _ = k_posterior.sample_k_batch(
-        np.random.default_rng(0), trained.config, trained.reading, 3
+        np.random.default_rng(0), trained.config, trained.reading_config, 3
     )
     k_posterior.trainable(trained, k_unknown=False)
     frozen = k_posterior.k_log_posterior(trained, x, mask, k_unknown=False)
@@ -414,7 +414,7 @@ def test_head_batches_drawn_by_workers_are_the_steps_own():
     from transformer_gmm.training.prefetch import step_batches
 
     model = load_checkpoint(TINY_CHECKPOINT)
-    config, reading = model.config, model.reading
+    config, reading = model.config, model.reading_config
     draw = functools.partial(
         k_posterior.k_batch_of_step, config=config, reading=reading, batch_size=3, seed=7
     )

@@ -32,7 +32,7 @@ def test_max_iter_zero_uses_the_heads_labels(three_blobs):
     km = TransformerClusterer(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
     backbone = model_cache.load_backbone(TINY_CHECKPOINT)
     config = backbone.config
-    noise = backbone.reading.noise_directions
+    noise = backbone.reading_config.noise_directions
     standardization = OneStandardization(X, config.d_max, 3, noise)
     estimate = transformer_estimates(backbone, [standardization.transform(X)], 3, "cpu")[0]
     head_labels = estimate.point_probs.argmax(axis=1)

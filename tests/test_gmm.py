@@ -69,7 +69,7 @@ def test_max_iter_zero_returns_the_transformers_estimate(three_blobs):
     gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, n_init=1).fit(X)
     backbone = model_cache.load_backbone(TINY_CHECKPOINT)
     config = backbone.config
-    noise = backbone.reading.noise_directions
+    noise = backbone.reading_config.noise_directions
     standardization = OneStandardization(X, config.d_max, 3, noise)
     Z = standardization.transform(X).astype(np.float64)
     estimate = transformer_estimates(backbone, [Z], 3, "cpu")[0]

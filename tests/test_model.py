@@ -204,7 +204,7 @@ def test_model_config_holds_only_what_fixes_the_weights():
     a = MixtureTransformer(config, ReadingConfig(context_size=8, noise_directions=2))
     torch.manual_seed(0)
     b = MixtureTransformer(config)
-    assert a.reading != b.reading and b.reading == ReadingConfig()
+    assert a.reading_config != b.reading_config and b.reading_config == ReadingConfig()
     x = torch.randn(1, 20, config.d_max)
     assert torch.equal(a(x, 2).means, b(x, 2).means)
 

@@ -79,7 +79,7 @@ def test_pinned_network_output(name):
     X = make_data()
     backbone = model_cache.load_backbone("default")
     config = backbone.config
-    noise = backbone.reading.noise_directions
+    noise = backbone.reading_config.noise_directions
     standardization = OneStandardization(X, config.d_max, n_components, noise)
     (estimate,) = transformer_estimates(
         backbone, [standardization.transform(X)], n_components, "cpu"

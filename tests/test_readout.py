@@ -58,7 +58,7 @@ def reference_weights_and_means(X, resp, fallback_weights, fallback_means):
 def reference_init(backbone, X: np.ndarray, n_components: int, rows: np.ndarray):
     """The old per-dataset path: standardize, read ``rows``, score all rows, one M-step."""
     config = backbone.config
-    noise = backbone.reading.noise_directions
+    noise = backbone.reading_config.noise_directions
     standardization = OneStandardization(X, config.d_max, n_components, noise)
     (estimate,) = transformer_estimates(
         backbone, [standardization.transform(X[rows])], n_components, "cpu"
@@ -258,7 +258,10 @@ def test_mixture_inits_match_the_per_dataset_reference(sizes, n_features, n_comp
         backbone, x, mask, n_components, torch.Generator().manual_seed(3)
     )
     index, read_mask = subsample_rows(
-        tuple(x.shape[:2]), mask, backbone.reading.context_size, torch.Generator().manual_seed(3)
+        tuple(x.shape[:2]),
+        mask,
+        backbone.reading_config.context_size,
+        torch.Generator().manual_seed(3),
     )
     for i, X in enumerate(datasets):
         rows = np.arange(len(X))
@@ -387,7 +390,7 @@ def test_each_view_reads_a_reflection_of_the_data():
     for alone, batched in zip(first_view, starts[:2], strict=True):
         torch.testing.assert_close(alone.means, batched.means, rtol=1e-5, atol=1e-6)
     config = backbone.config
-    noise = backbone.reading.noise_directions
+    noise = backbone.reading_config.noise_directions
     standardization = fit_standardization(x, mask, config.d_max, 3, noise)
     z = standardization.transform(x)
     signs = readout.reflections(3, config.d_max)
@@ -417,7 +420,7 @@ def test_views_of_large_data_read_other_rows():
     generator = torch.Generator().manual_seed(1)
     draws = [subsample_rows((2, 150), mask, 64, generator) for _ in range(2)]
     config = backbone.config
-    noise = backbone.reading.noise_directions
+    noise = backbone.reading_config.noise_directions
     standardization = fit_standardization(x, mask, config.d_max, 3, noise)
     z = standardization.transform(x)
     signs = readout.reflections(2, config.d_max)

@@ -621,8 +621,8 @@ def test_init_from_a_model_that_read_fewer_directions(tmp_path):
         noise_directions=1,
     )  # fmt: skip
     reads_more = load_checkpoint(T.train(reads_more_cfg) / "checkpoint")
-    assert reads_more.reading.noise_directions == 1
-    assert load_checkpoint(first / "checkpoint").reading.noise_directions == 0
+    assert reads_more.reading_config.noise_directions == 1
+    assert load_checkpoint(first / "checkpoint").reading_config.noise_directions == 0
     # Its batches hold one direction more where the data has it (the tiny prior's d reaches
     # past K), and the estimators read as many.
     batch = T.get_batch(reads_more_cfg, reads_more.config, step=0, rank=0)

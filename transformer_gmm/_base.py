@@ -122,17 +122,17 @@ class TransformerMixtureBase(BaseEstimator):
             start_rows = _missing.mean_imputed(X)
         sample_weight = _initialization.check_sample_weight(sample_weight, X, 1)
         self._forget_previous_fit()
-        reading = None
+        k_unknown_pass = None
         if not auto:
             self._store_choice(None)
         else:
-            K, reading = self._choose(start_rows, sample_weight, has_missing)
+            K, k_unknown_pass = self._choose(start_rows, sample_weight, has_missing)
         if K is None and has_missing:  # fitted on the imputed rows by the choice: refitted
             K = self._fitted_k()
         if has_missing:
-            self._fit_k_missing(X, start_rows, sample_weight, K, reading)
+            self._fit_k_missing(X, start_rows, sample_weight, K, k_unknown_pass)
         elif K is not None:  # else the choice fitted the chosen K: its fit is kept
-            self._fit_k(X, sample_weight, K, reading)
+            self._fit_k(X, sample_weight, K, k_unknown_pass)
         self._after_fit(X)
         _array_api.attributes_to_input(self, namespace)
         return Rows(X, namespace, chunked=False)
@@ -189,14 +189,14 @@ class TransformerMixtureBase(BaseEstimator):
 
     # --- the choice of K ------------------------------------------------------------------
 
-    def _fit_as_candidate(self, X, sample_weight, K: int, reading) -> None:
+    def _fit_as_candidate(self, X, sample_weight, K: int, k_unknown_pass) -> None:
         """Fit ``K`` components to ``X``, a candidate of the choice of K whose
-        transformer's starts read ``reading``, the pass that read P(K | X)."""
+        transformer's starts read ``k_unknown_pass``, the pass that read P(K | X)."""
         # X is the choosing estimator's, validated into an array: this one records its
         # width, as its own fit on that array would (and no feature names, which the array
         # has lost).
         self.n_features_in_ = X.shape[1]
-        self._fit_k(X, sample_weight, K, reading)
+        self._fit_k(X, sample_weight, K, k_unknown_pass)
 
     def _take_fitted(self, fitted) -> None:
         """Become ``fitted``, a fitted estimator of this class (the candidate whose K was

@@ -35,7 +35,7 @@ from .engine.k_posterior import read_k_unknown
 from .storage.checkpoints import is_missing_default
 
 if TYPE_CHECKING:
-    from .engine.readout import Reading
+    from .engine.readout import KUnknownPass
     from .nn import MixtureTransformer
 
 # The candidates' upper end without a checkpoint: the largest K the bundled one covers.
@@ -53,7 +53,7 @@ class Choice:
     posterior: np.ndarray | None  # (C,) P(K | X) over the candidates, where the model reads it
     fitted: object | None  # the chosen candidate's fitted estimator, when BIC fitted them all
     # The pass that read the posterior, which the chosen K's fit starts from (posterior only).
-    reading: Reading | None = None
+    k_unknown_pass: KUnknownPass | None = None
 
 
 def is_auto(value) -> bool:
@@ -121,13 +121,13 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
             f"candidate, but checkpoint={params['checkpoint']!r} {why}. Use criterion='bic', "
             "or fewer candidates."
         )
-    posterior, reading = None, None
+    posterior, k_unknown_pass = None, None
     if covered:
         seed = draw_seed(random_state)
         weights = None if sample_weight is None else [sample_weight]
         device = resolve_device(params["device"])
         n_views = params["n_views"]
-        p, reading = read_k_unknown(
+        p, k_unknown_pass = read_k_unknown(
             backbone, [X], weights, seed=seed, device=device, n_views=n_views
         )
         posterior = p[0, ks - 1] / p[0, ks - 1].sum()
@@ -136,7 +136,7 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
             # The chosen candidate's collapse is the estimator's to report, not each one's.
             warnings.simplefilter("ignore", CollapsedComponentWarning)
             fits = [
-                _fit_candidate(estimator, params, k_name, K, X, sample_weight, reading)
+                _fit_candidate(estimator, params, k_name, K, X, sample_weight, k_unknown_pass)
                 for K in ks
             ]
         values = np.array([fitted._weighted_bic(X, sample_weight) for fitted in fits])
@@ -149,19 +149,19 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
     with np.errstate(divide="ignore"):
         values = -np.log(posterior)
     K = int(ks[np.argmax(posterior)])
-    return Choice(K, ks, "posterior", values, posterior, None, reading)
+    return Choice(K, ks, "posterior", values, posterior, None, k_unknown_pass)
 
 
 def _max_name(k_name: str) -> str:
     return "max_components" if k_name == "n_components" else "max_clusters"
 
 
-def _fit_candidate(estimator, params: dict, k_name: str, K: int, X, sample_weight, reading):
+def _fit_candidate(estimator, params: dict, k_name: str, K: int, X, sample_weight, k_unknown_pass):
     """The estimator's fit with ``k_name=K``: the same parameters, a fresh estimator, its
-    transformer's starts read from ``reading`` (the pass that read P(K | X)) where there is
+    transformer's starts read from ``k_unknown_pass`` (the pass that read P(K | X)) where there is
     one, so that the candidates share one pass."""
     candidate = type(estimator)(**{**params, k_name: int(K)})
-    if reading is None:
+    if k_unknown_pass is None:
         return candidate.fit(X, sample_weight=sample_weight)
-    candidate._fit_as_candidate(X, sample_weight, int(K), reading)
+    candidate._fit_as_candidate(X, sample_weight, int(K), k_unknown_pass)
     return candidate

@@ -120,10 +120,10 @@ def backbone_or_fallback(checkpoint, n_components: int, fallback: str) -> Mixtur
     return backbone
 
 
-def transformer_starts(params: dict, n_components: int, fallback: str, reading=None) -> dict:
+def transformer_starts(params: dict, n_components: int, fallback: str, k_unknown_pass=None) -> dict:
     """The plan's starts when the transformer starts the fit: its backbone (None when
     it falls back), the numbers of the transformer's and of k-means++'s starts, the
-    name of each run's start, and ``reading``, the pass under the "K unknown" embedding
+    name of each run's start, and ``k_unknown_pass``, the pass under the "K unknown" embedding
     that read P(K | X) (its starts read that pass; None: a pass of their own)."""
     backbone = backbone_or_fallback(params["checkpoint"], n_components, fallback)
     n_transformer, n_kmeans = n_starts(params, backbone is not None)
@@ -132,7 +132,7 @@ def transformer_starts(params: dict, n_components: int, fallback: str, reading=N
         n_transformer_inits=n_transformer,
         n_kmeans_inits=n_kmeans,
         start_names=("transformer",) * n_transformer + ("k-means++",) * n_kmeans,
-        reading=reading if n_transformer > 0 else None,
+        k_unknown_pass=k_unknown_pass if n_transformer > 0 else None,
     )
 
 
@@ -167,12 +167,12 @@ def _plan(
 
 def mixture_plan(
     params: dict, X, sample_weight, random_state, warm_start: GivenStarts | None = None,
-    reading=None,
+    k_unknown_pass=None,
 ) -> MixturePlan:
     """The mixture fit of ``X``, decided once: EM settings and starts (the backbone or None,
     the numbers of the transformer's and of k-means's starts, the other starts and the given
     parameters or None, the name of each run's start). ``warm_start``: the fitted
-    parameters a warm start goes on from (the estimator's own); ``reading`` the pass that
+    parameters a warm start goes on from (the estimator's own); ``k_unknown_pass`` the pass that
     read P(K | X) (see :func:`transformer_starts`). The random starts are drawn from
     ``random_state`` first, as scikit-learn does, then the seed of the fit's generator."""
     device = resolve_device(params["device"])
@@ -188,7 +188,7 @@ def mixture_plan(
     if len(given) == 3:  # nothing left to initialise
         fields = dict(em, given=GivenStarts(**given), start_names=("user",))
     elif init_params == "transformer":
-        starts = transformer_starts(params, K, MIXTURE_FALLBACK, reading)
+        starts = transformer_starts(params, K, MIXTURE_FALLBACK, k_unknown_pass)
         fields = dict(
             em, **starts, given=GivenStarts(**given) if given else None,
             kmeans_if_starts_disagree=gated_kmeans(params, starts) and not given,
@@ -207,19 +207,19 @@ def mixture_plan(
 
 
 def kmeans_plan(
-    params: dict, X, sample_weight, random_state, name: str, reading=None
+    params: dict, X, sample_weight, random_state, name: str, k_unknown_pass=None
 ) -> KMeansPlan:
     """The k-means fit of ``X``, decided once: the starts (the backbone or None, the numbers
     of the transformer's and of k-means++'s starts, the estimator ``name``'s own starting
     centres (R, K, d) or None, the name of each run's start) and whether to trace Lloyd
-    (``verbose``); ``reading`` as :func:`mixture_plan`'s. Draws the random starts from
+    (``verbose``); ``k_unknown_pass`` as :func:`mixture_plan`'s. Draws the random starts from
     ``random_state`` first, as scikit-learn does, then the seed of the fit's generator."""
     device = resolve_device(params["device"])
     K, init = params["n_clusters"], params["init"]
     kind = init_kind(init)
     trace = bool(params["verbose"])  # a fit by blocks traces nothing
     if kind == "transformer":
-        fields = dict(transformer_starts(params, K, KMEANS_FALLBACK, reading), trace=trace)
+        fields = dict(transformer_starts(params, K, KMEANS_FALLBACK, k_unknown_pass), trace=trace)
         return _plan(KMeansPlan, params, K, device, fields, random_state)
     n_init = n_runs(init, params["n_init"], name)
     if kind == "k-means++":

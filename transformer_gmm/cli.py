@@ -267,9 +267,9 @@ def _card_summary(card: str, sentences: int = 2) -> str:
 
 
 def _summary(name: str, folder: Path, source: str) -> str:
-    from .storage.format import WEIGHTS_FILE, read_config, read_reading
+    from .storage.format import WEIGHTS_FILE, read_config, read_reading_config
 
-    config, reading = read_config(folder), read_reading(folder)
+    config, reading = read_config(folder), read_reading_config(folder)
     weights = folder / WEIGHTS_FILE
     if weights.is_file():
         size = f"{_human_size(weights.stat().st_size)} of weights"
@@ -409,7 +409,8 @@ def _preset_model(preset: str, assignments: list[str], seed: int):
         if not sep:
             raise ValueError(f"--set expects FIELD=VALUE, got {assignment!r}.")
         overrides[field.strip()] = int(value) if value.strip().isdigit() else value.strip()
-    # --set takes the fields of both configs: how the model reads data goes to its reading.
+    # --set takes the fields of both configs: how the model reads data goes to its
+    # reading_config.
     reading_names = set(ReadingConfig.__dataclass_fields__)
     reading = reading_from_preset(
         preset, **{k: v for k, v in overrides.items() if k in reading_names}
@@ -430,5 +431,5 @@ def _save_untrained(model, folder: Path, preset: str, seed: int, card: str | Non
             "are random, so EM does all the work until you train it; replace this note with "
             "how it was trained before you publish it."
         )
-        card = default_model_card(model.config, note=note, reading=model.reading)
+        card = default_model_card(model.config, note=note, reading_config=model.reading_config)
     return save_checkpoint(model, folder, model_card=card)

@@ -332,13 +332,13 @@ default="transformer"
         if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
             self._take_fitted(choice.fitted)
             return None, None
-        return choice.n_components, choice.reading
+        return choice.n_components, choice.k_unknown_pass
 
-    def _fit_k_missing(self, X, start_rows, sample_weight, n_clusters, reading) -> None:
+    def _fit_k_missing(self, X, start_rows, sample_weight, n_clusters, k_unknown_pass) -> None:
         """Cluster ``X`` with NaN: the usual fit (the transformer's or k-means++ starts,
         and Lloyd) on the imputed ``start_rows`` starts k-POD, which minimises the inertia
         over the observed entries; its centres, labels and inertia are kept."""
-        self._fit_k(start_rows, sample_weight, n_clusters, reading)
+        self._fit_k(start_rows, sample_weight, n_clusters, k_unknown_pass)
         result, labels = _missing.kpod_in_canonical_order(
             X, self.cluster_centers_, sample_weight, max_iter=self.max_iter, tol=self.tol,
             device=self.device_,
@@ -422,9 +422,9 @@ default="transformer"
         self._mark_stream()
         return self
 
-    def _fit_k(self, X, sample_weight, n_clusters: int, reading=None, run=_fitting.run):
+    def _fit_k(self, X, sample_weight, n_clusters: int, k_unknown_pass=None, run=_fitting.run):
         """Fit ``n_clusters`` to the validated ``X``; the transformer's starts read from
-        ``reading``, the pass that read P(K | X), where there is one; ``run`` runs the
+        ``k_unknown_pass``, the pass that read P(K | X), where there is one; ``run`` runs the
         plan (in memory, or on a Dask array's chunks)."""
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_clusters)
@@ -435,7 +435,7 @@ default="transformer"
                 "algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
                 RuntimeWarning,
             )
-        plan = self._plan(X, sample_weight, random_state, n_clusters, reading)
+        plan = self._plan(X, sample_weight, random_state, n_clusters, k_unknown_pass)
         self._n_init = plan.n_runs
         self._store_fit(run(plan, X, sample_weight), X, plan)
         return self
@@ -488,17 +488,17 @@ default="transformer"
         sample_weight,
         random_state: np.random.RandomState,
         n_clusters=None,
-        reading=None,
+        k_unknown_pass=None,
     ) -> KMeansPlan:
         """The fit of ``X`` with ``n_clusters`` (by default the parameter's), decided once
-        by :func:`~transformer_gmm._fitting.kmeans_plan`, its starts read from ``reading``
+        by :func:`~transformer_gmm._fitting.kmeans_plan`, its starts read from ``k_unknown_pass``
         where K was chosen among candidates."""
         params = self.get_params(deep=False)
         params["init"] = _array_api.to_numpy(params["init"])  # an array of X's namespace
         if n_clusters is not None:
             params["n_clusters"] = n_clusters
         name = type(self).__name__
-        return _fitting.kmeans_plan(params, X, sample_weight, random_state, name, reading)
+        return _fitting.kmeans_plan(params, X, sample_weight, random_state, name, k_unknown_pass)
 
     def fit_predict(self, X, y=None, sample_weight=None):
         """Cluster ``X`` and return ``labels_``.

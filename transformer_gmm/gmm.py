@@ -486,15 +486,15 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         self._mark_stream()
         return self
 
-    def _fit_k_missing(self, X, start_rows, sample_weight, n_components, reading) -> None:
+    def _fit_k_missing(self, X, start_rows, sample_weight, n_components, k_unknown_pass) -> None:
         """Fit ``n_components`` to ``X`` with NaN: the usual fit (the transformer's starts
-        from ``reading`` where it chose K) on the imputed ``start_rows`` starts EM for data
+        from ``k_unknown_pass`` where it chose K) on the imputed ``start_rows`` starts EM for data
         missing at random on the observed entries alone, whose estimate is kept."""
         with warnings.catch_warnings():
             # Whether EM converged on the imputed rows does not matter: they only start the
             # EM below, whose convergence is reported.
             warnings.simplefilter("ignore", ConvergenceWarning)
-            self._fit_k(start_rows, sample_weight, n_components, reading)
+            self._fit_k(start_rows, sample_weight, n_components, k_unknown_pass)
         result = missing.fit_em_missing(
             X,
             self.weights_.astype(np.float64),
@@ -520,15 +520,15 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         warn_identical(identical, self.covariances_, self.reg_covar)
 
     def _fit_k(
-        self, X, sample_weight, n_components: int, reading=None, run=_fitting.run
+        self, X, sample_weight, n_components: int, k_unknown_pass=None, run=_fitting.run
     ) -> None:
         """Fit ``n_components`` to the validated ``X``; the transformer's starts read from
-        ``reading``, the pass that read P(K | X), where there is one; ``run`` runs the
+        ``k_unknown_pass``, the pass that read P(K | X), where there is one; ``run`` runs the
         plan (in memory, or on a Dask array's chunks)."""
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_components)
         random_state = check_random_state(self.random_state)
-        plan = self._plan(X, sample_weight, random_state, n_components, reading)
+        plan = self._plan(X, sample_weight, random_state, n_components, k_unknown_pass)
         fits = run(plan, X, sample_weight)
         self._store_fit(fits, 0, plan, X.dtype)
         self._mark_collapsed(X, sample_weight)
@@ -565,7 +565,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         self._store_choice(choice)
         if choice.fitted is not None:
             return None, None
-        return choice.n_components, choice.reading
+        return choice.n_components, choice.k_unknown_pass
 
     def _plan(
         self,
@@ -573,10 +573,10 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         sample_weight,
         random_state: np.random.RandomState,
         n_components=None,
-        reading=None,
+        k_unknown_pass=None,
     ) -> MixturePlan:
         """The fit of ``X`` with ``n_components`` (by default the parameter's), decided once
-        by :func:`~transformer_gmm._fitting.mixture_plan`, its starts read from ``reading``
+        by :func:`~transformer_gmm._fitting.mixture_plan`, its starts read from ``k_unknown_pass``
         where K was chosen among candidates."""
         warm = self.warm_start and hasattr(self, "converged_")
         params = self.get_params(deep=False)
@@ -585,7 +585,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         if n_components is not None:
             params["n_components"] = n_components
         warm_start = self._warm_start_parameters(X.shape[1]) if warm else None
-        return _fitting.mixture_plan(params, X, sample_weight, random_state, warm_start, reading)
+        return _fitting.mixture_plan(
+            params, X, sample_weight, random_state, warm_start, k_unknown_pass
+        )
 
     def _warm_start_parameters(self, n_features: int) -> GivenStarts:
         """The fitted parameters ``warm_start`` goes on from, for a fit of ``n_features``."""

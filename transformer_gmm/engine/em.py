@@ -45,7 +45,7 @@ __all__ = [
     "GUARD_MARGIN",
     "EMResult",
     "as_tuple",
-    "empty_bound",
+    "empty_threshold",
     "RowsInMemory",
     "fit_em",
     "log_likelihood_without",
@@ -111,7 +111,7 @@ EMPTY_COUNT = 1e-6
 GUARD_MARGIN = 1e3
 
 
-def empty_bound(unit: Tensor | float, dtype: torch.dtype) -> Tensor | float:
+def empty_threshold(unit: Tensor | float, dtype: torch.dtype) -> Tensor | float:
     """The weighted count (B|1, 1), or one for all, below which a component is empty."""
     guard = GUARD_MARGIN * 10 * torch.finfo(dtype).eps
     if isinstance(unit, float):
@@ -340,7 +340,7 @@ class RowsInMemory:
         self.covariance_type, self.reg_covar = covariance_type, reg_covar
         self.points = _points(mask, sample_weight, self.X)  # (B|1, N)
         self.unit = _point_weight(self.points, sample_weight, self.X)  # (B|1, 1) or 1.0
-        self.bound = empty_bound(self.unit, X.dtype)  # see EMPTY_COUNT
+        self.empty_below = empty_threshold(self.unit, X.dtype)  # see EMPTY_COUNT
         # The rows' squares, once for every step that reads them (two an iteration).
         self.x_squared = self.X.square() if covariance_type in ("diag", "spherical") else None
 
@@ -393,7 +393,7 @@ class RowsInMemory:
         taken.__dict__.update(self.__dict__)
         for name in ("X", "mask", "sample_weight", "x_squared"):
             setattr(taken, name, take(getattr(self, name), keep))
-        for name in ("points", "unit", "bound"):
+        for name in ("points", "unit", "empty_below"):
             setattr(taken, name, _take_rows(getattr(self, name), keep))
         return taken
 
@@ -415,7 +415,7 @@ def run_em(
     ``rows`` offers ``step(params)`` (an E-step and an M-step: the mean log-likelihood,
     the weighted counts, the new parameters, the runs whose covariances failed),
     ``reseed(params, counts, empty)``, ``counts(params)`` and ``lower_bound(params)`` (for
-    ``max_iter=0``), ``take(keep)`` (the runs still going), ``bound`` (the count below
+    ``max_iter=0``), ``take(keep)`` (the runs still going), ``empty_below`` (the count below
     which a component is empty), ``dtype`` and ``reads_covariances`` (whether ``step``
     reads the covariances, which the loop otherwise frees before each step). ``params``
     are of batch 1 or ``n_batch``; ``consume_start`` as :func:`fit_em`'s.
@@ -431,7 +431,7 @@ def run_em(
         # A start may hold an empty component too (a k-means cluster left empty): it is
         # re-seeded as EM would, so that no fit returns one.
         counts = rows.counts(params)  # (B, K)
-        empty = counts < rows.bound
+        empty = counts < rows.empty_below
         if bool(empty.any()):
             params, failed = rows.reseed(params, counts, empty)
             if bool(failed.any()):
@@ -465,7 +465,7 @@ def run_em(
         if consume_start and start is not None:
             start.weights = start.means = start.covariances = start.precisions_cholesky = None
             start = None
-        empty = nk < rows.bound  # (A, K)
+        empty = nk < rows.empty_below  # (A, K)
         reseeded = empty.any(-1) & active  # (A,) re-seeded below
         change = log_prob_norm - lower_bound  # +inf on the first iteration
         lower_bound = torch.where(active, log_prob_norm, lower_bound)
@@ -476,10 +476,9 @@ def run_em(
         steady = ~(reseeded | fresh)
         converged = converged | (active & steady & (change.abs() < tol))
         fresh = reseeded
-        bounds = lower_bound.new_full((n_batch,), math.nan)
-        history.append(
-            bounds.index_copy_(0, batch.rows, torch.where(active, log_prob_norm, math.nan))
-        )
+        iteration_bounds = lower_bound.new_full((n_batch,), math.nan)  # every dataset's
+        active_bounds = torch.where(active, log_prob_norm, math.nan)
+        history.append(iteration_bounds.index_copy_(0, batch.rows, active_bounds))
         # One host sync per iteration for the three checks. Datasets that already
         # converged may fail harmlessly: scikit-learn would not have run this M-step for
         # them; nor do the re-seeded ones, whose empty components get new covariances.

@@ -505,7 +505,7 @@ class _Mixtures:
             lower_bounds, times = first.lower_bounds, first.iteration_times
         lower_bounds = lower_bounds.view(n_datasets, self.plan.n_runs, lower_bounds.shape[1])
         if first is not None:
-            lower_bounds, times = _then(lower_bounds, times, best, result)
+            lower_bounds, times = _followed_by_refit(lower_bounds, times, best, result)
         # One transfer per field for the whole batch: no per-dataset indexing of tensors.
         fields = [result.params.weights, result.params.means, result.params.covariances]
         fields += [result.params.precisions_cholesky, result.lower_bound]
@@ -623,7 +623,7 @@ def _joined(results: list[em.EMResult], n_datasets: int) -> em.EMResult:
     )
 
 
-def _then(
+def _followed_by_refit(
     lower_bounds: torch.Tensor, times: list[float], best: torch.Tensor, second: em.EMResult
 ) -> tuple[torch.Tensor, list[float]]:
     """The lower bounds (B, R, T) and iteration times of EM on a subsample, followed by

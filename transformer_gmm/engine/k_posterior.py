@@ -19,7 +19,7 @@ import torch
 from . import model_cache, row_order
 from .device import dtype_for, explain_out_of_memory, pad, seeded_generator, to_numpy
 from .input_range import check_magnitude
-from .readout import Reading, read_views
+from .readout import KUnknownPass, read_views
 from .standardize import weighted_rows
 
 if TYPE_CHECKING:
@@ -62,10 +62,10 @@ def read_k_unknown(
     seed: int,
     device: str = "cpu",
     n_views: int = 1,
-) -> tuple[np.ndarray, Reading]:
+) -> tuple[np.ndarray, KUnknownPass]:
     """:func:`k_posteriors`, and the pass they were read from, whose tokens every readout
     head reads as well: a fit of ``Xs`` (in canonical row order, as the fit puts them)
-    starts from it with no pass of its own (``FitPlan.reading``)."""
+    starts from it with no pass of its own (``FitPlan.k_unknown_pass``)."""
     model = model_cache.model_on(backbone, device)
     config = model.config
     orders = row_order.canonical_orders(Xs, sample_weight)
@@ -76,7 +76,7 @@ def read_k_unknown(
     if sample_weight is not None:
         weights = [np.asarray(w)[order] for w, order in zip(sample_weight, orders, strict=True)]
         w = pad(weights, device, x.dtype)[0]  # (B, N), zero on padding
-        x, mask = weighted_rows(x, w, model.reading.context_size, generator)
+        x, mask = weighted_rows(x, w, model.reading_config.context_size, generator)
     # Projected as for the largest K: every direction up to d_max.
     read = read_views(model, x, mask, config.k_max, generator, n_views)
     with torch.inference_mode():
@@ -84,5 +84,7 @@ def read_k_unknown(
         log_p = model.k_posterior_head(tokens, tokens_mask)  # (V * B, k_max)
     probs = log_p.exp().view(n_views, len(Xs), -1).mean(dim=0)  # (B, k_max)
     rows = read.rows(x)  # (V * B, C, d)
-    reading = Reading(read.standardization, rows, read.rows_mask, read.signs, tokens, tokens_mask)
-    return to_numpy(probs / probs.sum(dim=-1, keepdim=True)), reading
+    k_unknown_pass = KUnknownPass(
+        read.standardization, rows, read.rows_mask, read.signs, tokens, tokens_mask
+    )
+    return to_numpy(probs / probs.sum(dim=-1, keepdim=True)), k_unknown_pass

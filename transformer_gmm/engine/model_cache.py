@@ -2,7 +2,7 @@
 
 A fit's transformer start reads the data with the model a checkpoint holds (the
 "backbone", a :class:`~transformer_gmm.nn.MixtureTransformer`: its ``config`` says how
-many features it reads, ``d_max``, its ``reading`` how many rows, ``context_size``, and
+many features it reads, ``d_max``, its ``reading_config`` how many rows, ``context_size``, and
 ``supported_n_components`` which K it has a head for).
 :mod:`transformer_gmm.storage.checkpoints` loads it once per process and shares it; this
 module keeps its copies on the other devices (and a bfloat16 copy on CPU,

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .device import explain_out_of_memory, tensor, to_numpy
-from .em import as_tuple, empty_bound, reseed_means, reseed_weights_and_covariances
+from .em import as_tuple, empty_threshold, reseed_means, reseed_weights_and_covariances
 from .gaussian import IllDefinedCovariance
 from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty
 from .m_step import MixtureParams
@@ -161,7 +161,7 @@ def stepwise_em_step(
     The batch's statistics under ``params`` and those the parameters stand for, both for
     rows of the batch's weight, are averaged with weights ``rho`` and ``1 - rho``; the
     M-step reads the average with ``reg_covar``. A component whose averaged count falls
-    below :func:`~transformer_gmm.engine.em.empty_bound` is re-seeded as
+    below :func:`~transformer_gmm.engine.em.empty_threshold` is re-seeded as
     :func:`~transformer_gmm.engine.em.fit_em` re-seeds one, onto a row of the batch that
     the others explain worst. With ``rho = 1`` this is an iteration of ``fit_em`` on ``X``.
 
@@ -213,7 +213,7 @@ def stepwise_em_step(
     new, failed = parameters_from_statistics(averaged, params.means, covariance_type, reg_covar)
     # fit_em's rule for an emptied component: the M-step's counts below the bound.
     counts = averaged.nk + 10 * torch.finfo(X.dtype).eps
-    empty = counts < empty_bound(unit, X.dtype)  # (1, K)
+    empty = counts < empty_threshold(unit, X.dtype)  # (1, K)
     reseeded = int(empty.sum())
     if bool(failed.any()) and not reseeded:
         raise IllDefinedCovariance(X.dtype)

@@ -18,7 +18,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from ..nn import MixtureTransformer
-    from .readout import Reading
+    from .readout import KUnknownPass
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class FitPlan:
     start_names: tuple[str, ...] = ()
     # The backbone's pass under the "K unknown" embedding (K chosen among candidates), which
     # the transformer's starts read K's head on, instead of a pass of their own.
-    reading: Reading | None = None
+    k_unknown_pass: KUnknownPass | None = None
 
     def __post_init__(self) -> None:
         if type(self) is FitPlan:  # its type is what says which algorithm runs

@@ -26,7 +26,7 @@ from .standardize import Standardization, fit_standardization, subsample_rows, t
 
 __all__ = [
     "MixtureInit",
-    "Reading",
+    "KUnknownPass",
     "cholesky_on_kept",
     "cluster_centers",
     "forward",
@@ -169,7 +169,7 @@ class ReadViews(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Reading:
+class KUnknownPass:
     """The backbone's pass over B datasets under the "K unknown" embedding, kept for the
     starts: every readout head reads its tokens (``MixtureTransformer.read_out``), so the
     fit of the K that P(K | X) chose, or of each candidate that BIC compares, needs no pass
@@ -192,21 +192,21 @@ def read_views(
 ) -> ReadViews:
     """Standardize ``x`` (B, N, d) as for ``n_components`` and stack ``n_views`` views for
     the backbone ``model``: view v reads its own draw of at most
-    ``model.reading.context_size`` rows (the same rows in every view where all fit),
+    ``model.reading_config.context_size`` rows (the same rows in every view where all fit),
     reflected by :func:`reflections`.
 
     Where a dataset has more rows than the context, each view reads other rows: a second
     look at large data, which a reflection of the same rows is not.
     """
-    reading = model.reading
+    reads = model.reading_config
     standardization = fit_standardization(
-        x, mask, model.config.d_max, n_components, reading.noise_directions
+        x, mask, model.config.d_max, n_components, reads.noise_directions
     )
     shape = tuple(x.shape[:2])
     z = standardization.transform(x)  # (B, N, d_max) float32
     signs = reflections(n_views, z.shape[-1]).to(z)  # (V, d_max)
     # View by view, so that view 0's draw is the same for any number of views.
-    draws = [subsample_rows(shape, mask, reading.context_size, generator) for _ in range(n_views)]
+    draws = [subsample_rows(shape, mask, reads.context_size, generator) for _ in range(n_views)]
     if draws[0][0] is None:  # every row fits: each view reads them all
         rows_index, z_read = None, z.repeat(n_views, 1, 1)  # (V * B, N, d_max)
         rows_mask = None if mask is None else mask.repeat(n_views, 1)
@@ -242,27 +242,29 @@ def _read(
     n_components: int,
     generator,
     n_starts: int,
-    reading: Reading | None = None,
+    k_unknown_pass: KUnknownPass | None = None,
 ) -> tuple[Standardization, Tensor, list[View]]:
     """Standardize, subsample, and run the backbone on every view ``n_starts`` needs in one
-    batch, or read K's head on ``reading``'s tokens; returns the standardization, every row
+    batch, or read K's head on ``k_unknown_pass``'s tokens; returns the standardization, every row
     in model space, and the views.
     """
     n_views, n_datasets = -(-n_starts // 2), x.shape[0]
-    if reading is None:
+    if k_unknown_pass is None:
         read = read_views(model, x, mask, n_components, generator, n_views)
         out = forward(model, read.views, n_components, read.views_mask)
         standardization, z, signs = read.standardization, read.z, read.signs
         rows, rows_mask = read.rows(x), read.rows_mask  # (V * B, C, d), (V * B, C)
     else:
-        if n_views > reading.n_views:
-            raise ValueError(f"{n_starts} starts need {n_views} views; the reading has fewer.")
+        if n_views > k_unknown_pass.n_views:
+            raise ValueError(f"{n_starts} starts need {n_views} views; the pass has fewer.")
         n_tokens = n_views * n_datasets
-        tokens_mask = None if reading.tokens_mask is None else reading.tokens_mask[:n_tokens]
+        tokens_mask = k_unknown_pass.tokens_mask
+        tokens_mask = None if tokens_mask is None else tokens_mask[:n_tokens]
         with torch.inference_mode():
-            out = model.read_out(reading.tokens[:n_tokens], n_components, tokens_mask)
-        standardization, signs = reading.standardization, reading.signs[:n_views]
-        z, rows, rows_mask = standardization.transform(x), reading.rows, reading.rows_mask
+            out = model.read_out(k_unknown_pass.tokens[:n_tokens], n_components, tokens_mask)
+        standardization, signs = k_unknown_pass.standardization, k_unknown_pass.signs[:n_views]
+        z = standardization.transform(x)
+        rows, rows_mask = k_unknown_pass.rows, k_unknown_pass.rows_mask
     views = []
     for v, sign in enumerate(signs):
         part = slice(v * n_datasets, (v + 1) * n_datasets)
@@ -305,7 +307,7 @@ def mixture_inits(
     n_components: int,
     generator: torch.Generator,
     n_starts: int = 2,
-    reading: Reading | None = None,
+    k_unknown_pass: KUnknownPass | None = None,
 ) -> tuple[MixtureInit, ...]:
     """The transformer's starts, two from each view of the data, in one forward pass.
 
@@ -328,7 +330,7 @@ def mixture_inits(
         Draws the rows read where a dataset has more than ``context_size``.
     n_starts : int, default=2
         How many starts, view by view (``ceil(n_starts / 2)`` views).
-    reading : Reading, optional
+    k_unknown_pass : KUnknownPass, optional
         The pass under the "K unknown" embedding to read K's head on, instead of a pass of
         K's own; ``x`` then holds the rows the mixture starts score.
 
@@ -337,7 +339,7 @@ def mixture_inits(
     starts : tuple of MixtureInit
     """
     return _view_starts(
-        model, x, mask, n_components, generator, n_starts, _point_probs, True, reading
+        model, x, mask, n_components, generator, n_starts, _point_probs, True, k_unknown_pass
     )
 
 
@@ -354,13 +356,23 @@ def _point_labels(out: MixtureOutput, read_mask: Tensor | None, dtype: torch.dty
 
 
 def _view_starts(
-    model, x, mask, n_components, generator, n_starts, point_resp, mixture_first: bool, reading
+    model,
+    x,
+    mask,
+    n_components,
+    generator,
+    n_starts,
+    point_resp,
+    mixture_first: bool,
+    k_unknown_pass,
 ) -> tuple[MixtureInit, ...]:
     """The first ``n_starts`` of, view by view, the start from the transformer's mixture and
     the one from ``point_resp(out, read_mask, dtype)`` on the rows read (in that order, or
     the per-point one first); a start past ``n_starts`` is never built (the mixture start
     scores every row)."""
-    standardization, z, views = _read(model, x, mask, n_components, generator, n_starts, reading)
+    standardization, z, views = _read(
+        model, x, mask, n_components, generator, n_starts, k_unknown_pass
+    )
 
     def mixture(view: View) -> MixtureInit:
         return _mixture_start(x, mask, z, standardization, view.out)
@@ -380,13 +392,13 @@ def cluster_centers(
     n_clusters: int,
     generator: torch.Generator,
     n_starts: int = 2,
-    reading: Reading | None = None,
+    k_unknown_pass: KUnknownPass | None = None,
 ) -> tuple[Tensor, ...]:
     """The transformer's sets of centres (B, K, d), two from each view, in one forward pass:
     the mean of the read points of each head label, then :func:`mixture_inits`' means.
     Arguments as :func:`mixture_inits`.
     """
     starts = _view_starts(
-        model, x, mask, n_clusters, generator, n_starts, _point_labels, False, reading
+        model, x, mask, n_clusters, generator, n_starts, _point_labels, False, k_unknown_pass
     )
     return tuple(start.means for start in starts)

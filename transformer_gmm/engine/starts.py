@@ -25,13 +25,14 @@ if TYPE_CHECKING:
 
 def _weighted_draw(x, sample_weight, backbone, generator, plan: FitPlan) -> tuple:
     """The rows (B, C, d) the transformer reads of weighted data, drawn in proportion to
-    ``sample_weight``, and their mask; those the plan's reading drew, where it has one
+    ``sample_weight``, and their mask; those the plan's K-unknown pass drew, where it has one
     (every view of it read the same weighted draw: the first view's rows are all of them)."""
-    if plan.reading is not None:
+    if plan.k_unknown_pass is not None:
         n_datasets = x.shape[0]
-        rows_mask = plan.reading.rows_mask
-        return plan.reading.rows[:n_datasets], None if rows_mask is None else rows_mask[:n_datasets]
-    return weighted_rows(x, sample_weight, backbone.reading.context_size, generator)
+        rows_mask = plan.k_unknown_pass.rows_mask
+        rows = plan.k_unknown_pass.rows[:n_datasets]
+        return rows, None if rows_mask is None else rows_mask[:n_datasets]
+    return weighted_rows(x, sample_weight, backbone.reading_config.context_size, generator)
 
 
 # --- Gaussian mixtures ---------------------------------------------------------------
@@ -78,7 +79,7 @@ def mixture_starts(
             n_components,
             generator,
             n_starts=n_transformer_inits,
-            reading=plan.reading,
+            k_unknown_pass=plan.k_unknown_pass,
         )
         for init in starts:
             params = m_step.estimate_gaussian_parameters(
@@ -218,7 +219,7 @@ def kmeans_starts(
             n_clusters,
             generator,
             n_starts=n_transformer_inits,
-            reading=plan.reading,
+            k_unknown_pass=plan.k_unknown_pass,
         )
     if n_kmeans_inits > 0:
         starts.append(

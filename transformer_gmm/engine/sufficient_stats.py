@@ -33,7 +33,7 @@ from .e_step import e_step_unchecked
 from .em import (
     EMResult,
     as_tuple,
-    empty_bound,
+    empty_threshold,
     log_likelihood_without,
     reseed_means,
     reseed_weights_and_covariances,
@@ -456,7 +456,7 @@ class RowsByStatistics:
         self.n_rows, self.covariance_type, self.reg_covar = n_rows, covariance_type, reg_covar
         self.dtype, self.unit, self.reads_covariances = dtype, unit, reads_covariances
         self.total = n_rows * unit  # the rows' weight
-        self.bound = empty_bound(unit, dtype)
+        self.empty_below = empty_threshold(unit, dtype)
 
     def counts(self, params: MixtureParams) -> Tensor:
         return params.weights * self.total

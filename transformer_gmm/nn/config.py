@@ -112,7 +112,7 @@ class ReadingConfig:
     """How a fit shows a :class:`~transformer_gmm.nn.MixtureTransformer` a dataset: no
     weight depends on it, but the model was trained reading data this way, so a checkpoint
     keeps it beside its :class:`ModelConfig` (in the same ``config.json``) and the loaded
-    model carries it as ``model.reading``, as a language model carries the settings its
+    model carries it as ``model.reading_config``, as a language model carries the settings its
     generation reads. The fit (``engine/readout.py``) and the training read it; the
     forward pass does not.
 

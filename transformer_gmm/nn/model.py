@@ -210,9 +210,9 @@ class MixtureTransformer(nn.Module):
     ----------
     config : ModelConfig
         The model's shape; it fixes every weight's shape.
-    reading : ReadingConfig, default=None
+    reading_config : ReadingConfig, default=None
         How a fit shows the model a dataset (``ReadingConfig()`` if None); kept as
-        ``reading`` for the fit and the checkpoint, never read by the forward pass.
+        ``reading_config`` for the fit and the checkpoint, never read by the forward pass.
 
     Examples
     --------
@@ -225,10 +225,12 @@ class MixtureTransformer(nn.Module):
     torch.Size([1, 2, 4])
     """
 
-    def __init__(self, config: ModelConfig, reading: ReadingConfig | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, reading_config: ReadingConfig | None = None
+    ) -> None:
         super().__init__()
         self.config = config
-        self.reading = ReadingConfig() if reading is None else reading
+        self.reading_config = ReadingConfig() if reading_config is None else reading_config
         self.readin = nn.Linear(config.d_max, config.d_model)
         self.k_embedding = nn.Embedding(config.k_max - config.k_min + 1, config.d_model)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])

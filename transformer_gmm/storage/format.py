@@ -95,7 +95,7 @@ def save_checkpoint(
     folder.mkdir(parents=True, exist_ok=True)
     config = {"model_type": MODEL_TYPE, "format_version": FORMAT_VERSION}
     config.update(model.config.to_dict())
-    config.update(model.reading.to_dict())
+    config.update(model.reading_config.to_dict())
     tensors = {
         name: tensor.detach().to("cpu", torch.float32).contiguous()
         for name, tensor in model.state_dict().items()
@@ -106,7 +106,7 @@ def save_checkpoint(
     _replace(folder / CONFIG_FILE, lambda p: Path(p).write_text(json.dumps(config, indent=2)))
     card = (
         model_card if model_card is not None
-        else default_model_card(model.config, reading=model.reading)
+        else default_model_card(model.config, reading_config=model.reading_config)
     )
     _replace(folder / CARD_FILE, lambda p: Path(p).write_text(card, encoding="utf-8"))
     return folder
@@ -119,9 +119,9 @@ def _replace(path: Path, write) -> None:
 
 
 def default_model_card(
-    config: ModelConfig, *, note: str = "", reading: ReadingConfig | None = None
+    config: ModelConfig, *, note: str = "", reading_config: ReadingConfig | None = None
 ) -> str:
-    """A model card (``README.md``) that describes ``config`` and ``reading`` (by default
+    """A model card (``README.md``) that describes ``config`` and ``reading_config`` (by default
     ``ReadingConfig()``); ``note`` follows the title.
 
     It opens with the Hub's metadata block, so the Hub lists the checkpoint under the
@@ -148,7 +148,7 @@ def default_model_card(
     >>> "Trained for tests." in card
     True
     """
-    reading = ReadingConfig() if reading is None else reading
+    reading = ReadingConfig() if reading_config is None else reading_config
     fields = {**config.to_dict(), **reading.to_dict()}
     rows = "\n".join(f"| `{key}` | `{value}` |" for key, value in fields.items())
     k = f"{config.k_min}..{config.k_max}"
@@ -247,7 +247,7 @@ def read_config(folder: str | os.PathLike) -> ModelConfig:
     return _read_configs(Path(folder) / CONFIG_FILE)[0]
 
 
-def read_reading(folder: str | os.PathLike) -> ReadingConfig:
+def read_reading_config(folder: str | os.PathLike) -> ReadingConfig:
     """How a fit shows the model of the checkpoint in ``folder`` a dataset (its
     :class:`~transformer_gmm.nn.ReadingConfig`), without reading its weights; errors as
     :func:`read_config`'s.
@@ -259,7 +259,7 @@ def read_reading(folder: str | os.PathLike) -> ReadingConfig:
     >>> from transformer_gmm.nn import reading_from_preset
     >>> model = MixtureTransformer(config_from_preset("tiny"), reading_from_preset("tiny"))
     >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     reading = read_reading(save_checkpoint(model, tmp))
+    ...     reading = read_reading_config(save_checkpoint(model, tmp))
     >>> reading.context_size
     64
     """

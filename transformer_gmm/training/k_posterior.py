@@ -119,7 +119,7 @@ def with_k_posterior_head(
     from it), else a new one. Either way "K unknown" starts as the mean of the K
     embeddings."""
     config = dataclasses.replace(source.config, k_posterior_seeds=seeds)
-    model = MixtureTransformer(config, source.reading)
+    model = MixtureTransformer(config, source.reading_config)
     state = source.state_dict()
     if new_head or source.config.k_posterior_seeds != seeds:
         state = without_k_posterior(state)
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     draw = functools.partial(
         k_batch_of_step,
         config=model.config,
-        reading=model.reading,
+        reading=model.reading_config,
         batch_size=args.batch_size,
         seed=args.seed,
         prior_weights=prior_weights,

@@ -27,7 +27,7 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
     (``training.k_posterior`` trains one again).
     """
     have, want = source.config.n_layer, model.config.n_layer
-    changeable = dict(n_layer=want)  # how it reads data (model.reading) is free too
+    changeable = dict(n_layer=want)  # how it reads data (model.reading_config) is free too
     if model.config.k_max >= source.config.k_max:
         changeable["k_max"] = model.config.k_max
     if model.config.k_posterior_seeds == 0:
