@@ -66,6 +66,7 @@ def test_a_screened_fit_ignores_row_order_and_is_deterministic(screened):
 
 def test_on_a_subsample_the_winner_runs_once_on_every_row(screened, monkeypatch):
     monkeypatch.setattr(engine_fit, "SELECTION_ROWS", 200)
+    monkeypatch.setattr(engine_fit, "SCREENED_ON_EVERY_ROW", 400)  # 500 rows: subsampled
     X, labels = _wide_blobs(2, n=500)
     gmm = TransformerGMM(3, random_state=0).fit(X)
     # The starts compete in the projection on 200 rows; EM at full width runs on all 500.
@@ -141,7 +142,25 @@ def test_clusterer_starts_compete_in_a_projection(lloyd_widths):
 
 def test_clusterer_on_a_subsample_refits_the_winner_on_every_row(lloyd_widths, monkeypatch):
     monkeypatch.setattr(engine_fit, "SELECTION_ROWS", 200)
+    monkeypatch.setattr(engine_fit, "SCREENED_ON_EVERY_ROW", 400)
     X, labels = _wide_blobs(7, n=500)
     km = TransformerClusterer(3, random_state=0).fit(X)
     assert lloyd_widths[-2:] == [(5, 4), (40, 1)]
     assert adjusted_rand_score(labels, km.labels_) == 1.0 and km.n_iter_ >= 1
+
+
+def test_up_to_twice_the_subsample_screened_starts_compete_on_every_row(screened, monkeypatch):
+    monkeypatch.setattr(engine_fit, "SELECTION_ROWS", 200)  # 300 rows: within twice that
+    drawn = []
+    original = engine_fit._selection_rows
+
+    def spy(x, mask, n_runs, generator):
+        drawn.append(n_runs)
+        return original(x, mask, n_runs, generator)
+
+    monkeypatch.setattr(engine_fit, "_selection_rows", spy)
+    monkeypatch.setattr(engine_fit, "SCREENED_ON_EVERY_ROW", 400)
+    X, labels = _wide_blobs(8, n=300)
+    gmm = TransformerGMM(3, random_state=0).fit(X)
+    assert drawn == [1]  # no subsample drawn: one run's worth of rows, all of them
+    assert screened == [(5, 4), (40, 1)] and adjusted_rand_score(labels, gmm.predict(X)) == 1.0

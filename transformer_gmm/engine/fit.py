@@ -30,6 +30,8 @@ from .standardize import subsample_rows, take_rows
 # of different local optima differ by far more than a subsample of this size blurs. The
 # fits of a Dask array build their starts on a sample of this many rows.
 SELECTION_ROWS = 8192
+# Starts screened in a projection (wide data) compete on every row up to this many.
+SCREENED_ON_EVERY_ROW = 2 * SELECTION_ROWS
 
 # Above this many rows (one dataset, on CPU), that run on all rows reads them by blocks
 # (engine.blocks), as a Dask array's chunks are read: no float64 copy of the rows and no
@@ -139,12 +141,16 @@ def _on_device(plan: FitPlan, Xs, sample_weight, dtype: torch.dtype, dtypes: lis
 def _fit_on_device(plan: FitPlan, x, mask, weights_all, orders):
     """:func:`fit` on the padded datasets ``x`` (B, N, d) in canonical order."""
     generator = seeded_generator(plan.seed, plan.device)
+    solver = _solver(plan, orders)
     x_all, mask_all = x, mask
-    x, mask, index = _selection_rows(x, mask, plan.n_runs, generator)  # (B, S, d)
+    # Screened starts compete cheaply in a projection: up to SCREENED_ON_EVERY_ROW rows
+    # they do so on every row, and the winner needs no refit.
+    every_row = solver._screens(x) and x.shape[1] <= SCREENED_ON_EVERY_ROW
+    n_runs = 1 if every_row else plan.n_runs
+    x, mask, index = _selection_rows(x, mask, n_runs, generator)  # (B, S, d)
     weights = weights_all  # (B, S) or None
     if weights is not None and index is not None:
         weights = take_rows(weights[..., None], index)[..., 0]
-    solver = _solver(plan, orders)
     first = solver.run_starts(x, mask, weights, generator, index)
     best = solver.choose(first, x, mask, weights)
     if index is None:
