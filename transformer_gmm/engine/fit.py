@@ -143,9 +143,9 @@ def _fit_on_device(plan: FitPlan, x, mask, weights_all, orders):
     generator = seeded_generator(plan.seed, plan.device)
     solver = _solver(plan, orders)
     x_all, mask_all = x, mask
-    # Screened starts compete cheaply in a projection: up to SCREENED_ON_EVERY_ROW rows
-    # they do so on every row, and the winner needs no refit.
-    every_row = solver._screens(x) and x.shape[1] <= SCREENED_ON_EVERY_ROW
+    # Screened starts compete cheaply in a projection and leave one run at full width: up
+    # to SCREENED_ON_EVERY_ROW rows, as for one run, every row is read and nothing refitted.
+    every_row = _screens(plan, x) and x.shape[1] <= SCREENED_ON_EVERY_ROW
     n_runs = 1 if every_row else plan.n_runs
     x, mask, index = _selection_rows(x, mask, n_runs, generator)  # (B, S, d)
     weights = weights_all  # (B, S) or None
@@ -158,6 +158,19 @@ def _fit_on_device(plan: FitPlan, x, mask, weights_all, orders):
     # The chosen starts, now on every row.
     final = solver.refit(first, best, x_all, mask_all, weights_all)
     return solver.result(final, best, orders[0], first=first)
+
+
+def _screens(plan: FitPlan, x: torch.Tensor) -> bool:
+    """Whether the starts compete in a projection first (:mod:`.screening`): wide data,
+    several starts of the plan's own (none given), EM or Lloyd to run, no Lloyd trace to
+    keep."""
+    return (
+        plan.n_runs > 1
+        and plan.given is None
+        and plan.max_iter > 0
+        and not (isinstance(plan, KMeansPlan) and plan.trace)
+        and screening.screens(x.shape[-1], plan.n_components)
+    )
 
 
 def _refits_by_blocks(plan: FitPlan, Xs, sample_weight) -> bool:
@@ -274,7 +287,7 @@ class _Mixtures:
         k-means++ starts only of the datasets whose transformer starts disagree
         (:meth:`_run_gated`)."""
         plan = self.plan
-        if self._screens(x):
+        if _screens(plan, x):
             return self._run_screened(x, mask, weights, generator, index)
         if (
             plan.kmeans_if_starts_disagree
@@ -283,17 +296,6 @@ class _Mixtures:
         ):
             return self._run_gated(x, mask, weights, generator, index)
         return self.solve(x, mask, weights, self.starts(x, mask, weights, generator, index))
-
-    def _screens(self, x) -> bool:
-        """Whether the starts compete in a projection first (:mod:`.screening`): wide
-        data, several starts of the plan's own, EM to run."""
-        plan = self.plan
-        return (
-            plan.n_runs > 1
-            and self.given is None
-            and plan.max_iter > 0
-            and screening.screens(x.shape[-1], plan.n_components)
-        )
 
     def _run_screened(self, x, mask, weights, generator, index) -> em.EMResult:
         """Every start made and run to convergence in the data's leading principal
@@ -375,22 +377,15 @@ class _Mixtures:
         # run's iterations are its own whatever the batch around it, so the result is the
         # batch's, in a fraction of its memory.
         n_datasets = x.shape[0]
-        chunks = [
-            m_step.MixtureParams(*(
-                None if t is None
-                else t.unflatten(0, (n_datasets, n_runs))[:, first : first + per_chunk]
-                .flatten(0, 1).clone()
+        results = []
+        for first in range(0, n_runs, per_chunk):
+            chunk = slice(first, min(first + per_chunk, n_runs))
+            params_in_chunk = m_step.MixtureParams(*(
+                None if t is None else t.unflatten(0, (n_datasets, n_runs))[:, chunk].flatten(0, 1)
                 for t in (getattr(params, f) for f in runs.FIELDS)
             ))
-            for first in range(0, n_runs, per_chunk)
-        ]
-        del params  # each chunk's starts are freed once its EM has begun from them
-        results = []
-        while chunks:
-            params_in_chunk = chunks.pop(0)
-            runs_in_chunk = len(params_in_chunk.weights) // n_datasets
-            results.append(self._em(x, mask, weights, params_in_chunk, runs_in_chunk, **extra))
-            del params_in_chunk
+            n_in_chunk = chunk.stop - chunk.start
+            results.append(self._em(x, mask, weights, params_in_chunk, n_in_chunk, **extra))
         return _joined(results, n_datasets)
 
     def _run_gated(self, x, mask, weights, generator, index) -> em.EMResult:
@@ -664,21 +659,9 @@ class _KMeans:
 
     def run_starts(self, x, mask, weights, generator, index) -> kmeans.LloydResult:
         centers = self.starts(x, mask, weights, generator, index)
-        if self._screens(x):
+        if _screens(self.plan, x):
             return self._run_screened(x, weights, centers, index)
         return self.solve(x, mask, weights, centers)
-
-    def _screens(self, x) -> bool:
-        """Whether the starts compete in a projection first (:mod:`.screening`): wide
-        data, several starts of the plan's own, Lloyd to run, no trace to keep."""
-        plan = self.plan
-        return (
-            plan.n_runs > 1
-            and plan.given is None
-            and plan.max_iter > 0
-            and not plan.trace
-            and screening.screens(x.shape[-1], plan.n_components)
-        )
 
     def _run_screened(self, x, weights, centers, index) -> kmeans.LloydResult:
         """Lloyd from every start's centres in the data's leading principal directions,

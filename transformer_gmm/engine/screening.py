@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
+from .batching import point_weights
 from .standardize import AXES_ROWS, leading_axes
 
 # Screening runs where the data have at least this many features (and more than the
@@ -76,11 +76,7 @@ def principal_projection(
         center = x.mean(dim=1)  # (B, d)
         weights = None
     else:
-        weights = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device)
-        if mask is not None:
-            weights = weights * mask
-        if sample_weight is not None:
-            weights = weights * sample_weight
+        weights = point_weights(x, mask, sample_weight)  # (B, N), zero on padding
         center = (weights[..., None] * x).sum(dim=1) / weights.sum(dim=1)[:, None]  # (B, d)
     # The directions from the first AXES_ROWS rows alone (real rows come first; in
     # canonical order they are a uniform draw): the variances along them are not needed.
