@@ -12,7 +12,7 @@ from conftest import TINY_CHECKPOINT, make_blobs
 from transformer_gmm import TransformerClusterer, TransformerGMM, fit_many
 from transformer_gmm.engine import fit
 from transformer_gmm.engine.plan import GivenStarts, MixturePlan
-from transformer_gmm.engine.row_order import canonical_order, row_hashes
+from transformer_gmm.engine.row_order import WIDE_FROM_COLUMNS, canonical_order, row_hashes
 
 FITTED = ["weights_", "means_", "covariances_", "precisions_cholesky_", "lower_bound_"]
 CENTERS = [[-5.0, 0.0], [0.0, 5.0], [4.0, -1.0]]
@@ -38,16 +38,20 @@ def _assert_same_fit(a, b, X, permutation):
 # --- the canonical order ---------------------------------------------------------------
 
 
-def test_the_canonical_order_undoes_any_permutation():
-    X = np.random.default_rng(0).normal(size=(1000, 3))
-    permutation = np.random.default_rng(1).permutation(1000)
+@pytest.mark.parametrize("shape", [(1000, 3), (40, 2000)])
+def test_the_canonical_order_undoes_any_permutation(shape):
+    X = np.random.default_rng(0).normal(size=shape)
+    permutation = np.random.default_rng(1).permutation(shape[0])
     np.testing.assert_array_equal(
         X[canonical_order(X)], X[permutation][canonical_order(X[permutation])]
     )
 
 
-def test_equal_numbers_hash_equally_and_weights_travel_with_their_rows():
-    rows = np.array([[1.5, 0.0], [1.5, -0.0], [0.0, 1.5], [-1.5, 0.0]])
+@pytest.mark.parametrize("n_features", [2, WIDE_FROM_COLUMNS])
+def test_equal_numbers_hash_equally_and_weights_travel_with_their_rows(n_features):
+    rows = np.zeros((4, n_features))
+    rows[:, :2] = [[1.5, 0.0], [1.5, -0.0], [0.0, 1.5], [-1.5, 0.0]]
+    rows[1, 2:] = -0.0
     h = row_hashes(rows)
     assert h[0] == h[1] and len(set(h[[0, 2, 3]].tolist())) == 3  # -0.0 is 0.0
     np.testing.assert_array_equal(row_hashes(rows.astype(np.float32)), h)
@@ -56,6 +60,16 @@ def test_equal_numbers_hash_equally_and_weights_travel_with_their_rows():
     order = canonical_order(rows, weights)
     flipped = canonical_order(rows[[1, 0, 2, 3]], weights[[1, 0, 2, 3]])
     np.testing.assert_array_equal(weights[order], weights[[1, 0, 2, 3]][flipped])
+
+
+def test_wide_rows_hash_the_same_in_blocks_of_any_size(monkeypatch):
+    from transformer_gmm.engine import row_order
+
+    X = np.random.default_rng(0).normal(size=(3, 50, WIDE_FROM_COLUMNS + 1))
+    whole = row_hashes(X)
+    monkeypatch.setattr(row_order, "_BLOCK_VALUES", 7 * X.shape[-1])  # blocks of 7 rows
+    np.testing.assert_array_equal(row_hashes(X), whole)
+    assert len(set(whole.ravel().tolist())) == whole.size
 
 
 def test_a_batch_is_ordered_dataset_by_dataset():

@@ -11,11 +11,13 @@ from transformer_gmm import TransformerClusterer, TransformerGMM, fit_many
 from transformer_gmm.engine import fit, row_order
 
 
+@pytest.mark.parametrize("n_features", [5, row_order.WIDE_FROM_COLUMNS + 3])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_the_device_order_is_numpys(dtype):
+def test_the_device_order_is_numpys(dtype, n_features):
     rng = np.random.default_rng(0)
-    X = rng.normal(size=(4, 300, 5)).astype(dtype)
-    X[0, :3] = [[0.0] * 5, [-0.0] * 5, [1e300 if dtype == np.float64 else 3e38] * 5]
+    X = rng.normal(size=(4, 300, n_features)).astype(dtype)
+    big = 1e300 if dtype == np.float64 else 3e38
+    X[0, :3] = [[0.0] * n_features, [-0.0] * n_features, [big] * n_features]
     weights = rng.uniform(0.5, 2.0, size=(4, 300))
     for w in (None, weights):
         on_host = row_order.canonical_order(X, w)
