@@ -451,7 +451,7 @@ def test_cluster_centers_come_two_per_view():
 
 
 def test_wide_data_axes_come_from_the_rows_span():
-    """Fewer rows than features: the principal axes from a thin QR of the rows are those of
+    """Fewer rows than features: the principal axes from the rows' Gram matrix are those of
     the d x d covariance (to rounding), padding included; and a fit of 40 x 600 data needs
     no d x d eigendecomposition."""
     from transformer_gmm.engine import standardize
