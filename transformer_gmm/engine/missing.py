@@ -127,45 +127,54 @@ def _chunk(patterns: Patterns, first: int, last: int, covariances: Tensor) -> _C
     return _Chunk(patterns.order[start:stop], pattern, masks, factors, log_det)
 
 
-def _whitened(x: Tensor, chunk: _Chunk, means: Tensor) -> Tensor:
+def _whitened(x: Tensor, chunk: _Chunk, means: Tensor, row_factors: Tensor) -> Tensor:
     """The chunk's rows' observed deviations from each mean (zero where missing),
-    whitened: (x_o - mu_o)^T P_oo, embedded, (m, K, d)."""
+    whitened by their ``row_factors`` (m, K, d, d), ``chunk.factors[chunk.pattern]``:
+    (x_o - mu_o)^T P_oo, embedded, (m, K, d)."""
     observed = chunk.masks[chunk.pattern]  # (m, d)
     deviations = (x[chunk.rows][:, None, :] - means[None]) * observed[:, None, :]
-    return torch.einsum("mkd,mkde->mke", deviations, chunk.factors[chunk.pattern])
+    return torch.einsum("mkd,mkde->mke", deviations, row_factors)
+
+
+def _chunk_log_prob(chunk: _Chunk, whitened: Tensor, weights: Tensor) -> Tensor:
+    """log p(x_o | k) + log w_k for the chunk's rows, (m, K), from their ``whitened``
+    deviations."""
+    n_observed = chunk.masks.sum(1)[chunk.pattern]  # (m,)
+    return (
+        -0.5 * (n_observed[:, None] * math.log(2 * math.pi) + whitened.square().sum(-1))
+        + chunk.log_det[chunk.pattern]
+        + weights.log()
+    )
 
 
 def _log_prob_by_pattern(
     x: Tensor, patterns: Patterns, weights: Tensor, means: Tensor, covariances: Tensor
-) -> tuple[Tensor, list[_Chunk]]:
-    """log p(x_o | k) + log w_k for every row, (n, K), and each run of patterns' factors
-    over its observed features. ``x`` is zero where missing."""
+) -> Tensor:
+    """log p(x_o | k) + log w_k for every row, (n, K), over its observed features. ``x`` is
+    zero where missing."""
     out = x.new_empty((x.shape[0], weights.shape[0]))
-    chunks = []
     for first, last in patterns.chunks(len(weights)):
         chunk = _chunk(patterns, first, last, covariances)
-        whitened = _whitened(x, chunk, means)
-        n_observed = chunk.masks.sum(1)[chunk.pattern]  # (m,)
-        out[chunk.rows] = (
-            -0.5 * (n_observed[:, None] * math.log(2 * math.pi) + whitened.square().sum(-1))
-            + chunk.log_det[chunk.pattern]
-            + weights.log()
-        )
-        chunks.append(chunk)
-    return out, chunks
+        whitened = _whitened(x, chunk, means, chunk.factors[chunk.pattern])
+        out[chunk.rows] = _chunk_log_prob(chunk, whitened, weights)
+    return out
 
 
 def _completed(
-    x: Tensor, chunk: _Chunk, means: Tensor, covariances: Tensor
+    x: Tensor,
+    chunk: _Chunk,
+    row_factors: Tensor,
+    whitened: Tensor,
+    means: Tensor,
+    covariances: Tensor,
 ) -> tuple[Tensor, Tensor]:
     """The chunk's rows completed under each component, (m, K, d): the observed entries,
     and the missing ones' conditional means mu_m + Sigma_mo Sigma_oo^-1 (x_o - mu_o); and
     each pattern's conditional covariance of its missing entries, Sigma_mm - Sigma_mo
-    Sigma_oo^-1 Sigma_om, embedded in (p, K, d, d) with zeros on the observed features."""
-    whitened = _whitened(x, chunk, means)
-    factors = chunk.factors[chunk.pattern]  # (m, K, d, d)
+    Sigma_oo^-1 Sigma_om, embedded in (p, K, d, d) with zeros on the observed features.
+    ``row_factors`` and ``whitened``: the rows' factors and :func:`_whitened` deviations."""
     # Sigma_oo^-1 (x_o - mu_o) = P P^T (x_o - mu_o), zero on the missing features.
-    solved = torch.einsum("mkde,mke->mkd", factors, whitened)
+    solved = torch.einsum("mkde,mke->mkd", row_factors, whitened)
     regressed = torch.einsum("kfd,mkd->mkf", covariances, solved)  # Sigma_:o Sigma_oo^-1 (.)
     observed = chunk.masks[chunk.pattern][:, None, :] > 0  # (m, 1, d)
     completed = torch.where(observed, x[chunk.rows][:, None, :], means[None] + regressed)
@@ -212,15 +221,22 @@ def missing_statistics(
         )
     sigma = full_covariances(covariances[0], covariance_type, n_features)
     sigma = sigma.expand(len(weights), -1, -1)  # (K, d, d)
-    log_prob, chunks = _log_prob_by_pattern(x, patterns, weights, means, sigma)
-    log_norm = torch.logsumexp(log_prob, 1)  # (n,)
-    resp = torch.exp(log_prob - log_norm[:, None]) * row_weight[:, None]  # (n, K)
     n_components = len(weights)
+    resp = x.new_empty((x.shape[0], n_components))  # (n, K)
+    log_norm = x.new_empty(x.shape[0])  # (n,)
     sums = means.new_zeros((n_components, n_features))
     scatter = means.new_zeros((n_components, n_features, n_features))
-    for chunk in chunks:
-        filled, conditional = _completed(x, chunk, means, sigma)  # (m, K, d), (p, K, d, d)
-        r = resp[chunk.rows]  # (m, K)
+    # Chunk by chunk, the E-step on its rows' observed features, then their completion:
+    # the rows' factors and whitened deviations serve both.
+    for first, last in patterns.chunks(n_components):
+        chunk = _chunk(patterns, first, last, sigma)
+        row_factors = chunk.factors[chunk.pattern]  # (m, K, d, d)
+        whitened = _whitened(x, chunk, means, row_factors)  # (m, K, d)
+        log_prob = _chunk_log_prob(chunk, whitened, weights)  # (m, K)
+        chunk_norm = torch.logsumexp(log_prob, 1)  # (m,)
+        r = torch.exp(log_prob - chunk_norm[:, None]) * row_weight[chunk.rows][:, None]
+        resp[chunk.rows], log_norm[chunk.rows] = r, chunk_norm
+        filled, conditional = _completed(x, chunk, row_factors, whitened, means, sigma)
         sums += torch.einsum("mk,mkd->kd", r, filled)
         centred = filled - means[None]  # about the E-step's means, as the statistics keep it
         scatter += torch.einsum("mk,mkd,mke->kde", r, centred, centred)
@@ -263,7 +279,7 @@ def _worst_explained(
     )
     sigma = full_covariances(others.covariances[0], covariance_type, x.shape[1])
     sigma = sigma.expand(empty.shape[1], -1, -1)
-    log_prob, _ = _log_prob_by_pattern(x, patterns, others.weights[0], others.means[0], sigma)
+    log_prob = _log_prob_by_pattern(x, patterns, others.weights[0], others.means[0], sigma)
     log_likelihood = torch.logsumexp(log_prob, 1).masked_fill(~points, math.inf)  # (n,)
     n_worst = min(empty.shape[1], x.shape[0])
     worst = log_likelihood.topk(n_worst, largest=False).indices
@@ -375,7 +391,7 @@ def weighted_log_prob(
     covariances = covariances_from_precisions_cholesky(factors[None], covariance_type)[0]
     sigma = full_covariances(covariances, covariance_type, X.shape[1])
     sigma = sigma.expand(len(weights), -1, -1)
-    log_prob, _ = _log_prob_by_pattern(
+    log_prob = _log_prob_by_pattern(
         x, Patterns.of(X, "cpu"), torch.as_tensor(weights, dtype=dtype),
         torch.as_tensor(means, dtype=dtype), sigma,
     )
