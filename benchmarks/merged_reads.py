@@ -73,6 +73,15 @@ def mean_log_likelihood(X, weights, means, precisions, covariance: str) -> float
     return float((top[:, 0] + np.log(np.exp(log_prob - top).sum(1))).mean())
 
 
+def merge(resps: list[np.ndarray], rounds: int = 3) -> np.ndarray:
+    """The mean of responsibilities (N, K) whose components are matched to the running mean
+    (the Hungarian assignment on their overlap), ``rounds`` times."""
+    merged = resps[0]
+    for _ in range(rounds):
+        merged = np.mean([r[:, linear_sum_assignment(-(merged.T @ r))[1]] for r in resps], axis=0)
+    return merged
+
+
 class ReadsStart:
     """One start from ``reads`` draws of rows (``how``: "merged" or "likeliest"), then EM on
     every row as ``TransformerGMM(checkpoint=None, n_init=1)`` runs it from given starts."""
@@ -90,11 +99,7 @@ class ReadsStart:
     def fit(self, X: np.ndarray):
         resps = self._responsibilities(X)
         if self.how == "merged":
-            merged = resps[0]
-            for _ in range(3):
-                aligned = [r[:, linear_sum_assignment(-(merged.T @ r))[1]] for r in resps]
-                merged = np.mean(aligned, axis=0)
-            start = start_from(X, merged, self.covariance)
+            start = start_from(X, merge(resps), self.covariance)
         else:
             rows = X[np.random.default_rng(self.seed).choice(len(X), min(len(X), CHOICE_ROWS),
                                                              replace=False)]

@@ -435,6 +435,17 @@ def test_realdata_large_quick_runs(tmp_path):
     assert transformer["vs_kmeans_pp_median_iterations"] != ""
 
 
+def test_merged_reads_quick_runs_and_merging_undoes_relabelling(tmp_path):
+    script = _load("merged_reads")
+    resp = np.random.default_rng(0).dirichlet(np.ones(3), size=50)  # (50, 3)
+    np.testing.assert_allclose(script.merge([resp, resp[:, [2, 0, 1]], resp[:, [1, 2, 0]]]),
+                               resp)
+    rows = script.main(["--quick", "--reads", "2", "--results", str(tmp_path)])
+    assert {"TGMM n_init=1", "TGMM checkpoint=None n_init=1", "TGMM merged of 2 reads",
+            "TGMM likeliest of 2 reads"} <= {row["method"] for row in rows}
+    assert all(np.isfinite(row["ll"]) and row["n_iter"] >= 1 for row in rows)
+
+
 @pytest.mark.slow  # eight fresh processes that import torch: about 15 s
 def test_memory_quick_runs_each_case_in_a_fresh_process(tmp_path):
     memory = _load("memory")
