@@ -32,7 +32,7 @@ from scipy.optimize import linear_sum_assignment
 
 sys.path.insert(0, str(Path(__file__).parent))
 import realdata_large as large  # noqa: E402
-from common import shared_parser, single_threaded, write_csv  # noqa: E402
+from common import shared_parser  # noqa: E402
 from large_datasets import LARGE_DATASETS  # noqa: E402
 
 from transformer_gmm import TransformerGMM  # noqa: E402
@@ -148,34 +148,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     covariances = ["full"] if args.quick else ["full", "diag"]
     components = [3] if args.quick else list(large.COMPONENTS)
     seeds = [1000 * args.seed + i for i in range(1 if args.quick else 2)]
-    rows = []
-    with single_threaded():
-        torch.set_num_threads(1)
-        for name in names:
-            dataset = LARGE_DATASETS[name]()
-            if args.quick:
-                keep = np.random.default_rng(0).choice(len(dataset.X), large.QUICK_ROWS,
-                                                       replace=False)
-                dataset = type(dataset)(dataset.name, dataset.X[keep], dataset.labels[keep],
-                                        dataset.n_components)
-            print(f"{name}: {dataset.X.shape[0]:,} x {dataset.X.shape[1]}", flush=True)
-            for K in components:
-                for covariance in covariances:
-                    for seed in seeds:
-                        rows += large.fit_rows(dataset, K, covariance, seed, found)
-    large.add_at_best(rows)
+    rows = large.fit_every(names, components, covariances, seeds, found, args.quick)
     table = large.summary(rows)
     large.print_summary(table)
     print()
     for covariance in covariances:
-        for method in found:
-            if "reads" in method:
-                own = [r for r in rows if r["covariance"] == covariance]
-                print(f"{covariance:5} {method:40} vs one read: {against_one_read(own, method)}")
-    args.results.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, args.results / f"{args.out}_fits.csv")
-    path = write_csv(table, args.results / f"{args.out}.csv")
-    print(f"\nwrote {path} and {args.out}_fits.csv")
+        own = [r for r in rows if r["covariance"] == covariance]
+        for method in (m for m in found if "reads" in m):
+            print(f"{covariance:5} {method:40} vs one read: {against_one_read(own, method)}")
+    large.write_tables(rows, table, args.results, args.out)
     return rows
 
 

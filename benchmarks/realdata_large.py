@@ -241,12 +241,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     components = args.components or ([3] if args.quick else list(COMPONENTS))
     seeds = [1000 * args.seed + i for i in range(args.seeds or (1 if args.quick else 2))]
     found = methods(args.checkpoint, args.reads, tuple(args.views))
+    rows = fit_every(names, components, covariances, seeds, found, args.quick)
+    table = summary(rows)
+    print_summary(table)
+    write_tables(rows, table, args.results, args.out)
+    return rows
+
+
+def fit_every(names, components, covariances, seeds, found: dict, quick: bool) -> list[dict]:
+    """Every method of ``found`` on every (dataset, K, covariance, seed), one thread;
+    ``quick``: QUICK_ROWS rows of each dataset. The rows, with ``at_best``."""
     rows = []
     with single_threaded():
         torch.set_num_threads(1)
         for name in names:
             dataset = LARGE_DATASETS[name]()
-            if args.quick:
+            if quick:
                 keep = np.random.default_rng(0).choice(len(dataset.X), QUICK_ROWS, replace=False)
                 dataset = type(dataset)(dataset.name, dataset.X[keep], None if dataset.labels
                                         is None else dataset.labels[keep], dataset.n_components)
@@ -256,13 +266,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     for seed in seeds:
                         rows += fit_rows(dataset, K, covariance, seed, found)
     add_at_best(rows)
-    table = summary(rows)
-    print_summary(table)
-    args.results.mkdir(parents=True, exist_ok=True)
-    write_csv(rows, args.results / f"{args.out}_fits.csv")
-    path = write_csv(table, args.results / f"{args.out}.csv")
-    print(f"\nwrote {path} and {args.out}_fits.csv")
     return rows
+
+
+def write_tables(rows: list[dict], table: list[dict], results: Path, out: str) -> None:
+    results.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, results / f"{out}_fits.csv")
+    path = write_csv(table, results / f"{out}.csv")
+    print(f"\nwrote {path} and {out}_fits.csv")
 
 
 if __name__ == "__main__":
