@@ -116,6 +116,13 @@ def test_missing_quick_runs_and_its_gaps_hit_their_rates(tmp_path):
     assert driver_observed.all(axis=0).sum() == 1  # MAR: one feature always observed
 
 
+def test_missing_reads_a_large_table_as_a_draw_of_its_rows():
+    missing = _load("missing")
+    data = missing.load("cps")
+    assert data.X.shape == (missing.LARGE_ROWS, 3) and len(data.labels) == missing.LARGE_ROWS
+    np.testing.assert_array_equal(missing.load("cps").X, data.X)  # the same draw each time
+
+
 def test_class_mixture_is_one_m_step_on_the_classes():
     realdata = _load("realdata")
     dataset = realdata.load_dataset("iris")
