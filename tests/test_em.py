@@ -487,6 +487,22 @@ def test_lloyd_matches_sklearn(max_iter, tol):
     assert torch.equal(labels, distances.argmin(-1))
 
 
+def test_assign_is_the_first_nearest_centre_ties_and_nan_included():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        # Integer points and centres, a centre repeated: exact ties between centres.
+        X = torch.from_numpy(rng.integers(-3, 4, size=(2, 40, 3)).astype(np.float64))
+        centers = torch.from_numpy(rng.integers(-3, 4, size=(2, 5, 3)).astype(np.float64))
+        centers[:, 4] = centers[:, 1]
+        distances = ((X[:, :, None, :] - centers[:, None, :, :]) ** 2).sum(-1)  # (2, 40, 5)
+        np.testing.assert_array_equal(kmeans.assign(X, centers), distances.argmin(-1))
+    X[0, 0, 0] = float("nan")
+    centers[1, 2, 0] = float("nan")
+    labels = kmeans.assign(X, centers)
+    assert labels[0, 0] == 0  # a NaN row's scores are all NaN: the first centre
+    assert (labels[1] == 2).all()  # a NaN centre's score is NaN, and NaN comes first
+
+
 def test_lloyd_batched_with_padding_equals_one_at_a_time():
     datasets = [gaussian_blobs(*spec)[0] for spec in (SEPARATED, OVERLAPPING)]
     datasets[1] = datasets[1][:150]
