@@ -3,7 +3,8 @@
 Datasets: the small ones of ``real_datasets.py`` with classes and at least two features
 (``--datasets``; the default leaves out faithful, which has no classes, and digits and
 breast_cancer, of 61 and 30 features, to keep the run short; K = the number of classes),
-standardized. For each (dataset, seed) a
+standardized; or, with ``--large``, 20,000 rows drawn from each of the four large tables
+of ``large_datasets.py`` that have classes. For each (dataset, seed) a
 quarter of the rows is held out; then entries are removed from all rows at rate 10, 30
 and 50 %:
 
