@@ -123,6 +123,14 @@ def test_missing_reads_a_large_table_as_a_draw_of_its_rows():
     np.testing.assert_array_equal(missing.load("cps").X, data.X)  # the same draw each time
 
 
+def test_missing_reading_quick_pairs_the_two_readings(tmp_path):
+    rows, table = _load("missing_reading").main(["--quick", "--results", str(tmp_path)])
+    assert {row["reading"] for row in rows} == {"imputed", "complete"}
+    assert len(rows) == 2 * 2 * 2  # two datasets, two patterns at 30 %, two readings
+    assert all(np.isfinite(row["ari"]) and row["n_iter"] >= 1 for row in rows)
+    assert all(t["pairs"] == 2 and np.isfinite(t["difference_ari"]) for t in table)
+
+
 def test_class_mixture_is_one_m_step_on_the_classes():
     realdata = _load("realdata")
     dataset = realdata.load_dataset("iris")
