@@ -23,7 +23,9 @@ loop is every fit's too.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -136,15 +138,32 @@ def _whitened(x: Tensor, chunk: _Chunk, means: Tensor, row_factors: Tensor) -> T
     return torch.einsum("mkd,mkde->mke", deviations, row_factors)
 
 
-def _chunk_log_prob(chunk: _Chunk, whitened: Tensor, weights: Tensor) -> Tensor:
-    """log p(x_o | k) + log w_k for the chunk's rows, (m, K), from their ``whitened``
-    deviations."""
-    n_observed = chunk.masks.sum(1)[chunk.pattern]  # (m,)
-    return (
-        -0.5 * (n_observed[:, None] * math.log(2 * math.pi) + whitened.square().sum(-1))
-        + chunk.log_det[chunk.pattern]
-        + weights.log()
-    )
+class _Scored(NamedTuple):
+    """One run of patterns scored under a mixture: the chunk, its rows' factors
+    (m, K, d, d), their whitened deviations (m, K, d) and log p(x_o | k) + log w_k (m, K)."""
+
+    chunk: _Chunk
+    row_factors: Tensor
+    whitened: Tensor
+    log_prob: Tensor
+
+
+def _scored_chunks(
+    x: Tensor, patterns: Patterns, weights: Tensor, means: Tensor, covariances: Tensor
+) -> Iterator[_Scored]:
+    """Each run of patterns with its rows scored over their observed features (``x`` zero
+    where missing): the E-step's part of a chunk, which its completion reads too."""
+    for first, last in patterns.chunks(len(weights)):
+        chunk = _chunk(patterns, first, last, covariances)
+        row_factors = chunk.factors[chunk.pattern]  # (m, K, d, d)
+        whitened = _whitened(x, chunk, means, row_factors)  # (m, K, d)
+        n_observed = chunk.masks.sum(1)[chunk.pattern]  # (m,)
+        log_prob = (
+            -0.5 * (n_observed[:, None] * math.log(2 * math.pi) + whitened.square().sum(-1))
+            + chunk.log_det[chunk.pattern]
+            + weights.log()
+        )
+        yield _Scored(chunk, row_factors, whitened, log_prob)
 
 
 def _log_prob_by_pattern(
@@ -153,10 +172,8 @@ def _log_prob_by_pattern(
     """log p(x_o | k) + log w_k for every row, (n, K), over its observed features. ``x`` is
     zero where missing."""
     out = x.new_empty((x.shape[0], weights.shape[0]))
-    for first, last in patterns.chunks(len(weights)):
-        chunk = _chunk(patterns, first, last, covariances)
-        whitened = _whitened(x, chunk, means, chunk.factors[chunk.pattern])
-        out[chunk.rows] = _chunk_log_prob(chunk, whitened, weights)
+    for scored in _scored_chunks(x, patterns, weights, means, covariances):
+        out[scored.chunk.rows] = scored.log_prob
     return out
 
 
@@ -228,15 +245,14 @@ def missing_statistics(
     scatter = means.new_zeros((n_components, n_features, n_features))
     # Chunk by chunk, the E-step on its rows' observed features, then their completion:
     # the rows' factors and whitened deviations serve both.
-    for first, last in patterns.chunks(n_components):
-        chunk = _chunk(patterns, first, last, sigma)
-        row_factors = chunk.factors[chunk.pattern]  # (m, K, d, d)
-        whitened = _whitened(x, chunk, means, row_factors)  # (m, K, d)
-        log_prob = _chunk_log_prob(chunk, whitened, weights)  # (m, K)
+    for scored in _scored_chunks(x, patterns, weights, means, sigma):
+        chunk, log_prob = scored.chunk, scored.log_prob  # (m, K)
         chunk_norm = torch.logsumexp(log_prob, 1)  # (m,)
         r = torch.exp(log_prob - chunk_norm[:, None]) * row_weight[chunk.rows][:, None]
         resp[chunk.rows], log_norm[chunk.rows] = r, chunk_norm
-        filled, conditional = _completed(x, chunk, row_factors, whitened, means, sigma)
+        filled, conditional = _completed(
+            x, chunk, scored.row_factors, scored.whitened, means, sigma
+        )
         sums += torch.einsum("mk,mkd->kd", r, filled)
         centred = filled - means[None]  # about the E-step's means, as the statistics keep it
         scatter += torch.einsum("mk,mkd,mke->kde", r, centred, centred)

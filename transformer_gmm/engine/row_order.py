@@ -80,6 +80,17 @@ def _wide_hashes_on_device(X: torch.Tensor) -> torch.Tensor:
     return _mix_on_device(h).reshape(X.shape[:-1])
 
 
+def _row_hashes_on_device(X: torch.Tensor) -> torch.Tensor:
+    """:func:`row_hashes` as int64, on X's device."""
+    if X.shape[-1] >= WIDE_FROM_COLUMNS:
+        return _wide_hashes_on_device(X)
+    h = torch.full(X.shape[:-1], _signed(_KEY), dtype=torch.int64, device=X.device)
+    for j in range(X.shape[-1]):
+        words = (X[..., j].to(torch.float64) + 0.0).view(torch.int64)  # -0.0 -> 0.0
+        h = _mix_on_device((h + _signed(_GAMMA)) ^ words)
+    return h
+
+
 def canonical_order_on_device(
     X: torch.Tensor, sample_weight: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -95,13 +106,7 @@ def canonical_order_on_device(
     >>> canonical_order_on_device(torch.from_numpy(X)).tolist() == canonical_order(X).tolist()
     True
     """
-    if X.shape[-1] >= WIDE_FROM_COLUMNS:
-        h = _wide_hashes_on_device(X)
-    else:
-        h = torch.full(X.shape[:-1], _signed(_KEY), dtype=torch.int64, device=X.device)
-        for j in range(X.shape[-1]):
-            words = (X[..., j].to(torch.float64) + 0.0).view(torch.int64)  # -0.0 -> 0.0
-            h = _mix_on_device((h + _signed(_GAMMA)) ^ words)
+    h = _row_hashes_on_device(X)
     h = h ^ (-(1 << 63))  # flipping the sign bit orders int64 as their bits order as uint64
     if sample_weight is None:
         return torch.argsort(h, dim=-1)
