@@ -140,7 +140,7 @@ def test_views_add_starts_and_never_raise_the_inertia():
     params = dict(checkpoint=TINY_CHECKPOINT, max_iter=0, random_state=2)
     one = TransformerClusterer(4, **params).fit(X)
     four = TransformerClusterer(4, n_views=4, **params).fit(X)
-    assert _fitting.n_starts(four.get_params(), True) == (8, 0)
+    assert _fitting.n_starts(four._fit_params(), True) == (8, 0)
     assert four.init_method_ == "transformer"
     assert four.inertia_ <= one.inertia_ + 1e-9
 

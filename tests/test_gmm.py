@@ -268,7 +268,7 @@ def test_fit_keeps_the_start_the_margin_says(three_blobs, monkeypatch, margin, k
     ],
 )
 def test_n_init_splits_into_transformer_and_kmeans_starts(n_init, uses_transformer, starts):
-    params = TransformerGMM(n_init=n_init).get_params()
+    params = TransformerGMM(n_init=n_init)._fit_params()
     assert _fitting.n_starts(params, uses_transformer) == starts
 
 
@@ -278,8 +278,8 @@ def test_n_init_splits_into_transformer_and_kmeans_starts(n_init, uses_transform
 )
 def test_each_view_adds_two_transformer_starts(n_init, n_views, max_iter, starts):
     gmm = TransformerGMM(n_init=n_init, n_views=n_views, max_iter=max_iter)
-    assert _fitting.n_starts(gmm.get_params(), True) == starts
-    assert _fitting.n_starts(gmm.get_params(), False) == (0, 1 if n_init == "auto" else n_init)
+    assert _fitting.n_starts(gmm._fit_params(), True) == starts
+    assert _fitting.n_starts(gmm._fit_params(), False) == (0, 1 if n_init == "auto" else n_init)
 
 
 def test_more_views_never_lower_the_transformers_own_lower_bound(three_blobs):
@@ -295,7 +295,7 @@ def test_more_views_never_lower_the_transformers_own_lower_bound(three_blobs):
 
 
 def test_max_iter_zero_keeps_the_transformers_own_estimate_by_default(three_blobs):
-    params = TransformerGMM(max_iter=0).get_params()
+    params = TransformerGMM(max_iter=0)._fit_params()
     assert _fitting.n_starts(params, True) == (2, 0)  # no k-means++ start
     assert _fitting.n_starts(params, False) == (0, 1)
     gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, max_iter=0, random_state=0)

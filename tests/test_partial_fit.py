@@ -14,6 +14,7 @@ from sklearn.cluster import KMeans, MiniBatchKMeans
 from sklearn.utils._param_validation import InvalidParameterError
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
+from transformer_gmm._fitting import STREAM_VIEWS
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
 GMM_ATTRIBUTES = ["weights_", "means_", "covariances_", "precisions_cholesky_", "precisions_"]
@@ -48,15 +49,38 @@ def assert_same_mixture(a: TransformerGMM, b: TransformerGMM, rtol: float = 0.0)
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_first_call_is_fit_on_first_batch(covariance_type):
+    # n_views="auto" reads STREAM_VIEWS views of a stream's first batch, one in fit.
     X = stationary_mixture(300)
     params = dict(checkpoint=TINY_CHECKPOINT, random_state=0, covariance_type=covariance_type)
     streamed = TransformerGMM(3, **params).partial_fit(X)
-    fitted = TransformerGMM(3, **params).fit(X)
+    fitted = TransformerGMM(3, n_views=STREAM_VIEWS, **params).fit(X)
     assert_same_mixture(streamed, fitted)
     assert streamed.init_method_ == fitted.init_method_
     assert streamed.lower_bound_ == fitted.lower_bound_
     assert (streamed.n_steps_, streamed.n_samples_seen_) == (1, 300)
     assert not hasattr(fitted, "n_steps_")
+
+
+@pytest.mark.parametrize("estimator", [TransformerGMM, TransformerClusterer])
+def test_first_batch_reads_the_views_asked_for(estimator):
+    # An int n_views is the user's, in partial_fit as in fit; "auto" reads more views of
+    # the first batch than of a fit's data.
+    X = stationary_mixture(300)
+    params = dict(checkpoint=TINY_CHECKPOINT, random_state=0, max_iter=0)
+    for n_views in (1, 2):
+        streamed = estimator(3, n_views=n_views, **params).partial_fit(X)
+        fitted = estimator(3, n_views=n_views, **params).fit(X)
+        assert streamed.n_views == n_views
+        np.testing.assert_array_equal(_centers(streamed), _centers(fitted))
+    auto = estimator(3, **params)
+    assert auto.n_views == "auto" and auto._fit_params()["n_views"] == 1
+    one = estimator(3, n_views=1, **params).fit(X)
+    np.testing.assert_array_equal(_centers(auto.fit(X)), _centers(one))
+    assert not hasattr(auto, "_reading_first_batch")  # only while the first batch is read
+
+
+def _centers(estimator) -> np.ndarray:
+    return getattr(estimator, "means_", getattr(estimator, "cluster_centers_", None))
 
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
@@ -207,7 +231,7 @@ def test_clusterer_first_call_is_fit_on_first_batch():
     X = stationary_mixture(300)
     params = dict(checkpoint=TINY_CHECKPOINT, random_state=0)
     streamed = TransformerClusterer(3, **params).partial_fit(X)
-    fitted = TransformerClusterer(3, **params).fit(X)
+    fitted = TransformerClusterer(3, n_views=STREAM_VIEWS, **params).fit(X)
     np.testing.assert_array_equal(streamed.cluster_centers_, fitted.cluster_centers_)
     np.testing.assert_array_equal(streamed.labels_, fitted.labels_)
     assert streamed.inertia_ == fitted.inertia_ and streamed.n_steps_ == 1

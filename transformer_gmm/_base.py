@@ -28,7 +28,7 @@ class TransformerMixtureBase(BaseEstimator):
         "max_iter": [Interval(Integral, 0, None, closed="left")],
         "tol": [Interval(Real, 0.0, None, closed="left")],
         "n_init": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
-        "n_views": [Interval(Integral, 1, None, closed="left")],
+        "n_views": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
         "device": [str],  # "auto", "cpu", "cuda" or "cuda:N", checked when fit resolves it
         "random_state": ["random_state"],
     }
@@ -162,7 +162,23 @@ class TransformerMixtureBase(BaseEstimator):
     def _after_fit(self, X) -> None:
         """Warnings about the fitted state."""
 
+    def _fit_params(self) -> dict:
+        """The parameters as this fit reads them
+        (:func:`~transformer_gmm._fitting.resolved_params`): those of the first batch of a
+        stream while :meth:`_fit_first_batch` runs."""
+        first_batch = getattr(self, "_reading_first_batch", False)
+        return _fitting.resolved_params(self.get_params(deep=False), first_batch)
+
     # --- streams (partial_fit) --------------------------------------------------------
+
+    def _fit_first_batch(self, X, sample_weight) -> Rows:
+        """A stream's first call: :meth:`_fit` on the batch, whose ``n_views="auto"``
+        reads ``STREAM_VIEWS`` views (the stream shares that fit's cost)."""
+        self._reading_first_batch = True
+        try:
+            return self._fit(X, sample_weight, allow_nan=False)
+        finally:
+            del self._reading_first_batch
 
     # The fitted attribute a stream's steps replace: the stream's last step keeps it again
     # as _partial_fit_mark, so a fit since then (which replaces the attribute) is seen,

@@ -102,7 +102,7 @@ def named_backbone(checkpoint) -> MixtureTransformer | None:
 
 def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
     """Choose K for ``estimator`` (whose ``k_name`` is "auto" or candidates) on ``X``."""
-    params = estimator.get_params(deep=False)
+    params = estimator._fit_params()
     backbone = named_backbone(params["checkpoint"])
     ks = candidates(params[k_name], params[_max_name(k_name)], len(X), backbone, k_name)
     readable = backbone is not None and backbone.has_k_posterior

@@ -75,6 +75,21 @@ def validate_fit_data(
 # --- the plan --------------------------------------------------------------------------
 
 
+# The transformer's readings of a stream's first batch under ``n_views="auto"`` (one in
+# ``fit``): that fit starts every later step, its cost is shared by the whole stream, and
+# on large tables more readings find likelier optima (docs/benchmarks.md, "Streams").
+STREAM_VIEWS = 4
+
+
+def resolved_params(params: dict, first_batch: bool = False) -> dict:
+    """``params`` (an estimator's ``get_params(deep=False)``) as a fit reads them:
+    ``n_views="auto"`` made an int, ``STREAM_VIEWS`` for the ``first_batch`` of a stream
+    and 1 otherwise (an int stays as it is, so resolving twice changes nothing)."""
+    if params["n_views"] != "auto":
+        return params
+    return {**params, "n_views": STREAM_VIEWS if first_batch else 1}
+
+
 def n_starts(params: dict, uses_transformer: bool) -> tuple[int, int]:
     """How many starts to run: (from the transformer, from k-means++). "auto" runs the
     transformer's ``2 * n_views`` and two k-means++ starts (they fail on different datasets;
@@ -175,6 +190,7 @@ def mixture_plan(
     parameters a warm start goes on from (the estimator's own); ``k_unknown_pass`` the pass that
     read P(K | X) (see :func:`transformer_starts`). The random starts are drawn from
     ``random_state`` first, as scikit-learn does, then the seed of the fit's generator."""
+    params = resolved_params(params)
     device = resolve_device(params["device"])
     K = params["n_components"]
     em = dict(covariance_type=params["covariance_type"], reg_covar=params["reg_covar"])
@@ -214,6 +230,7 @@ def kmeans_plan(
     centres (R, K, d) or None, the name of each run's start) and whether to trace Lloyd
     (``verbose``); ``k_unknown_pass`` as :func:`mixture_plan`'s. Draws the random starts from
     ``random_state`` first, as scikit-learn does, then the seed of the fit's generator."""
+    params = resolved_params(params)
     device = resolve_device(params["device"])
     K, init = params["n_clusters"], params["init"]
     kind = init_kind(init)

@@ -77,7 +77,7 @@ def fit_many(
     tol: float = 1e-3,
     reg_covar: float = 1e-6,
     n_init: int | str = "auto",
-    n_views: int = 1,
+    n_views: int | str = "auto",
     device: str = "auto",
     random_state=None,
     output: str = "estimators",

@@ -113,9 +113,10 @@ default="transformer"
         The transformer: a bundled name, a local checkpoint folder, or a Hugging Face
         Hub id. ``None`` uses k-means++ without a warning; a named checkpoint that
         cannot be loaded raises. Used by ``init="transformer"`` only.
-    n_views : int, default=1
+    n_views : "auto" or int, default="auto"
         Readings of the data by the transformer, in one batch; each costs a forward pass
-        and gives two more starts (see :class:`TransformerGMM`).
+        and gives two more starts (see :class:`TransformerGMM`). ``"auto"`` reads one view
+        in :meth:`fit` and four in the first call of :meth:`partial_fit`.
     device : str, default="auto"
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
 
@@ -231,7 +232,7 @@ default="transformer"
         copy_x=True,
         algorithm="lloyd",
         checkpoint="default",
-        n_views=1,
+        n_views="auto",
         device="auto",
     ):
         self.n_clusters = n_clusters
@@ -354,10 +355,10 @@ default="transformer"
         """Update the clustering with one batch of samples: mini-batch k-means.
 
         The first call (on an estimator that :meth:`partial_fit` has not fitted) clusters
-        the batch as :meth:`fit` does; each later call is a step of
-        :class:`~sklearn.cluster.MiniBatchKMeans`: each centre moves to the mean of all
-        the samples it has taken. ``labels_`` and ``inertia_`` are then the latest
-        batch's.
+        the batch as :meth:`fit` does (with four views of it under ``n_views="auto"``);
+        each later call is a step of :class:`~sklearn.cluster.MiniBatchKMeans`: each
+        centre moves to the mean of all the samples it has taken. ``labels_`` and
+        ``inertia_`` are then the latest batch's.
 
         Read more in the :ref:`User Guide <user-guide-partial-fit>`.
 
@@ -399,7 +400,7 @@ default="transformer"
     def _partial_fit(self, X, sample_weight):
         """:meth:`partial_fit` on a numpy batch without NaN."""
         if not self._is_streaming():
-            self._fit(X, sample_weight, allow_nan=False)
+            self._fit_first_batch(X, sample_weight)
             if sample_weight is not None:
                 sample_weight = _initialization.checked_sample_weight(
                     sample_weight, len(self.labels_), 0
@@ -493,7 +494,7 @@ default="transformer"
         """The fit of ``X`` with ``n_clusters`` (by default the parameter's), decided once
         by :func:`~transformer_gmm._fitting.kmeans_plan`, its starts read from ``k_unknown_pass``
         where K was chosen among candidates."""
-        params = self.get_params(deep=False)
+        params = self._fit_params()
         params["init"] = _array_api.to_numpy(params["init"])  # an array of X's namespace
         if n_clusters is not None:
             params["n_clusters"] = n_clusters

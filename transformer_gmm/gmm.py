@@ -89,10 +89,12 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     precisions_init : array-like, default=None
         Initial precisions (inverse covariances), of the shape of ``precisions_``. Given
         all three, EM starts from them alone.
-    n_views : int, default=1
+    n_views : "auto" or int, default="auto"
         Readings of the data by the transformer, in one batch: each view reads another
         draw of rows (where ``X`` exceeds the transformer's context) and reflects the
-        principal axes, costs a forward pass and gives two more starts.
+        principal axes, costs a forward pass and gives two more starts. ``"auto"`` reads
+        one view in :meth:`fit` and four in the first call of :meth:`partial_fit`, whose
+        cost the whole stream shares.
     device : str, default="auto"
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available). The fit
         runs in float64 on CPU and float32 on CUDA.
@@ -246,7 +248,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         weights_init=None,
         means_init=None,
         precisions_init=None,
-        n_views=1,
+        n_views="auto",
         device="auto",
         random_state=None,
         warm_start=False,
@@ -415,9 +417,10 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         """Update the mixture with one batch of samples: online (stepwise) EM.
 
         The first call (on an estimator that :meth:`partial_fit` has not fitted) fits the
-        batch as :meth:`fit` does; each later call is one step of stepwise EM (Cappé and
-        Moulines, 2009), whose running average of the sufficient statistics forgets as
-        ``learning_decay`` and ``learning_offset`` say. ``lower_bound_`` is then the
+        batch as :meth:`fit` does (with four views of it under ``n_views="auto"``); each
+        later call is one step of stepwise EM (Cappé and Moulines, 2009), whose running
+        average of the sufficient statistics forgets as ``learning_decay`` and
+        ``learning_offset`` say. ``lower_bound_`` is then the
         latest batch's mean log-likelihood.
 
         Read more in the :ref:`User Guide <user-guide-partial-fit>`.
@@ -462,7 +465,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     def _partial_fit(self, X, sample_weight):
         """:meth:`partial_fit` on a numpy batch without NaN."""
         if not self._is_streaming():
-            X = self._fit(X, sample_weight, allow_nan=False).X
+            X = self._fit_first_batch(X, sample_weight).X
             self._start_stream(X.shape[0])
             return self
         X, sample_weight = _streaming.validate_batch(self, X, sample_weight)
@@ -579,7 +582,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         by :func:`~transformer_gmm._fitting.mixture_plan`, its starts read from ``k_unknown_pass``
         where K was chosen among candidates."""
         warm = self.warm_start and hasattr(self, "converged_")
-        params = self.get_params(deep=False)
+        params = self._fit_params()
         for name in _array_api.MIXTURE_INIT_PARAMETERS:  # arrays of the input's namespace
             params[name] = _array_api.to_numpy(params[name])
         if n_components is not None:
