@@ -106,6 +106,16 @@ def tensor(
     return torch.tensor(np.ascontiguousarray(array), dtype=dtype, device=device)
 
 
+def shared_tensor(array: np.ndarray, device: str) -> torch.Tensor:
+    """``array`` as :func:`tensor` makes it, but sharing numpy's memory where it can (a
+    C-contiguous, writable float64 array, for the CPU): for rows the engine only reads,
+    such as a stream's batch, which a copy would cost one more pass over."""
+    shareable = array.dtype == np.float64 and array.flags.c_contiguous and array.flags.writeable
+    if device == "cpu" and shareable:
+        return torch.from_numpy(array)
+    return tensor(array, device)
+
+
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """``tensor`` as a float64 numpy array."""
     return tensor.detach().to("cpu", torch.float64).numpy()

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .device import explain_out_of_memory, tensor, to_numpy
+from .device import explain_out_of_memory, shared_tensor, tensor, to_numpy
 from .em import as_tuple, empty_threshold, reseed_means, reseed_weights_and_covariances
 from .gaussian import IllDefinedCovariance
 from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty
@@ -58,6 +58,10 @@ __all__ = [
 # Rows of a batch read at once: the E-step's (rows, K, d) temporaries stay near 32 MB in
 # float64, whatever the batch size (the statistics of slices add up).
 _SLICE_ELEMENTS = 1 << 22
+# Rows of a batch that a mini-batch k-means step reads at once: its temporaries (rows x d
+# and rows x K) then stay in the CPU's cache, where a whole batch of 10^5 rows would be
+# allocated and read again by every operation (a third of the step's time, one thread).
+_LLOYD_SLICE_ROWS = 1 << 15
 
 
 def step_size(step: int, learning_decay: float, learning_offset: float) -> float:
@@ -78,9 +82,8 @@ def step_size(step: int, learning_decay: float, learning_offset: float) -> float
     return float((step + learning_offset) ** -learning_decay)
 
 
-def _slices(X: Tensor, sample_weight: Tensor | None, width: int):
-    """``(rows, weights)`` of ``X`` (1, n, d), a bounded slice at a time."""
-    n_rows = max(1, _SLICE_ELEMENTS // max(width, 1))
+def _slices(X: Tensor, sample_weight: Tensor | None, n_rows: int):
+    """``(rows, weights)`` of ``X`` (1, n, d), ``n_rows`` at a time."""
     for start in range(0, X.shape[1], n_rows):
         rows = slice(start, start + n_rows)
         yield X[:, rows], None if sample_weight is None else sample_weight[:, rows]
@@ -199,7 +202,8 @@ def stepwise_em_step(
     """
     n_components, n_features = params.means.shape[1:]
     batch = None
-    for rows, weights in _slices(X, sample_weight, n_components * n_features):
+    n_rows = max(1, _SLICE_ELEMENTS // (n_components * n_features))
+    for rows, weights in _slices(X, sample_weight, n_rows):
         part = mixture_statistics(rows, params, covariance_type, weights)
         batch = part if batch is None else batch + part
     if sample_weight is None:
@@ -265,7 +269,7 @@ def minibatch_kmeans_step(
     else:
         offset = (X * sample_weight[..., None]).sum(1, keepdim=True) / sample_weight.sum()
     batch = None
-    for rows, weights in _slices(X, sample_weight, centers.shape[1]):
+    for rows, weights in _slices(X, sample_weight, _LLOYD_SLICE_ROWS):
         part = lloyd_statistics(
             rows, centers, offset, with_inertia=with_inertia, sample_weight=weights
         )
@@ -338,7 +342,7 @@ def kmeans_step(
     """:func:`minibatch_kmeans_step` on a batch ``X`` (n, d), computed on ``device`` in its
     dtype; returns the new centres and counts (float64), then the batch's labels (int32)
     and weighted inertia under the new centres, as MiniBatchKMeans reports them."""
-    x = _on_device(X, device)
+    x = shared_tensor(X, device)[None]  # read, never written
     weights = _on_device(sample_weight, device)
     new, total, _ = minibatch_kmeans_step(  # the inertia is read under the new centres
         x,
@@ -348,13 +352,17 @@ def kmeans_step(
         with_inertia=False,
     )
     offset = x.mean(1, keepdim=True)
-    centred = x - offset  # as Lloyd's
-    labels = assign(centred, new - offset)  # (1, n)
-    row_weights = x.new_ones(1, x.shape[1], 1) if weights is None else weights[..., None]
-    inertia = inertia_of(centred, new - offset, labels, row_weights)
+    centred_centers = new - offset
+    labels, inertia = [], 0.0
+    for rows, row_weights in _slices(x, weights, _LLOYD_SLICE_ROWS):
+        centred = rows - offset  # as Lloyd's
+        labels.append(assign(centred, centred_centers))  # (1, n)
+        unit = centred.new_ones(1, centred.shape[1], 1)
+        row_weights = unit if row_weights is None else row_weights[..., None]
+        inertia += float(inertia_of(centred, centred_centers, labels[-1], row_weights)[0])
     return (
         to_numpy(new[0]),
         to_numpy(total[0]),
-        labels[0].cpu().numpy().astype(np.int32),
-        float(inertia[0]),
+        torch.cat(labels, dim=1)[0].cpu().numpy().astype(np.int32),
+        inertia,
     )
