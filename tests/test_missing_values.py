@@ -216,3 +216,16 @@ def test_runs_of_patterns_give_the_fit_of_one_run(monkeypatch):
     np.testing.assert_allclose(runs.means_, whole.means_, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(runs.covariances_, whole.covariances_, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(runs.score_samples(X), whole.score_samples(X), rtol=1e-10)
+
+
+@pytest.mark.parametrize("n_features", [1, 2, 7, 8, 9, 64, 65, 70])
+def test_patterns_are_numpys_unique_rows_in_its_order(n_features):
+    # Packed keys group the rows as np.unique(axis=0) does, patterns in the same order, so
+    # EM's chunks (and its sums) are those of the row-wise grouping.
+    rng = np.random.default_rng(n_features)
+    is_missing = rng.random((3000, n_features)) < rng.uniform(0.05, 0.6, n_features)
+    is_missing[:40] = rng.random((40, n_features)) < 0.5  # a few more patterns
+    patterns, inverse = missing._unique_patterns(is_missing)
+    expected, expected_inverse = np.unique(is_missing, axis=0, return_inverse=True)
+    np.testing.assert_array_equal(patterns, expected)
+    np.testing.assert_array_equal(inverse, expected_inverse.ravel())

@@ -75,9 +75,7 @@ class Patterns:
 
     @classmethod
     def of(cls, X: np.ndarray, device: str | torch.device) -> Patterns:
-        is_missing = np.isnan(X)
-        patterns, inverse = np.unique(is_missing, axis=0, return_inverse=True)
-        inverse = inverse.ravel()
+        patterns, inverse = _unique_patterns(np.isnan(X))
         order = np.argsort(inverse, kind="stable")
         bounds = np.searchsorted(inverse[order], np.arange(len(patterns) + 1))
         return cls(
@@ -97,6 +95,28 @@ class Patterns:
             runs.append((first, last))
             first = last
         return runs
+
+
+def _unique_patterns(is_missing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(is_missing, axis=0, return_inverse=True)``, the same patterns in the same
+    (lexicographic) order, from each row's bits packed into bytes: one key a row, an integer
+    up to 64 features, sorted rather than rows of d bools (20,000 x 7: 1.6 ms, not 27)."""
+    n_features = is_missing.shape[1]
+    packed = np.packbits(is_missing, axis=1)  # (n, w): the first feature the highest bit
+    width = packed.shape[1]
+    if width <= 8:  # big-endian integers order as their bytes do
+        padded = np.zeros((len(packed), 8), np.uint8)
+        padded[:, :width] = packed
+        keys = padded.view(">u8").ravel()
+    else:  # byte strings, compared byte by byte
+        keys = np.ascontiguousarray(packed).view(np.dtype((np.void, width))).ravel()
+    unique_keys, inverse = np.unique(keys, return_inverse=True)
+    if width <= 8:
+        unique_bytes = unique_keys.astype(">u8").view(np.uint8).reshape(-1, 8)[:, :width]
+    else:
+        unique_bytes = unique_keys.view(np.uint8).reshape(-1, width)
+    patterns = np.unpackbits(unique_bytes, axis=1, count=n_features).astype(bool)
+    return patterns, inverse.ravel()
 
 
 @dataclass(frozen=True)
