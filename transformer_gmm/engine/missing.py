@@ -119,18 +119,43 @@ def _unique_patterns(is_missing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return patterns, inverse.ravel()
 
 
+# A pattern with at least this many rows in a chunk multiplies them by its factors in one
+# product of its own; the rows of smaller ones gather their patterns' factors, (rows, K, d,
+# d), for one batched product, which a loop over many small patterns would not beat.
+_OWN_PRODUCT_ROWS = 64
+
+
 @dataclass(frozen=True)
 class _Chunk:
     """One run of patterns, for every component: its rows, each row's pattern within the
     run, the patterns' observed masks (p, d) in the data's dtype, the precisions' Cholesky
     factors of Sigma_oo embedded in (d, d) with the identity on the missing features
-    (p, K, d, d), and their log-determinants, sum(log(diag)), (p, K)."""
+    (p, K, d, d), their log-determinants, sum(log(diag)), (p, K), and Sigma_oo^-1 embedded
+    with zeros on the missing features, (p, K, d, d). ``own``: the patterns of
+    ``_OWN_PRODUCT_ROWS`` rows or more, (pattern, first row, last row + 1) in the chunk;
+    ``gathered``: the chunk's other rows (None: there are none)."""
 
     rows: Tensor
     pattern: Tensor
     masks: Tensor
     factors: Tensor
     log_det: Tensor
+    inverses: Tensor
+    own: list[tuple[int, int, int]]
+    gathered: Tensor | None
+
+    def solved(self, vectors: Tensor) -> Tensor:
+        """Sigma_oo^-1 v for each row's ``vectors`` (m, K, d), zero where missing, under
+        its pattern: (m, K, d)."""
+        out = torch.empty_like(vectors)
+        for pattern, first, last in self.own:  # symmetric: v^T A is (A v)^T
+            block = vectors[first:last].transpose(0, 1)  # (K, rows, d)
+            out[first:last] = torch.bmm(block, self.inverses[pattern]).transpose(0, 1)
+        if self.gathered is not None:
+            rows = self.gathered
+            inverses = self.inverses[self.pattern[rows]]  # (rows, K, d, d)
+            out[rows] = torch.einsum("mkd,mkde->mke", vectors[rows], inverses)
+        return out
 
 
 def _chunk(patterns: Patterns, first: int, last: int, covariances: Tensor) -> _Chunk:
@@ -143,28 +168,38 @@ def _chunk(patterns: Patterns, first: int, last: int, covariances: Tensor) -> _C
     embedded = embedded + torch.diag_embed(1.0 - masks)[:, None]  # (p, K, d, d)
     factors = compute_precision_cholesky(embedded, "full")
     log_det = torch.log(torch.diagonal(factors, dim1=-2, dim2=-1)).sum(-1)
+    # Sigma_oo^-1 embedded: P P^T less the identity on the missing features.
+    inverses = (factors @ factors.mT) * masks[:, None, :, None] * masks[:, None, None, :]
     start, stop = int(patterns.bounds[first]), int(patterns.bounds[last])
-    counts = torch.as_tensor(np.diff(patterns.bounds[first : last + 1]), device=masks.device)
-    pattern = torch.repeat_interleave(torch.arange(last - first, device=masks.device), counts)
-    return _Chunk(patterns.order[start:stop], pattern, masks, factors, log_det)
+    starts = patterns.bounds[first : last + 1] - start  # each pattern's first row, and the end
+    sizes = np.diff(starts)
+    device = masks.device
+    pattern = torch.repeat_interleave(
+        torch.arange(last - first, device=device), torch.as_tensor(sizes, device=device)
+    )
+    large = sizes >= _OWN_PRODUCT_ROWS
+    own = [(int(p), int(starts[p]), int(starts[p + 1])) for p in np.flatnonzero(large)]
+    gathered = None
+    if not large.all():
+        gathered = torch.as_tensor(np.flatnonzero(np.repeat(~large, sizes)), device=device)
+    return _Chunk(
+        patterns.order[start:stop], pattern, masks, factors, log_det, inverses, own, gathered
+    )
 
 
-def _whitened(x: Tensor, chunk: _Chunk, means: Tensor, row_factors: Tensor) -> Tensor:
-    """The chunk's rows' observed deviations from each mean (zero where missing),
-    whitened by their ``row_factors`` (m, K, d, d), ``chunk.factors[chunk.pattern]``:
-    (x_o - mu_o)^T P_oo, embedded, (m, K, d)."""
+def _deviations(x: Tensor, chunk: _Chunk, means: Tensor) -> Tensor:
+    """The chunk's rows' observed deviations from each mean, zero where missing:
+    x_o - mu_o, embedded, (m, K, d)."""
     observed = chunk.masks[chunk.pattern]  # (m, d)
-    deviations = (x[chunk.rows][:, None, :] - means[None]) * observed[:, None, :]
-    return torch.einsum("mkd,mkde->mke", deviations, row_factors)
+    return (x[chunk.rows][:, None, :] - means[None]) * observed[:, None, :]
 
 
 class _Scored(NamedTuple):
-    """One run of patterns scored under a mixture: the chunk, its rows' factors
-    (m, K, d, d), their whitened deviations (m, K, d) and log p(x_o | k) + log w_k (m, K)."""
+    """One run of patterns scored under a mixture: the chunk, its rows' deviations solved,
+    Sigma_oo^-1 (x_o - mu_o) (m, K, d), and log p(x_o | k) + log w_k (m, K)."""
 
     chunk: _Chunk
-    row_factors: Tensor
-    whitened: Tensor
+    solved: Tensor
     log_prob: Tensor
 
 
@@ -175,15 +210,16 @@ def _scored_chunks(
     where missing): the E-step's part of a chunk, which its completion reads too."""
     for first, last in patterns.chunks(len(weights)):
         chunk = _chunk(patterns, first, last, covariances)
-        row_factors = chunk.factors[chunk.pattern]  # (m, K, d, d)
-        whitened = _whitened(x, chunk, means, row_factors)  # (m, K, d)
+        deviations = _deviations(x, chunk, means)  # (m, K, d)
+        solved = chunk.solved(deviations)
+        squared = (deviations * solved).sum(-1)  # Mahalanobis, (m, K)
         n_observed = chunk.masks.sum(1)[chunk.pattern]  # (m,)
         log_prob = (
-            -0.5 * (n_observed[:, None] * math.log(2 * math.pi) + whitened.square().sum(-1))
+            -0.5 * (n_observed[:, None] * math.log(2 * math.pi) + squared)
             + chunk.log_det[chunk.pattern]
             + weights.log()
         )
-        yield _Scored(chunk, row_factors, whitened, log_prob)
+        yield _Scored(chunk, solved, log_prob)
 
 
 def _log_prob_by_pattern(
@@ -200,28 +236,25 @@ def _log_prob_by_pattern(
 def _completed(
     x: Tensor,
     chunk: _Chunk,
-    row_factors: Tensor,
-    whitened: Tensor,
+    solved: Tensor,
     means: Tensor,
     covariances: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """The chunk's rows completed under each component, (m, K, d): the observed entries,
-    and the missing ones' conditional means mu_m + Sigma_mo Sigma_oo^-1 (x_o - mu_o); and
-    each pattern's conditional covariance of its missing entries, Sigma_mm - Sigma_mo
-    Sigma_oo^-1 Sigma_om, embedded in (p, K, d, d) with zeros on the observed features.
-    ``row_factors`` and ``whitened``: the rows' factors and :func:`_whitened` deviations."""
-    # Sigma_oo^-1 (x_o - mu_o) = P P^T (x_o - mu_o), zero on the missing features.
-    solved = torch.einsum("mkde,mke->mkd", row_factors, whitened)
-    regressed = torch.einsum("kfd,mkd->mkf", covariances, solved)  # Sigma_:o Sigma_oo^-1 (.)
-    observed = chunk.masks[chunk.pattern][:, None, :] > 0  # (m, 1, d)
-    completed = torch.where(observed, x[chunk.rows][:, None, :], means[None] + regressed)
-    # Sigma_oo^-1 embedded: P P^T less the identity on the missing features.
-    masks = chunk.masks[:, None]  # (p, 1, d)
-    inverse = (chunk.factors @ chunk.factors.mT) * masks[..., :, None] * masks[..., None, :]
-    conditional = covariances[None] - covariances[None] @ inverse @ covariances[None]
-    missing = 1.0 - masks
+    """The chunk's rows completed under each component, less its mean, component-major
+    (K, m, d): the observed entries' deviations x_o - mu_o, and the missing ones'
+    conditional means' Sigma_mo Sigma_oo^-1 (x_o - mu_o); and each pattern's conditional
+    covariance of its missing entries, Sigma_mm - Sigma_mo Sigma_oo^-1 Sigma_om, embedded in
+    (p, K, d, d) with zeros on the observed features. ``solved``: the rows' deviations
+    solved, Sigma_oo^-1 (x_o - mu_o) (m, K, d)."""
+    # Sigma_:o Sigma_oo^-1 (.), one product per component: (K, m, d) @ (K, d, f).
+    regressed = torch.bmm(solved.transpose(0, 1).contiguous(), covariances.mT)
+    observed = chunk.masks[chunk.pattern][None] > 0  # (1, m, d)
+    deviations = x[chunk.rows][None] - means[:, None, :]  # (K, m, d)
+    centred = torch.where(observed, deviations, regressed)
+    conditional = covariances[None] - covariances[None] @ chunk.inverses @ covariances[None]
+    missing = 1.0 - chunk.masks[:, None]  # (p, 1, d)
     conditional = conditional * missing[..., :, None] * missing[..., None, :]
-    return completed, conditional
+    return centred, conditional
 
 
 def full_covariances(covariances: Tensor, covariance_type: str, n_features: int) -> Tensor:
@@ -264,18 +297,17 @@ def missing_statistics(
     sums = means.new_zeros((n_components, n_features))
     scatter = means.new_zeros((n_components, n_features, n_features))
     # Chunk by chunk, the E-step on its rows' observed features, then their completion:
-    # the rows' factors and whitened deviations serve both.
+    # the rows' solved deviations serve both.
     for scored in _scored_chunks(x, patterns, weights, means, sigma):
         chunk, log_prob = scored.chunk, scored.log_prob  # (m, K)
         chunk_norm = torch.logsumexp(log_prob, 1)  # (m,)
         r = torch.exp(log_prob - chunk_norm[:, None]) * row_weight[chunk.rows][:, None]
         resp[chunk.rows], log_norm[chunk.rows] = r, chunk_norm
-        filled, conditional = _completed(
-            x, chunk, scored.row_factors, scored.whitened, means, sigma
-        )
-        sums += torch.einsum("mk,mkd->kd", r, filled)
-        centred = filled - means[None]  # about the E-step's means, as the statistics keep it
-        scatter += torch.einsum("mk,mkd,mke->kde", r, centred, centred)
+        # About the E-step's means, as the statistics keep the scatter: (K, m, d).
+        centred, conditional = _completed(x, chunk, scored.solved, means, sigma)
+        weighted = centred * r.T[..., None]  # (K, m, d)
+        sums += weighted.sum(1) + r.sum(0)[:, None] * means
+        scatter += torch.bmm(weighted.mT, centred)
         by_pattern = r.new_zeros((len(chunk.masks), n_components)).index_add_(
             0, chunk.pattern, r
         )  # (p, K)
