@@ -8,8 +8,10 @@ regressions of the missing features on the observed ones), so the rows are group
 pattern, and each pattern's matrices are computed once. Each pattern's Sigma_oo is taken
 as Sigma with its missing rows and columns replaced by the identity's, a (d, d) matrix
 whose factors are those of Sigma_oo embedded: every pattern then has the same shape, and
-runs of patterns (as many as a bounded temporary holds) are one batched product over
-their patterns, rows and components, with no loop over patterns in Python.
+runs of patterns (as many as a bounded temporary holds) are read at once. Within a run, a
+pattern with many rows solves them in one product of its own; the rows of the others
+gather their patterns' matrices for one batched product, so that many small patterns cost
+no loop in Python.
 
 Every covariance type runs through the full (K, d, d) covariances: the conditional
 moments need the cross-covariances, which are zero for the diagonal types, so this costs
