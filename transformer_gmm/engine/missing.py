@@ -61,7 +61,7 @@ def check_rows(X: np.ndarray) -> None:
 
 
 # Elements of the largest (rows, K, d, d) temporary of one chunk of patterns (32 MiB in
-# float64): the rows' factors, gathered from their patterns'.
+# float64): the rows' Sigma_oo^-1, gathered from their patterns'.
 _CHUNK_ELEMENTS = 2**22
 
 
@@ -86,7 +86,7 @@ class Patterns:
         )
 
     def chunks(self, n_components: int) -> list[tuple[int, int]]:
-        """Runs of consecutive patterns, (first, last + 1), whose rows' factors, (rows, K,
+        """Runs of consecutive patterns, (first, last + 1), whose rows' matrices, (rows, K,
         d, d), hold at most ``_CHUNK_ELEMENTS`` (at least one pattern a run)."""
         n_features = self.masks.shape[1]
         limit = max(1, _CHUNK_ELEMENTS // (n_components * n_features**2))
@@ -121,26 +121,24 @@ def _unique_patterns(is_missing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return patterns, inverse.ravel()
 
 
-# A pattern with at least this many rows in a chunk multiplies them by its factors in one
-# product of its own; the rows of smaller ones gather their patterns' factors, (rows, K, d,
-# d), for one batched product, which a loop over many small patterns would not beat.
+# A pattern with at least this many rows in a chunk solves them by its Sigma_oo^-1 in one
+# product of its own; the rows of smaller ones gather their patterns' matrices, (rows, K,
+# d, d), for one batched product, which a loop over many small patterns would not beat.
 _OWN_PRODUCT_ROWS = 64
 
 
 @dataclass(frozen=True)
 class _Chunk:
     """One run of patterns, for every component: its rows, each row's pattern within the
-    run, the patterns' observed masks (p, d) in the data's dtype, the precisions' Cholesky
-    factors of Sigma_oo embedded in (d, d) with the identity on the missing features
-    (p, K, d, d), their log-determinants, sum(log(diag)), (p, K), and Sigma_oo^-1 embedded
-    with zeros on the missing features, (p, K, d, d). ``own``: the patterns of
+    run, the patterns' observed masks (p, d) in the data's dtype, the log-determinants of
+    the precisions' Cholesky factors of Sigma_oo, sum(log(diag)), (p, K), and Sigma_oo^-1
+    embedded in (d, d) with zeros on the missing features, (p, K, d, d). ``own``: the patterns of
     ``_OWN_PRODUCT_ROWS`` rows or more, (pattern, first row, last row + 1) in the chunk;
     ``gathered``: the chunk's other rows (None: there are none)."""
 
     rows: Tensor
     pattern: Tensor
     masks: Tensor
-    factors: Tensor
     log_det: Tensor
     inverses: Tensor
     own: list[tuple[int, int, int]]
@@ -185,7 +183,7 @@ def _chunk(patterns: Patterns, first: int, last: int, covariances: Tensor) -> _C
     if not large.all():
         gathered = torch.as_tensor(np.flatnonzero(np.repeat(~large, sizes)), device=device)
     return _Chunk(
-        patterns.order[start:stop], pattern, masks, factors, log_det, inverses, own, gathered
+        patterns.order[start:stop], pattern, masks, log_det, inverses, own, gathered
     )
 
 
@@ -244,10 +242,10 @@ def _completed(
 ) -> tuple[Tensor, Tensor]:
     """The chunk's rows completed under each component, less its mean, component-major
     (K, m, d): the observed entries' deviations x_o - mu_o, and the missing ones'
-    conditional means' Sigma_mo Sigma_oo^-1 (x_o - mu_o); and each pattern's conditional
-    covariance of its missing entries, Sigma_mm - Sigma_mo Sigma_oo^-1 Sigma_om, embedded in
-    (p, K, d, d) with zeros on the observed features. ``solved``: the rows' deviations
-    solved, Sigma_oo^-1 (x_o - mu_o) (m, K, d)."""
+    conditional means less the mean, Sigma_mo Sigma_oo^-1 (x_o - mu_o); and each pattern's
+    conditional covariance of its missing entries, Sigma_mm - Sigma_mo Sigma_oo^-1 Sigma_om,
+    embedded in (p, K, d, d) with zeros on the observed features. ``solved``: the rows'
+    deviations solved, Sigma_oo^-1 (x_o - mu_o) (m, K, d)."""
     # Sigma_:o Sigma_oo^-1 (.), one product per component: (K, m, d) @ (K, d, f).
     regressed = torch.bmm(solved.transpose(0, 1).contiguous(), covariances.mT)
     observed = chunk.masks[chunk.pattern][None] > 0  # (1, m, d)
