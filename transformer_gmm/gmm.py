@@ -420,8 +420,8 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         batch as :meth:`fit` does (with four views of it under ``n_views="auto"``); each
         later call is one step of stepwise EM (Cappé and Moulines, 2009), whose running
         average of the sufficient statistics forgets as ``learning_decay`` and
-        ``learning_offset`` say. ``lower_bound_`` is then the
-        latest batch's mean log-likelihood.
+        ``learning_offset`` say. ``lower_bound_`` is then the latest batch's mean
+        log-likelihood.
 
         Read more in the :ref:`User Guide <user-guide-partial-fit>`.
 

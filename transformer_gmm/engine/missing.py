@@ -195,10 +195,12 @@ def _deviations(x: Tensor, chunk: _Chunk, means: Tensor) -> Tensor:
 
 
 class _Scored(NamedTuple):
-    """One run of patterns scored under a mixture: the chunk, its rows' deviations solved,
-    Sigma_oo^-1 (x_o - mu_o) (m, K, d), and log p(x_o | k) + log w_k (m, K)."""
+    """One run of patterns scored under a mixture: the chunk, its rows' deviations
+    x_o - mu_o (m, K, d, zero where missing) and those solved, Sigma_oo^-1 (x_o - mu_o),
+    and log p(x_o | k) + log w_k (m, K)."""
 
     chunk: _Chunk
+    deviations: Tensor
     solved: Tensor
     log_prob: Tensor
 
@@ -219,7 +221,7 @@ def _scored_chunks(
             + chunk.log_det[chunk.pattern]
             + weights.log()
         )
-        yield _Scored(chunk, solved, log_prob)
+        yield _Scored(chunk, deviations, solved, log_prob)
 
 
 def _log_prob_by_pattern(
@@ -233,24 +235,18 @@ def _log_prob_by_pattern(
     return out
 
 
-def _completed(
-    x: Tensor,
-    chunk: _Chunk,
-    solved: Tensor,
-    means: Tensor,
-    covariances: Tensor,
-) -> tuple[Tensor, Tensor]:
+def _completed(scored: _Scored, covariances: Tensor) -> tuple[Tensor, Tensor]:
     """The chunk's rows completed under each component, less its mean, component-major
     (K, m, d): the observed entries' deviations x_o - mu_o, and the missing ones'
     conditional means less the mean, Sigma_mo Sigma_oo^-1 (x_o - mu_o); and each pattern's
     conditional covariance of its missing entries, Sigma_mm - Sigma_mo Sigma_oo^-1 Sigma_om,
-    embedded in (p, K, d, d) with zeros on the observed features. ``solved``: the rows'
-    deviations solved, Sigma_oo^-1 (x_o - mu_o) (m, K, d)."""
+    embedded in (p, K, d, d) with zeros on the observed features, from the chunk as
+    :func:`_scored_chunks` scored it."""
+    chunk = scored.chunk
     # Sigma_:o Sigma_oo^-1 (.), one product per component: (K, m, d) @ (K, d, f).
-    regressed = torch.bmm(solved.transpose(0, 1).contiguous(), covariances.mT)
+    regressed = torch.bmm(scored.solved.transpose(0, 1).contiguous(), covariances.mT)
     observed = chunk.masks[chunk.pattern][None] > 0  # (1, m, d)
-    deviations = x[chunk.rows][None] - means[:, None, :]  # (K, m, d)
-    centred = torch.where(observed, deviations, regressed)
+    centred = torch.where(observed, scored.deviations.transpose(0, 1), regressed).contiguous()
     conditional = covariances[None] - covariances[None] @ chunk.inverses @ covariances[None]
     missing = 1.0 - chunk.masks[:, None]  # (p, 1, d)
     conditional = conditional * missing[..., :, None] * missing[..., None, :]
@@ -304,7 +300,7 @@ def missing_statistics(
         r = torch.exp(log_prob - chunk_norm[:, None]) * row_weight[chunk.rows][:, None]
         resp[chunk.rows], log_norm[chunk.rows] = r, chunk_norm
         # About the E-step's means, as the statistics keep the scatter: (K, m, d).
-        centred, conditional = _completed(x, chunk, scored.solved, means, sigma)
+        centred, conditional = _completed(scored, sigma)
         weighted = centred * r.T[..., None]  # (K, m, d)
         sums += weighted.sum(1) + r.sum(0)[:, None] * means
         scatter += torch.bmm(weighted.mT, centred)
