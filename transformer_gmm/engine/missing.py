@@ -145,16 +145,15 @@ class _Chunk:
     gathered: Tensor | None
 
     def solved(self, vectors: Tensor) -> Tensor:
-        """Sigma_oo^-1 v for each row's ``vectors`` (m, K, d), zero where missing, under
-        its pattern: (m, K, d)."""
+        """Sigma_oo^-1 v for each row's ``vectors`` (K, m, d), zero where missing, under
+        its pattern: (K, m, d)."""
         out = torch.empty_like(vectors)
         for pattern, first, last in self.own:  # symmetric: v^T A is (A v)^T
-            block = vectors[first:last].transpose(0, 1)  # (K, rows, d)
-            out[first:last] = torch.bmm(block, self.inverses[pattern]).transpose(0, 1)
+            out[:, first:last] = torch.bmm(vectors[:, first:last], self.inverses[pattern])
         if self.gathered is not None:
             rows = self.gathered
             inverses = self.inverses[self.pattern[rows]]  # (rows, K, d, d)
-            out[rows] = torch.einsum("mkd,mkde->mke", vectors[rows], inverses)
+            out[:, rows] = torch.einsum("kmd,mkde->kme", vectors[:, rows], inverses)
         return out
 
 
@@ -189,14 +188,14 @@ def _chunk(patterns: Patterns, first: int, last: int, covariances: Tensor) -> _C
 
 def _deviations(x: Tensor, chunk: _Chunk, means: Tensor) -> Tensor:
     """The chunk's rows' observed deviations from each mean, zero where missing:
-    x_o - mu_o, embedded, (m, K, d)."""
+    x_o - mu_o, embedded, component-major (K, m, d)."""
     observed = chunk.masks[chunk.pattern]  # (m, d)
-    return (x[chunk.rows][:, None, :] - means[None]) * observed[:, None, :]
+    return (x[chunk.rows][None] - means[:, None]) * observed[None]
 
 
 class _Scored(NamedTuple):
     """One run of patterns scored under a mixture: the chunk, its rows' deviations
-    x_o - mu_o (m, K, d, zero where missing) and those solved, Sigma_oo^-1 (x_o - mu_o),
+    x_o - mu_o (K, m, d, zero where missing) and those solved, Sigma_oo^-1 (x_o - mu_o),
     and log p(x_o | k) + log w_k (m, K)."""
 
     chunk: _Chunk
@@ -212,9 +211,9 @@ def _scored_chunks(
     where missing): the E-step's part of a chunk, which its completion reads too."""
     for first, last in patterns.chunks(len(weights)):
         chunk = _chunk(patterns, first, last, covariances)
-        deviations = _deviations(x, chunk, means)  # (m, K, d)
+        deviations = _deviations(x, chunk, means)  # (K, m, d)
         solved = chunk.solved(deviations)
-        squared = (deviations * solved).sum(-1)  # Mahalanobis, (m, K)
+        squared = (deviations * solved).sum(-1).T  # Mahalanobis, (m, K)
         n_observed = chunk.masks.sum(1)[chunk.pattern]  # (m,)
         log_prob = (
             -0.5 * (n_observed[:, None] * math.log(2 * math.pi) + squared)
@@ -244,9 +243,9 @@ def _completed(scored: _Scored, covariances: Tensor) -> tuple[Tensor, Tensor]:
     :func:`_scored_chunks` scored it."""
     chunk = scored.chunk
     # Sigma_:o Sigma_oo^-1 (.), one product per component: (K, m, d) @ (K, d, f).
-    regressed = torch.bmm(scored.solved.transpose(0, 1).contiguous(), covariances.mT)
+    regressed = torch.bmm(scored.solved, covariances.mT)
     observed = chunk.masks[chunk.pattern][None] > 0  # (1, m, d)
-    centred = torch.where(observed, scored.deviations.transpose(0, 1), regressed).contiguous()
+    centred = torch.where(observed, scored.deviations, regressed)
     conditional = covariances[None] - covariances[None] @ chunk.inverses @ covariances[None]
     missing = 1.0 - chunk.masks[:, None]  # (p, 1, d)
     conditional = conditional * missing[..., :, None] * missing[..., None, :]
