@@ -450,3 +450,86 @@ def test_a_head_goes_on_from_the_sources_unless_asked_or_shaped_otherwise():
         # "K unknown" starts as the mean of the K embeddings, and the rest is the source's.
         torch.testing.assert_close(model.k_unknown, source.k_embedding.weight.mean(dim=0))
         torch.testing.assert_close(model.blocks[0].mlp.fc.weight, source.blocks[0].mlp.fc.weight)
+
+
+# --- counting clusters of any shape ----------------------------------------------------
+
+
+def test_the_cluster_count_head_needs_the_k_unknown_embedding():
+    with pytest.raises(ValueError, match="cluster_count_seeds > 0 needs k_posterior_seeds"):
+        config_from_preset("tiny", cluster_count_seeds=2)
+    config = config_from_preset("tiny", k_posterior_seeds=2, cluster_count_seeds=2).to_dict()
+    assert ModelConfig.from_dict(config).cluster_count_seeds == 2
+    del config["cluster_count_seeds"]  # written before the head: none
+    assert ModelConfig.from_dict(config).cluster_count_seeds == 0
+    with pytest.raises(ValueError, match="no cluster-count head"):
+        MixtureTransformer(config_from_preset("tiny")).cluster_count_log_posterior(
+            torch.randn(1, 10, 4)
+        )
+
+
+def _with_cluster_count(folder, favoured: int):
+    """The tiny checkpoint with a cluster-count head whose answer is ``favoured`` clusters,
+    whatever the data; saved to ``folder``."""
+    from transformer_gmm.storage import load_checkpoint, save_checkpoint
+    from transformer_gmm.training.k_posterior import with_cluster_count_head
+
+    model = with_cluster_count_head(load_checkpoint(TINY_K_CHECKPOINT))
+    with torch.no_grad():
+        model.cluster_count_head.out.weight.zero_()
+        model.cluster_count_head.out.bias.zero_()
+        model.cluster_count_head.out.bias[favoured - 1] = 10.0
+    save_checkpoint(model, folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("favoured", [1, 4])
+def test_the_clusterer_reads_both_counts(tmp_path, three_blobs_100, favoured):
+    from transformer_gmm.engine.k_posterior import read_k_unknown
+
+    X = three_blobs_100
+    folder = _with_cluster_count(tmp_path / "clusters", favoured)
+    gmm = TransformerGMM(n_components="auto", checkpoint=folder, random_state=0).fit(X)
+    before = TransformerGMM(n_components="auto", checkpoint=TINY_K_CHECKPOINT, random_state=0)
+    # The mixture reads P(K | X) as before (to float32 rounding: another copy of the weights).
+    np.testing.assert_allclose(gmm.k_posterior_, before.fit(X).k_posterior_, rtol=1e-5)
+    clusterer = TransformerClusterer(n_clusters="auto", checkpoint=folder, random_state=0).fit(X)
+    assert clusterer.selection_criterion_ == "posterior"
+    # P(C | X) P(K | X)^(1/2), normalized, from the one pass the clusterer reads.
+    seed = np.random.RandomState(0).randint(np.iinfo(np.int32).max)
+    p_k, _, p_c = read_k_unknown(model_cache.load_backbone(folder), [X], seed=seed, clusters=True)
+    both = p_c[0] * np.sqrt(p_k[0].astype(np.float64))
+    np.testing.assert_allclose(clusterer.k_posterior_, both / both.sum(), rtol=1e-5)
+    assert clusterer.n_clusters_ == favoured  # the head's answer, which P(K | X) allows
+    assert clusterer.cluster_centers_.shape[0] == favoured
+
+
+def test_training_the_cluster_count_head_changes_nothing_else(tmp_path):
+    from transformer_gmm.storage import load_checkpoint
+    from transformer_gmm.training import k_posterior
+
+    out = tmp_path / "run"
+    k_posterior.main([
+        "--source", TINY_K_CHECKPOINT, "--out", str(out), "--batch-size", "4", "--steps", "2",
+        "--head", "clusters", "--lr", "1e-2", "--prior-weights", "shapes=0.5,unit=0.5",
+    ])
+    source, trained = load_checkpoint(TINY_K_CHECKPOINT), load_checkpoint(out / "checkpoint")
+    assert trained.has_cluster_count
+    state = trained.state_dict()
+    for name, weight in source.state_dict().items():  # the K posterior and every fit stay
+        assert torch.equal(state[name], weight), name
+    # It starts as the K-posterior head, and learned.
+    assert not torch.equal(
+        state["cluster_count_head.out.weight"], state["k_posterior_head.out.weight"]
+    )
+
+
+def test_shape_tasks_hold_the_rows_asked_for():
+    from transformer_gmm.training.shapes import sample_shapes
+
+    for k in (1, 2, 4, 10):
+        for d in (2, 3, 6):
+            X = sample_shapes(np.random.default_rng([k, d]), k, d, 16 * k + 50)
+            assert X.shape == (16 * k + 50, d) and np.isfinite(X).all()
+            again = sample_shapes(np.random.default_rng([k, d]), k, d, 16 * k + 50)
+            np.testing.assert_array_equal(X, again)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import OneStandardization, transformer_estimates
+from sklearn.datasets import make_circles, make_moons
 from sklearn.mixture import GaussianMixture
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
@@ -182,7 +183,27 @@ def test_chosen_k_is_pinned(make_X, k_bic, k_posterior, k_clusterer, posterior):
     assert by_posterior.selection_criterion_ == "posterior"
     assert (by_bic.n_components_, by_posterior.n_components_) == (k_bic, k_posterior)
     assert clusterer.n_clusters_ == k_clusterer
-    assert clusterer_default.n_clusters_ == by_posterior.n_components_  # the same posterior
+    # Gaussian blobs: the count of clusters is the count of components.
+    assert clusterer_default.n_clusters_ == by_posterior.n_components_
     np.testing.assert_array_equal(by_bic.candidates_, np.arange(1, 11))
     np.testing.assert_allclose(by_posterior.k_posterior_, posterior, rtol=2e-3, atol=1e-6)
     np.testing.assert_allclose(by_bic.k_posterior_, by_posterior.k_posterior_)
+
+
+@pytest.mark.parametrize(
+    "make_X",
+    [
+        lambda: make_moons(300, noise=0.06, random_state=0)[0],
+        lambda: make_circles(300, noise=0.04, factor=0.5, random_state=0)[0],
+    ],
+    ids=["moons", "circles"],
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_clusterer_counts_two_curved_clusters(make_X, seed):
+    """Two moons take many Gaussian components, two nested circles one: the mixture counts
+    those, the clusterer the two clusters a person sees (the cluster-count head)."""
+    X = make_X()
+    mixture = TransformerGMM(n_components="auto", random_state=seed).fit(X)
+    clusterer = TransformerClusterer(n_clusters="auto", random_state=seed).fit(X)
+    assert mixture.n_components_ != 2
+    assert clusterer.n_clusters_ == 2

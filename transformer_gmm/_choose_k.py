@@ -16,6 +16,15 @@ Two ways to choose:
 candidate and BIC elsewhere: the posterior is ahead where components overlap and on the
 real datasets, and faster, since it fits one K (``benchmarks/choose_k.py``). With ``"bic"``,
 P(K | X) is also reported where the checkpoint reads it.
+
+A clusterer counts clusters, not Gaussian components: where the checkpoint has a
+cluster-count head, which reads P(C | X) for C clusters of any shape from the same pass,
+the clusterer's posterior is P(C = k | X) P(K = k | X)^(1/2), normalized: the count of
+clusters, tempered by that of components. The cluster-count head alone counts curved and
+nested clusters best, but loses separated Gaussian clusters and shapes its training never
+drew (hollow squares) that the K-posterior head counts; the full product loses moons,
+which take many components. The square root keeps most of both (measured on draws apart
+from the benchmark's; docs/choosing_k.md).
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ if TYPE_CHECKING:
 
 # The candidates' upper end without a checkpoint: the largest K the bundled one covers.
 DEFAULT_MAX_COMPONENTS = 10
+# A clusterer's posterior is P(C | X) P(K = C | X)^this, normalized (the module's docstring).
+COMPONENT_COUNT_POWER = 0.5
 
 
 @dataclass(frozen=True)
@@ -50,7 +61,9 @@ class Choice:
     candidates: np.ndarray  # (C,) the K considered, increasing
     criterion: str  # "posterior" or "bic"
     values: np.ndarray  # (C,) the criterion per candidate, lower is better
-    posterior: np.ndarray | None  # (C,) P(K | X) over the candidates, where the model reads it
+    # (C,) P(K | X) over the candidates where the model reads it; a clusterer's is the
+    # normalized product with P(C | X), clusters of any shape, where the model reads that.
+    posterior: np.ndarray | None
     fitted: object | None  # the chosen candidate's fitted estimator, when BIC fitted them all
     # The pass that read the posterior, which the chosen K's fit starts from (posterior only).
     k_unknown_pass: KUnknownPass | None = None
@@ -127,9 +140,13 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
         weights = None if sample_weight is None else [sample_weight]
         device = resolve_device(params["device"])
         n_views = params["n_views"]
-        p, k_unknown_pass = read_k_unknown(
-            backbone, [X], weights, seed=seed, device=device, n_views=n_views
+        clusters = k_name == "n_clusters" and backbone.has_cluster_count
+        p, k_unknown_pass, p_clusters = read_k_unknown(
+            backbone, [X], weights, seed=seed, device=device, n_views=n_views,
+            clusters=clusters,
         )
+        if clusters:  # the count of clusters, tempered by that of components (see above)
+            p = p_clusters * p.astype(np.float64) ** COMPONENT_COUNT_POWER
         posterior = p[0, ks - 1] / p[0, ks - 1].sum()
     if criterion == "bic":
         with warnings.catch_warnings():

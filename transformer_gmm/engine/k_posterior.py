@@ -62,10 +62,13 @@ def read_k_unknown(
     seed: int,
     device: str = "cpu",
     n_views: int = 1,
-) -> tuple[np.ndarray, KUnknownPass]:
-    """:func:`k_posteriors`, and the pass they were read from, whose tokens every readout
+    clusters: bool = False,
+) -> tuple[np.ndarray, KUnknownPass, np.ndarray | None]:
+    """:func:`k_posteriors`, the pass they were read from, whose tokens every readout
     head reads as well: a fit of ``Xs`` (in canonical row order, as the fit puts them)
-    starts from it with no pass of its own (``FitPlan.k_unknown_pass``)."""
+    starts from it with no pass of its own (``FitPlan.k_unknown_pass``); and, where
+    ``clusters`` (the backbone must read them), P(C = c | X) for c = 1..k_max clusters of
+    any shape, from the same tokens (else None)."""
     model = model_cache.model_on(backbone, device)
     config = model.config
     orders = row_order.canonical_orders(Xs, sample_weight)
@@ -82,9 +85,17 @@ def read_k_unknown(
     with torch.inference_mode():
         tokens, tokens_mask = model.k_unknown_tokens(read.views, read.views_mask)
         log_p = model.k_posterior_head(tokens, tokens_mask)  # (V * B, k_max)
-    probs = log_p.exp().view(n_views, len(Xs), -1).mean(dim=0)  # (B, k_max)
+        log_c = model.cluster_count_head(tokens, tokens_mask) if clusters else None
+    probs = _over_views(log_p, n_views)
+    cluster_probs = None if log_c is None else to_numpy(_over_views(log_c, n_views))
     rows = read.rows(x)  # (V * B, C, d)
     k_unknown_pass = KUnknownPass(
         read.standardization, rows, read.rows_mask, read.signs, tokens, tokens_mask
     )
-    return to_numpy(probs / probs.sum(dim=-1, keepdim=True)), k_unknown_pass
+    return to_numpy(probs), k_unknown_pass, cluster_probs
+
+
+def _over_views(log_p: torch.Tensor, n_views: int) -> torch.Tensor:
+    """Probabilities (V * B, k_max), view-major, averaged over the views: (B, k_max)."""
+    probs = log_p.exp().view(n_views, -1, log_p.shape[-1]).mean(dim=0)
+    return probs / probs.sum(dim=-1, keepdim=True)

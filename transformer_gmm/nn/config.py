@@ -41,6 +41,11 @@ class ModelConfig:
     k_posterior_seeds : int, default=0
         Pooling seeds of the head that reads P(K | X) for K = 1..k_max under a "K unknown"
         task embedding; 0: no such head.
+    cluster_count_seeds : int, default=0
+        Pooling seeds of the head that reads, from the same tokens, the probability of each
+        number of clusters 1..k_max, where a cluster may be any shape (a ring, a curve) and
+        so need several Gaussian components; 0: no such head. It needs the "K unknown"
+        embedding, so ``k_posterior_seeds`` > 0.
 
     Examples
     --------
@@ -65,6 +70,7 @@ class ModelConfig:
     scale_type: str = "spherical"  # one std per component ("spherical"), per coordinate
     # ("diag"), or a lower Cholesky factor of each component's covariance ("full")
     k_posterior_seeds: int = 0  # pooling seeds of the P(K | X) head; 0: no such head
+    cluster_count_seeds: int = 0  # pooling seeds of the number-of-clusters head; 0: none
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -72,6 +78,12 @@ class ModelConfig:
             raise ValueError(
                 f"k_min and k_max must satisfy 1 <= k_min <= k_max, "
                 f"got k_min={self.k_min}, k_max={self.k_max}."
+            )
+        if self.cluster_count_seeds and not self.k_posterior_seeds:
+            raise ValueError(
+                "cluster_count_seeds > 0 needs k_posterior_seeds > 0: the number of clusters "
+                f"is read under the \"K unknown\" embedding, got "
+                f"cluster_count_seeds={self.cluster_count_seeds}, k_posterior_seeds=0."
             )
         if self.d_model % self.n_head != 0:
             raise ValueError(
@@ -90,7 +102,7 @@ class ModelConfig:
         A config written by a newer or foreign model must not be half-understood, and a
         missing field must not silently take a default that disagrees with the weights.
         The exception is a field added later whose default is what every checkpoint
-        written before it did (``k_posterior_seeds``: 0).
+        written before it did (``k_posterior_seeds``, ``cluster_count_seeds``: 0).
 
         Examples
         --------
@@ -210,9 +222,11 @@ def _check_values(config) -> None:
 
 # Fields added after the first checkpoints, with the value that reproduces what those
 # checkpoints' models were trained to read.
-_ADDED_LATER: dict[str, Any] = {"noise_directions": 0, "k_posterior_seeds": 0}
+_ADDED_LATER: dict[str, Any] = {
+    "noise_directions": 0, "k_posterior_seeds": 0, "cluster_count_seeds": 0,
+}
 # The int fields that may be 0; every other must be positive.
-_SMALLEST = {"noise_directions": 0, "k_posterior_seeds": 0}
+_SMALLEST = {"noise_directions": 0, "k_posterior_seeds": 0, "cluster_count_seeds": 0}
 # The largest value of each int field. Far beyond any model that fits in memory, they keep
 # a config (a checkpoint's config.json is untrusted input) from asking for a million layers
 # or heads, or for sizes whose products overflow, before any weight is read.
@@ -227,6 +241,7 @@ LARGEST: dict[str, int] = {
     "mlp_ratio": 64,
     "noise_directions": 4096,
     "k_posterior_seeds": 1024,
+    "cluster_count_seeds": 1024,
 }
 
 _SHOWN = reprlib.Repr()

@@ -34,7 +34,7 @@ MIN_SCALE = 1e-3
 # The names of the weights that read P(K | X) (prefixes of state-dict keys): the K-posterior
 # head and the "K unknown" task embedding. Training adds them onto a trained backbone, and
 # fine-tuning the backbone leaves them behind.
-K_POSTERIOR_WEIGHTS = ("k_unknown", "k_posterior_head")
+K_POSTERIOR_WEIGHTS = ("k_unknown", "k_posterior_head", "cluster_count_head")
 
 
 class MixtureOutput(NamedTuple):
@@ -160,15 +160,16 @@ class KPosteriorHead(nn.Module):
     and scores each K (Cluster-PFN, Bhaskaran & Viering 2025).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, n_seeds: int | None = None) -> None:
         super().__init__()
         d = config.d_model
+        n_seeds = config.k_posterior_seeds if n_seeds is None else n_seeds
         self.block = Block(config)
         self.ln_f = nn.LayerNorm(d)
-        self.seeds = nn.Parameter(torch.randn(config.k_posterior_seeds, d))
+        self.seeds = nn.Parameter(torch.randn(n_seeds, d))
         self.attn = Attention(config)
         self.ln = nn.LayerNorm(d)
-        self.fc = nn.Linear(config.k_posterior_seeds * d, d)
+        self.fc = nn.Linear(n_seeds * d, d)
         self.out = nn.Linear(d, config.k_max)  # logits of K = 1..k_max
 
     def forward(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor:
@@ -242,6 +243,10 @@ class MixtureTransformer(nn.Module):
             # The task embedding of "K unknown", beside those of each K.
             self.k_unknown = nn.Parameter(torch.zeros(config.d_model))
             self.k_posterior_head = KPosteriorHead(config)
+        if config.cluster_count_seeds:
+            # The same head's shape, reading the same tokens: how many clusters, of any
+            # shape, where K counts Gaussian components.
+            self.cluster_count_head = KPosteriorHead(config, config.cluster_count_seeds)
         self.apply(self._init_weights)
         # nanoGPT: scale the projections that write into the residual stream by the depth,
         # so the stream's variance does not grow with n_layer.
@@ -262,6 +267,12 @@ class MixtureTransformer(nn.Module):
     def has_k_posterior(self) -> bool:
         """Whether the model reads P(K | X) (:meth:`k_log_posterior`)."""
         return self.config.k_posterior_seeds > 0
+
+    @property
+    def has_cluster_count(self) -> bool:
+        """Whether the model reads how many clusters the data hold
+        (:meth:`cluster_count_log_posterior`)."""
+        return self.config.cluster_count_seeds > 0
 
     @property
     def supported_n_components(self) -> range:
@@ -370,6 +381,24 @@ class MixtureTransformer(nn.Module):
         """
         tokens, mask = self.k_unknown_tokens(x, mask)  # (B, N, D), and checks the head is there
         return self.k_posterior_head(tokens, mask)
+
+    def cluster_count_log_posterior(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """log P(C | X) for C = 1..k_max clusters, from the same pass as
+        :meth:`k_log_posterior` (its arguments, its shapes); a cluster may be any shape, so
+        C is at most the number of Gaussian components K where they differ.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> config = config_from_preset("tiny", k_posterior_seeds=2, cluster_count_seeds=2)
+        >>> MixtureTransformer(config).cluster_count_log_posterior(torch.randn(3, 40, 4)).shape
+        torch.Size([3, 4])
+        """
+        if not self.has_cluster_count:
+            raise ValueError("This model has no cluster-count head (cluster_count_seeds=0).")
+        tokens, mask = self.k_unknown_tokens(x, mask)
+        return self.cluster_count_head(tokens, mask)
 
     def k_unknown_tokens(
         self, x: Tensor, mask: Tensor | None = None

@@ -6,6 +6,15 @@ K uniformly from 1..k_max and are projected exactly as a fit with ``n_components
 projects them (the directions the K = k_max head reads). The loss is the cross-entropy of
 the true K: its minimiser is the posterior of K under the training prior.
 
+``--head clusters`` trains the cluster-count head instead (``cluster_count_seeds``), on
+the same "K unknown" tokens, everything else frozen, from the K-posterior head's weights:
+its tasks are, in the share ``shapes`` of ``--prior-weights``, clusters of any shape
+(:mod:`transformer_gmm.training.shapes`), and the target their number of clusters::
+
+    python -m transformer_gmm.training.k_posterior --head clusters --out runs/clusters \
+        --minutes 30 --lr 5e-4 --warmup 50 --save-every 50 \
+        --prior-weights shapes=0.5,unit=0.175,broad=0.1,real=0.1,separated=0.075,wide=0.05
+
 The learning rate follows a cosine over ``--minutes`` of training time (counted across
 resumes), so a run of any length ends annealed. Step ``s`` draws its batch from the seed
 ``(--seed, s)`` alone, so ``--workers`` processes can draw ahead and a resumed run draws
@@ -38,6 +47,7 @@ from ..nn import ModelConfig, ReadingConfig
 from ..nn.model import K_POSTERIOR_WEIGHTS, MixtureTransformer
 from ..storage import load_checkpoint, save_checkpoint
 from .prefetch import step_batches
+from .shapes import sample_shapes
 from .tasks import PRIORS, Prior, draw_d, sample_task
 from .weights import without_k_posterior
 
@@ -55,6 +65,10 @@ K_PRIORS: dict[str, tuple[float, Prior]] = {
     "broad": (0.3, dataclasses.replace(PRIORS["broad"], n_range=(64, 512))),
     "real": (0.2, dataclasses.replace(PRIORS["real"], n_range=(64, 512))),
 }
+# Clusters of any shape (training.shapes), for the cluster-count head: their dimensions
+# (mostly the plane of the shapes, sometimes rotated into more), and n from 64 to 512.
+SHAPES = "shapes"
+SHAPE_DIMENSIONS = (2, 2, 2, 2, 3, 3, 4, 5, 6, 8)
 
 
 def k_unknown_inputs(x: torch.Tensor, config: ModelConfig, reading: ReadingConfig) -> torch.Tensor:
@@ -78,12 +92,16 @@ def sample_k_batch(
     probs = np.array([weights[name] for name in names])
     xs, ks = [], []
     for _ in range(batch_size):
-        prior = K_PRIORS[names[rng.choice(len(names), p=probs / probs.sum())]][1]
+        name = names[rng.choice(len(names), p=probs / probs.sum())]
         K = int(rng.integers(1, config.k_max + 1))
-        n = max(int(rng.integers(prior.n_range[0], prior.n_range[1] + 1)), K)
-        d = draw_d(rng, prior.d_range)
-        task = sample_task(rng, prior, K, d, n, config.d_max)
-        X = task.X
+        if name == SHAPES:  # at least 16 rows a cluster, for a reading to see each
+            n = max(int(rng.integers(64, 513)), 16 * K)
+            X = sample_shapes(rng, K, int(rng.choice(SHAPE_DIMENSIONS)), n)
+        else:
+            prior = K_PRIORS[name][1]
+            n = max(int(rng.integers(prior.n_range[0], prior.n_range[1] + 1)), K)
+            d = draw_d(rng, prior.d_range)
+            X = sample_task(rng, prior, K, d, n, config.d_max).X
         if len(X) > reading.context_size:  # a fit reads a uniform draw of the rows
             X = X[np.sort(rng.choice(len(X), reading.context_size, replace=False))]
         X = torch.from_numpy(np.ascontiguousarray(X))[None]
@@ -130,29 +148,58 @@ def with_k_posterior_head(
     return model
 
 
-def trainable(model: MixtureTransformer, k_unknown: bool = True) -> list[torch.nn.Parameter]:
-    """Freeze everything but the K-posterior head and (``k_unknown``) the "K unknown"
-    embedding."""
-    names = K_POSTERIOR_WEIGHTS if k_unknown else ("k_posterior_head",)
+def with_cluster_count_head(source: MixtureTransformer) -> MixtureTransformer:
+    """A copy of ``source`` (which reads P(K | X)) with a cluster-count head: the source's
+    own where it has one, else a copy of its K-posterior head, the count of Gaussian
+    components being where a count of clusters starts."""
+    if not source.has_k_posterior:
+        raise ValueError("The cluster-count head reads the K-posterior head's tokens: the "
+                         "source checkpoint has none (train it first, --head components).")
+    if source.has_cluster_count:
+        return source
+    seeds = source.config.k_posterior_seeds
+    config = dataclasses.replace(source.config, cluster_count_seeds=seeds)
+    model = MixtureTransformer(config, source.reading_config)
+    missing, unexpected = model.load_state_dict(source.state_dict(), strict=False)
+    assert not unexpected and all(n.startswith("cluster_count_head") for n in missing)
+    model.cluster_count_head.load_state_dict(source.k_posterior_head.state_dict())
+    return model
+
+
+def trainable(
+    model: MixtureTransformer, k_unknown: bool = True, head: str = "k_posterior_head"
+) -> list[torch.nn.Parameter]:
+    """Freeze everything but ``head`` and (``k_unknown``) the "K unknown" embedding."""
+    names = ("k_unknown", head) if k_unknown else (head,)
     for name, p in model.named_parameters():
         p.requires_grad_(name.startswith(names))
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def k_log_posterior(model: MixtureTransformer, x, mask, k_unknown: bool) -> torch.Tensor:
-    """The model's log P(K | X) (B, k_max); without ``k_unknown`` training, the frozen
+def k_log_posterior(
+    model: MixtureTransformer, x, mask, k_unknown: bool, head: str = "k_posterior_head"
+) -> torch.Tensor:
+    """``head``'s log-probabilities (B, k_max); without ``k_unknown`` training, the frozen
     backbone runs without autograd (a CPU step in about two thirds of the time)."""
     if k_unknown:
-        return model.k_log_posterior(x, mask)
-    with torch.no_grad():
         tokens, mask = model.k_unknown_tokens(x, mask)
-    return model.k_posterior_head(tokens, mask)
+    else:
+        with torch.no_grad():
+            tokens, mask = model.k_unknown_tokens(x, mask)
+    return getattr(model, head)(tokens, mask)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", default="default", help="checkpoint to add the head to")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--head",
+        choices=["components", "clusters"],
+        default="components",
+        help="the head trained: P(K | X) of Gaussian components, or the number of clusters "
+        "of any shape (needs a source that reads P(K | X); trains the head alone)",
+    )
     parser.add_argument("--seeds", type=int, default=4, help="pooling seeds of the head")
     parser.add_argument(
         "--new-head",
@@ -187,13 +234,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.prior_weights:
         pairs = (item.split("=") for item in args.prior_weights.split(","))
         prior_weights = {name: float(weight) for name, weight in pairs}
-        unknown = set(prior_weights) - set(K_PRIORS)
+        unknown = set(prior_weights) - set(K_PRIORS) - {SHAPES}
         if unknown:
-            parser.error(f"unknown priors {sorted(unknown)}; the priors are {list(K_PRIORS)}")
+            parser.error(
+                f"unknown priors {sorted(unknown)}; the priors are {[*K_PRIORS, SHAPES]}"
+            )
     state_path = args.out / "state.pt"
-    model = with_k_posterior_head(load_checkpoint(args.source), args.seeds, args.new_head)
+    if args.head == "clusters":
+        head, k_unknown = "cluster_count_head", False
+        model = with_cluster_count_head(load_checkpoint(args.source))
+    else:
+        head, k_unknown = "k_posterior_head", not args.freeze_k_unknown
+        model = with_k_posterior_head(load_checkpoint(args.source), args.seeds, args.new_head)
     model.to(args.device)
-    params = trainable(model, k_unknown=not args.freeze_k_unknown)
+    params = trainable(model, k_unknown=k_unknown, head=head)
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     step, elapsed = 0, 0.0
     if args.resume and state_path.exists():
@@ -236,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, mask, k = (t.to(args.device) for t in next(draws))
-        log_p = k_log_posterior(model, x, mask, not args.freeze_k_unknown)  # (B, k_max)
+        log_p = k_log_posterior(model, x, mask, k_unknown, head)  # (B, k_max)
         loss = torch.nn.functional.nll_loss(log_p, k)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
