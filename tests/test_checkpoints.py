@@ -81,6 +81,24 @@ def test_config_with_fewer_heads_than_the_weights(folder):
         load_checkpoint(folder)
 
 
+def test_the_cluster_count_head_is_where_the_config_says(tmp_path):
+    model = tiny_model(k_posterior_seeds=2, cluster_count_seeds=3)
+    with_head = save_checkpoint(model, tmp_path / "with")
+    loaded = load_checkpoint(with_head)
+    x = torch.randn(2, 30, 4)
+    with torch.no_grad():
+        assert torch.equal(
+            loaded.cluster_count_log_posterior(x), model.cluster_count_log_posterior(x)
+        )
+    edit_config(with_head, cluster_count_seeds=0)  # weights with a head the config denies
+    with pytest.raises(CheckpointError, match="implies no cluster-count head"):
+        load_checkpoint(with_head)
+    without = save_checkpoint(tiny_model(k_posterior_seeds=2), tmp_path / "without")
+    edit_config(without, cluster_count_seeds=3)  # a head the weights lack
+    with pytest.raises(CheckpointError, match=r"cluster_count_head\.seeds.*no such tensor"):
+        load_checkpoint(without)
+
+
 def test_missing_weight_file(folder):
     (folder / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="model.safetensors is missing"):

@@ -401,12 +401,17 @@ def _size_problems(config: ModelConfig, header: Header) -> Iterator[tuple[tuple[
         (("mlp_ratio",), "blocks.0.mlp.fc.weight", (c.mlp_ratio * d, d)),
         (("scale_type",), f"heads.{c.k_min}.out.weight", (scales, d)),
         (("k_posterior_seeds",), "k_posterior_head.seeds", (c.k_posterior_seeds, d)),
+        (("cluster_count_seeds",), "cluster_count_head.seeds", (c.cluster_count_seeds, d)),
     ]
+    # The heads a config may leave out (0 seeds): then the weights must hold none.
+    optional = {
+        "k_posterior_head.seeds": "K-posterior", "cluster_count_head.seeds": "cluster-count"
+    }
     for fields, name, shape in anchors:
         held_shape = header[name][1] if name in header else None
-        if c.k_posterior_seeds == 0 and name == "k_posterior_head.seeds":
+        if name in optional and shape[0] == 0:
             if held_shape is not None:
-                yield fields, f"implies no K-posterior head, but the weights hold {name}"
+                yield fields, f"implies no {optional[name]} head, but the weights hold {name}"
         elif held_shape != shape:
             held = "no such tensor" if held_shape is None else f"shape {held_shape}"
             yield fields, f"implies {name} of shape {shape}, but the weights hold {held}"
