@@ -599,16 +599,21 @@ def test_full_covariance_losses_reduce_to_the_diagonal_ones():
 def test_init_from_drops_the_sources_k_posterior_head(tmp_path):
     from conftest import TINY_K_CHECKPOINT
 
-    source = load_checkpoint(TINY_K_CHECKPOINT)
-    assert source.has_k_posterior
+    from transformer_gmm.storage import save_checkpoint
+    from transformer_gmm.training.k_posterior import with_cluster_count_head
+
+    source = with_cluster_count_head(load_checkpoint(TINY_K_CHECKPOINT))
+    assert source.has_k_posterior and source.has_cluster_count
+    folder = str(save_checkpoint(source, tmp_path / "source"))
     cfg = _tiny(tmp_path, "no_head", max_steps=1, eval_every=100, lr=0.0, min_lr=0.0,
-                init_from=TINY_K_CHECKPOINT)  # fmt: skip
+                init_from=folder)  # fmt: skip
     tuned = load_checkpoint(T.train(cfg) / "checkpoint")
-    # The head read the backbone this run changes: it is left out, the rest carried over.
+    # The heads read the backbone this run changes: they are left out, the rest carried over.
     assert not tuned.has_k_posterior and tuned.config.k_posterior_seeds == 0
+    assert not tuned.has_cluster_count and tuned.config.cluster_count_seeds == 0
     kept = tuned.state_dict()
     for name, weight in source.state_dict().items():
-        if name.startswith(("k_unknown", "k_posterior_head")):
+        if name.startswith(("k_unknown", "k_posterior_head", "cluster_count_head")):
             assert name not in kept
         else:
             assert torch.equal(kept[name], weight), name

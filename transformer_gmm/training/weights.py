@@ -23,15 +23,15 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
     factor), so that model too starts out as the source. A model with more heads (a larger
     ``k_max``) starts each new head from the source's largest (see :func:`_grow_heads`), so
     that for every K the source has, it computes what the source did. A source's
-    K-posterior head is dropped: it reads the backbone this run changes
-    (``training.k_posterior`` trains one again).
+    K-posterior and cluster-count heads are dropped: they read the backbone this run
+    changes (``training.k_posterior`` trains them again).
     """
     have, want = source.config.n_layer, model.config.n_layer
     changeable = dict(n_layer=want)  # how it reads data (model.reading_config) is free too
     if model.config.k_max >= source.config.k_max:
         changeable["k_max"] = model.config.k_max
-    if model.config.k_posterior_seeds == 0:
-        changeable["k_posterior_seeds"] = 0
+    if model.config.k_posterior_seeds == 0:  # the heads that read the old backbone go
+        changeable["k_posterior_seeds"] = changeable["cluster_count_seeds"] = 0
     if source.config.scale_type == "spherical":
         changeable["scale_type"] = model.config.scale_type
     if dataclasses.replace(source.config, **changeable) != model.config:

@@ -1,0 +1,168 @@
+"""How the clusterer's count of clusters reads the checkpoint's two heads, on draws apart
+from ``choose_k.py``'s.
+
+Each task's rows are read as ``n_clusters="auto"`` reads them (a uniform draw of the
+context, projected as for the largest K) in one pass under the "K unknown" embedding; the
+K-posterior head gives P(K | X), the cluster-count head P(C | X). The count chosen is the
+most probable under each rule:
+
+- ``components``: P(K | X) alone (what the clusterer read before the cluster-count head);
+- ``clusters``: P(C | X) alone;
+- ``clusters x components^t``: P(C | X) P(K | X)^t, for t = 0.25, 0.5 (the clusterer's
+  rule, ``_choose_k.COMPONENT_COUNT_POWER``) and 1;
+- ``min``: the smaller of the two most probable counts.
+
+Tasks: ``choose_k.py``'s generators under other seeds (``--seed``, 5 by default; its tables
+use 0 and 1): the four Gaussian settings pooled, the two separated ones, the shapes and the
+real datasets; and three families of shapes that no training prior draws (``unseen``):
+parallel sine waves (2 to 4), hollow squares (2 to 6) and crosses (2 to 6).
+
+    python benchmarks/cluster_count.py                  # seeds 5 and 6
+    python benchmarks/cluster_count.py --quick          # a few tasks a setting
+
+Prints the exact-count rate per setting and rule and writes
+benchmarks/results/cluster_count.csv.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import choose_k as C  # noqa: E402
+from common import single_threaded, standard_parser, write_csv  # noqa: E402
+
+from transformer_gmm.storage import load_checkpoint  # noqa: E402
+from transformer_gmm.training.k_posterior import k_unknown_inputs  # noqa: E402
+
+POWERS = (0.25, 0.5, 1.0)
+
+
+def waves(rng: np.random.Generator, n: int) -> tuple[np.ndarray, int]:
+    k = int(rng.integers(2, 5))
+    band = np.arange(n) % k
+    x = rng.uniform(0, 4 * np.pi, n)
+    X = np.c_[x, 1.2 * np.sin(x) + 3.0 * band] + 0.15 * rng.standard_normal((n, 2))
+    return X, k
+
+
+def _apart(rng: np.random.Generator, k: int) -> np.ndarray:
+    """k centres (k, 2) at least 3.5 apart."""
+    while True:
+        centers = rng.uniform(-3 * np.sqrt(k), 3 * np.sqrt(k), (k, 2))
+        gaps = np.linalg.norm(centers[:, None] - centers[None], axis=-1)
+        if gaps[~np.eye(k, dtype=bool)].min() >= 3.5:
+            return centers
+
+
+def squares(rng: np.random.Generator, n: int) -> tuple[np.ndarray, int]:
+    k = int(rng.integers(2, 7))
+    centers = _apart(rng, k)
+    t = rng.uniform(0, 4, n)
+    side, f = np.floor(t).astype(int), t % 1
+    corners = np.array([[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]], dtype=float)
+    edge = corners[side] + f[:, None] * (corners[side + 1] - corners[side])
+    X = centers[np.arange(n) % k] + 2 * (edge - 0.5) + 0.05 * rng.standard_normal((n, 2))
+    return X, k
+
+
+def crosses(rng: np.random.Generator, n: int) -> tuple[np.ndarray, int]:
+    k = int(rng.integers(2, 7))
+    centers = _apart(rng, k)
+    arm = rng.uniform(-1, 1, n)
+    vertical = rng.integers(0, 2, n).astype(bool)
+    points = np.where(vertical[:, None], np.c_[0 * arm, arm], np.c_[arm, 0 * arm])
+    return centers[np.arange(n) % k] + points + 0.06 * rng.standard_normal((n, 2)), k
+
+
+UNSEEN = (waves, squares, crosses)
+
+
+def tasks(seed: int, n_tasks: int) -> list[tuple[str, np.ndarray, int, int]]:
+    """(setting, X, true count, seed of the context draw) for every task."""
+    problems = (
+        C.synthetic_problems(seed, n_tasks)
+        + C.separated_problems(seed, n_tasks)
+        + C.shape_problems(seed, 3 * n_tasks)
+        + C.real_problems(seed, 1)
+    )
+    out = []
+    for p in problems:
+        setting = "gaussian (four pooled)" if C.is_pooled(p.setting) else p.setting
+        out.append((setting, p.X, p.true_k, p.seed))
+    rng = np.random.default_rng([seed, 7])
+    for i in range(3 * n_tasks):
+        family = UNSEEN[i % len(UNSEEN)]
+        X, k = family(rng, C.N_SAMPLES)
+        out.append((f"unseen: {family.__name__}", X, k, 1000 * seed + i))
+    return out
+
+
+def rules(log_k: torch.Tensor, log_c: torch.Tensor) -> dict[str, int]:
+    """The count (1-based) each rule chooses from log P(K | X) and log P(C | X), (k_max,)."""
+    chosen = {
+        "components": int(log_k.argmax()) + 1,
+        "clusters": int(log_c.argmax()) + 1,
+    }
+    for t in POWERS:
+        chosen[f"clusters x components^{t:g}"] = int((log_c + t * log_k).argmax()) + 1
+    chosen["min"] = min(chosen["components"], chosen["clusters"])
+    return chosen
+
+
+def main(argv=None) -> list[dict]:
+    parser = standard_parser(__doc__, "cluster_count", "8 tasks a setting, one seed")
+    parser.add_argument("--seeds", type=int, default=2, help="seeds from --seed on (2)")
+    parser.set_defaults(seed=5)
+    args = parser.parse_args(argv)
+    single_threaded()
+    n_tasks = args.tasks or (8 if args.quick else 40)
+    seeds = range(args.seed, args.seed + (1 if args.quick else args.seeds))
+    model = load_checkpoint(args.checkpoint).eval()
+    if not model.has_cluster_count:
+        parser.error(f"checkpoint {args.checkpoint!r} has no cluster-count head")
+    config, reading = model.config, model.reading_config
+    rows = []
+    for seed in seeds:
+        for setting, X, true_k, draw in tasks(seed, n_tasks):
+            rng = np.random.default_rng(draw)
+            if len(X) > reading.context_size:
+                X = X[np.sort(rng.choice(len(X), reading.context_size, replace=False))]
+            x = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))[None]
+            with torch.inference_mode():
+                x = k_unknown_inputs(x, config, reading).to(torch.float32)
+                tokens, mask = model.k_unknown_tokens(x, None)
+                log_k = model.k_posterior_head(tokens, mask)[0]
+                log_c = model.cluster_count_head(tokens, mask)[0]
+            for rule, k in rules(log_k, log_c).items():
+                rows.append(dict(seed=seed, setting=setting, rule=rule, true_k=true_k, chosen=k,
+                                 exact=k == true_k))
+    table = summary(rows)
+    write_csv(rows, Path(args.results) / f"{args.out}_tasks.csv")
+    write_csv(table, Path(args.results) / f"{args.out}.csv")
+    return table
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    rule_names = list(dict.fromkeys(r["rule"] for r in rows))
+    table = []
+    print(f"{'setting':24s} " + " ".join(f"{r[:22]:>22s}" for r in rule_names))
+    for setting in settings:
+        line = {}
+        for rule in rule_names:
+            hits = [r["exact"] for r in rows if r["setting"] == setting and r["rule"] == rule]
+            line[rule] = np.mean(hits)
+            table.append(dict(setting=setting, rule=rule, n_tasks=len(hits),
+                              exact=float(np.mean(hits))))
+        n = len(hits)
+        print(f"{setting + f' ({n})':24s} " + " ".join(f"{line[r]:22.2f}" for r in rule_names))
+    return table
+
+
+if __name__ == "__main__":
+    main()
