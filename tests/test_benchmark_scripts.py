@@ -420,6 +420,16 @@ def test_gpu_dry_run_runs_every_section_on_the_cpu(tmp_path):
         assert _csv(tmp_path / f"gpu_{section}.csv")
 
 
+def test_cluster_count_quick_runs(tmp_path):
+    rows = _load("cluster_count").main(["--quick", "--results", str(tmp_path)])
+    rules = {row["rule"] for row in rows}
+    assert {"components", "clusters", "clusters x components^0.5", "min"} <= rules
+    settings = {row["setting"] for row in rows}
+    assert {"shapes", "real", "unseen: waves"} <= settings
+    assert all(0 <= row["exact"] <= 1 and row["n_tasks"] > 0 for row in rows)
+    assert len(_csv(tmp_path / "cluster_count.csv")) == len(rows)
+
+
 def test_embeddings_quick_runs(tmp_path):
     rows = _load("embeddings").main(["--quick", "--results", str(tmp_path)])
     methods = {row["method"] for row in rows}
