@@ -72,9 +72,12 @@ class TransformerClusterer(
         checkpoint covers (10 without one), at most ``n_samples``. Ignored otherwise.
     criterion : {"auto", "bic", "posterior"}, default="auto"
         How K is chosen when ``n_clusters`` is not an int: ``"posterior"``, the most
-        probable K under the checkpoint's learned P(K | X), from one forward pass;
-        ``"bic"``, the lowest BIC of every candidate's clustering (X-means); ``"auto"``,
-        the posterior where the checkpoint reads it for every candidate, else BIC.
+        probable K under the checkpoint's learned P(K | X), from one forward pass (where
+        the checkpoint also counts clusters of any shape, as the bundled one does, the
+        most probable count under P(C | X) P(K | X)^(1/2): a ring or two moons are
+        clusters, not the many components a mixture needs for them); ``"bic"``, the lowest
+        BIC of every candidate's clustering (X-means); ``"auto"``, the posterior where the
+        checkpoint reads it for every candidate, else BIC.
     merge : bool, default=False
         With ``n_clusters`` not an int, count clusters rather than Gaussian components:
         the components of the mixture ``TransformerGMM`` fits are merged by the entropy
@@ -147,7 +150,8 @@ default="transformer"
     selection_criterion_ : {"posterior", "bic"}
         How K was chosen.
     k_posterior_ : ndarray of shape (n_candidates,)
-        P(K | X) of each candidate under the checkpoint, when it reads one.
+        P(K | X) of each candidate under the checkpoint, when it reads one; where it counts
+        clusters too, P(C | X) P(K | X)^(1/2), normalized (the posterior it chooses by).
     mixture_ : TransformerGMM
         With ``merge=True`` and ``n_clusters`` not an int: the fitted mixture whose
         components were merged.
