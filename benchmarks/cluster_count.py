@@ -13,9 +13,10 @@ most probable under each rule:
 - ``min``: the smaller of the two most probable counts.
 
 Tasks: ``choose_k.py``'s generators under other seeds (``--seed`` s draws its seed
-``SEED_OFFSET + s``, 5 by default, where its tables use 0 and 1): the four Gaussian settings pooled, the two separated ones, the shapes and the
-real datasets; and three families of shapes that no training prior draws (``unseen``):
-parallel sine waves (2 to 4), hollow squares (2 to 6) and crosses (2 to 6).
+``SEED_OFFSET + s``, 5 by default, where its tables use 0 and 1): the four Gaussian
+settings pooled, the two separated ones, the shapes and the real datasets; and three
+families of shapes that no training prior draws (``unseen``): parallel sine waves (2 to
+4), hollow squares (2 to 6) and crosses (2 to 6).
 
     python benchmarks/cluster_count.py                  # seeds 5 and 6
     python benchmarks/cluster_count.py --quick          # a few tasks a setting
