@@ -99,6 +99,24 @@ def test_the_cluster_count_head_is_where_the_config_says(tmp_path):
         load_checkpoint(without)
 
 
+def test_a_loaded_model_owns_aligned_weights_whatever_the_files_layout(tmp_path):
+    """A tensor read from a file is a view at its byte offset, and float32 kernels round by
+    alignment: the same tensors laid out differently (here behind a head more) must give
+    the same bits, so every weight is copied into memory of its own."""
+    from transformer_gmm.training.k_posterior import with_cluster_count_head
+
+    model = tiny_model(k_posterior_seeds=2)
+    plain = load_checkpoint(save_checkpoint(model, tmp_path / "plain"))
+    more = load_checkpoint(save_checkpoint(with_cluster_count_head(model), tmp_path / "more"))
+    for loaded in (plain, more):
+        assert all(t.data_ptr() % 64 == 0 for t in loaded.state_dict().values())
+    x = torch.randn(3, 50, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for a, b in zip(plain(x, 3), more(x, 3), strict=True):
+            assert torch.equal(a, b)
+        assert torch.equal(plain.k_log_posterior(x), more.k_log_posterior(x))
+
+
 def test_missing_weight_file(folder):
     (folder / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="model.safetensors is missing"):

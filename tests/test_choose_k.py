@@ -491,8 +491,8 @@ def test_the_clusterer_reads_both_counts(tmp_path, three_blobs_100, favoured):
     folder = _with_cluster_count(tmp_path / "clusters", favoured)
     gmm = TransformerGMM(n_components="auto", checkpoint=folder, random_state=0).fit(X)
     before = TransformerGMM(n_components="auto", checkpoint=TINY_K_CHECKPOINT, random_state=0)
-    # The mixture reads P(K | X) as before (to float32 rounding: another copy of the weights).
-    np.testing.assert_allclose(gmm.k_posterior_, before.fit(X).k_posterior_, rtol=1e-5)
+    # The mixture reads P(K | X) as before, to the bit.
+    np.testing.assert_array_equal(gmm.k_posterior_, before.fit(X).k_posterior_)
     clusterer = TransformerClusterer(n_clusters="auto", checkpoint=folder, random_state=0).fit(X)
     assert clusterer.selection_criterion_ == "posterior"
     # P(C | X) P(K | X)^(1/2), normalized, from the one pass the clusterer reads.

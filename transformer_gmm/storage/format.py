@@ -213,7 +213,11 @@ def read_checkpoint(folder: str | os.PathLike) -> MixtureTransformer:
     _check_weights(weights, header, model.state_dict())
     state = _read_weights(weights)
     _check_finite(weights, state)
-    state = {name: tensor.to(torch.float32) for name, tensor in state.items()}
+    # Copies, in memory of their own: a tensor read from the file is a view at its byte
+    # offset there, and float32 kernels round differently with its alignment, so that two
+    # files holding the same tensors in another order (one with a head more, say) gave
+    # fits that differ in the last bits. The allocator aligns every copy alike.
+    state = {name: tensor.to(torch.float32, copy=True) for name, tensor in state.items()}
     # load_state_dict(assign=True) adopts the loaded tensors as the parameters.
     model.load_state_dict(state, strict=True, assign=True)
     return model.eval()
