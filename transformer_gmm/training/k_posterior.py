@@ -12,7 +12,7 @@ its tasks are, in the share ``shapes`` of ``--prior-weights``, clusters of any s
 (:mod:`transformer_gmm.training.shapes`), and the target their number of clusters::
 
     python -m transformer_gmm.training.k_posterior --head clusters --out runs/clusters \
-        --minutes 30 --lr 5e-4 --warmup 50 --save-every 50 \
+        --minutes 35 --lr 5e-4 --warmup 50 --save-every 50 --seed 3 \
         --prior-weights shapes=0.5,unit=0.175,broad=0.1,real=0.1,separated=0.075,wide=0.05
 
 The learning rate follows a cosine over ``--minutes`` of training time (counted across
@@ -149,9 +149,10 @@ def with_k_posterior_head(
 
 
 def with_cluster_count_head(source: MixtureTransformer) -> MixtureTransformer:
-    """A copy of ``source`` (which reads P(K | X)) with a cluster-count head: the source's
-    own where it has one, else a copy of its K-posterior head, the count of Gaussian
-    components being where a count of clusters starts."""
+    """``source`` (which reads P(K | X)) with a cluster-count head: ``source`` itself where
+    it has one (training goes on from it), else a copy whose new head starts as its
+    K-posterior head, the count of Gaussian components being where a count of clusters
+    starts."""
     if not source.has_k_posterior:
         raise ValueError("The cluster-count head reads the K-posterior head's tokens: the "
                          "source checkpoint has none (train it first, --head components).")
@@ -200,7 +201,10 @@ def main(argv: list[str] | None = None) -> None:
         help="the head trained: P(K | X) of Gaussian components, or the number of clusters "
         "of any shape (needs a source that reads P(K | X); trains the head alone)",
     )
-    parser.add_argument("--seeds", type=int, default=4, help="pooling seeds of the head")
+    parser.add_argument(
+        "--seeds", type=int, default=4,
+        help="pooling seeds of the K-posterior head (a cluster-count head takes its shape)",
+    )
     parser.add_argument(
         "--new-head",
         action="store_true",
