@@ -1,8 +1,8 @@
 """How the clusterer's count of clusters reads the checkpoint's two heads, on draws apart
 from ``choose_k.py``'s.
 
-Each task's rows are read as ``n_clusters="auto"`` reads them (a uniform draw of the
-context, projected as for the largest K) in one pass under the "K unknown" embedding; the
+Each task is read as ``TransformerClusterer(n_clusters="auto", random_state=seed)`` reads
+it (``engine.k_posterior.read_k_unknown``: one pass under the "K unknown" embedding); the
 K-posterior head gives P(K | X), the cluster-count head P(C | X). The count chosen is the
 most probable under each rule:
 
@@ -31,14 +31,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import choose_k as C  # noqa: E402
 from common import single_threaded, standard_parser, write_csv  # noqa: E402
 
-from transformer_gmm.storage import load_checkpoint  # noqa: E402
-from transformer_gmm.training.k_posterior import k_unknown_inputs  # noqa: E402
+from transformer_gmm._fitting import draw_seed  # noqa: E402
+from transformer_gmm.engine import model_cache  # noqa: E402
+from transformer_gmm.engine.k_posterior import read_k_unknown  # noqa: E402
 
 POWERS = (0.25, 0.5, 1.0)
 SEED_OFFSET = 5  # choose_k.py's tables draw seeds 0 and 1
@@ -85,7 +85,7 @@ UNSEEN = (waves, squares, crosses)
 
 
 def tasks(seed: int, n_tasks: int) -> list[tuple[str, np.ndarray, int, int]]:
-    """(setting, X, true count, seed of the context draw) for every task."""
+    """(setting, X, true count, the estimator's random_state) for every task."""
     problems = (
         C.synthetic_problems(seed, n_tasks)
         + C.separated_problems(seed, n_tasks)
@@ -104,14 +104,16 @@ def tasks(seed: int, n_tasks: int) -> list[tuple[str, np.ndarray, int, int]]:
     return out
 
 
-def rules(log_k: torch.Tensor, log_c: torch.Tensor) -> dict[str, int]:
-    """The count (1-based) each rule chooses from log P(K | X) and log P(C | X), (k_max,)."""
+def rules(p_k: np.ndarray, p_c: np.ndarray) -> dict[str, int]:
+    """The count (1-based) each rule chooses from P(K | X) and P(C | X), (k_max,)."""
     chosen = {
-        "components": int(log_k.argmax()) + 1,
-        "clusters": int(log_c.argmax()) + 1,
+        "components": int(p_k.argmax()) + 1,
+        "clusters": int(p_c.argmax()) + 1,
     }
-    for t in POWERS:
-        chosen[f"clusters x components^{t:g}"] = int((log_c + t * log_k).argmax()) + 1
+    for t in POWERS:  # as the clusterer computes its rule's posterior
+        chosen[f"clusters x components^{t:g}"] = int(
+            (p_c * p_k.astype(np.float64) ** t).argmax()
+        ) + 1
     chosen["min"] = min(chosen["components"], chosen["clusters"])
     return chosen
 
@@ -124,23 +126,15 @@ def main(argv=None) -> list[dict]:
     n_tasks = args.tasks or (8 if args.quick else 40)
     first = SEED_OFFSET + args.seed
     seeds = range(first, first + (1 if args.quick else args.seeds))
-    model = load_checkpoint(args.checkpoint).eval()
-    if not model.has_cluster_count:
+    backbone = model_cache.load_backbone(args.checkpoint)
+    if not backbone.has_cluster_count:
         parser.error(f"checkpoint {args.checkpoint!r} has no cluster-count head")
-    config, reading = model.config, model.reading_config
     rows = []
     for seed in seeds:
-        for setting, X, true_k, draw in tasks(seed, n_tasks):
-            rng = np.random.default_rng(draw)
-            if len(X) > reading.context_size:
-                X = X[np.sort(rng.choice(len(X), reading.context_size, replace=False))]
-            x = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))[None]
-            with torch.inference_mode():
-                x = k_unknown_inputs(x, config, reading).to(torch.float32)
-                tokens, mask = model.k_unknown_tokens(x, None)
-                log_k = model.k_posterior_head(tokens, mask)[0]
-                log_c = model.cluster_count_head(tokens, mask)[0]
-            for rule, k in rules(log_k, log_c).items():
+        for setting, X, true_k, random_state in tasks(seed, n_tasks):
+            draw = draw_seed(np.random.RandomState(random_state))
+            p_k, _, p_c = read_k_unknown(backbone, [X], seed=draw, clusters=True)
+            for rule, k in rules(p_k[0], p_c[0]).items():
                 rows.append(dict(seed=seed, setting=setting, rule=rule, true_k=true_k, chosen=k,
                                  exact=k == true_k))
     table = summary(rows)

@@ -106,8 +106,7 @@ def _nested(rng: np.random.Generator, n: int, k: int, d: int) -> np.ndarray:
         if j == 0 and rng.uniform() < 0.3:
             radius = 0.5 * rng.uniform(0, 1, counts[j]) ** (1 / dims)
         parts.append(radius[:, None] * direction)
-    X = np.concatenate(parts)
-    return np.pad(X, ((0, 0), (0, 3 - dims)))[:, : max(dims, 2)]
+    return np.concatenate(parts)
 
 
 def _interleaved(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
