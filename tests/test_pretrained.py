@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import OneStandardization, transformer_estimates
 from sklearn.datasets import make_circles, make_moons
+from sklearn.metrics import adjusted_rand_score
 from sklearn.mixture import GaussianMixture
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
@@ -191,19 +192,29 @@ def test_chosen_k_is_pinned(make_X, k_bic, k_posterior, k_clusterer, posterior):
 
 
 @pytest.mark.parametrize(
-    "make_X",
+    "make_data",
     [
-        lambda: make_moons(300, noise=0.06, random_state=0)[0],
-        lambda: make_circles(300, noise=0.04, factor=0.5, random_state=0)[0],
+        lambda: make_moons(300, noise=0.06, random_state=0),
+        lambda: make_circles(300, noise=0.04, factor=0.5, random_state=0),
     ],
     ids=["moons", "circles"],
 )
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_clusterer_counts_two_curved_clusters(make_X, seed):
+def test_the_clusterer_counts_two_curved_clusters(make_data, seed):
     """Two moons take many Gaussian components, two nested circles one: the mixture counts
     those, the clusterer the two clusters a person sees (the cluster-count head)."""
-    X = make_X()
+    X, y = make_data()
     mixture = TransformerGMM(n_components="auto", random_state=seed).fit(X)
     clusterer = TransformerClusterer(n_clusters="auto", random_state=seed).fit(X)
     assert mixture.n_components_ != 2
     assert clusterer.n_clusters_ == 2
+    # merge=True labels them: the same count and posterior, the merges of a mixture of
+    # P(K | X)'s most probable number of components (at least the count) cut there (a
+    # circle read as one component leaves two, which halve the circles as k-means does).
+    merged = TransformerClusterer(n_clusters="auto", merge=True, random_state=seed).fit(X)
+    assert merged.n_clusters_ == 2
+    np.testing.assert_array_equal(merged.k_posterior_, clusterer.k_posterior_)
+    assert merged.mixture_.n_components_ == max(2, mixture.n_components_)
+    if mixture.n_components_ > 2:  # moons: the many components merged follow the moons
+        assert adjusted_rand_score(y, merged.labels_) > 0.9
+        assert adjusted_rand_score(y, clusterer.labels_) < 0.5  # k-means cuts them straight

@@ -67,6 +67,19 @@ class Choice:
     fitted: object | None  # the chosen candidate's fitted estimator, when BIC fitted them all
     # The pass that read the posterior, which the chosen K's fit starts from (posterior only).
     k_unknown_pass: KUnknownPass | None = None
+    # (C,) P(K | X) alone, normalized over the candidates, where ``posterior`` is a
+    # clusterer's product with P(C | X): the components that describe the density.
+    component_posterior: np.ndarray | None = None
+
+    @property
+    def counts_clusters(self) -> bool:
+        """Whether the choice counted clusters of any shape (P(C | X) was read)."""
+        return self.component_posterior is not None
+
+    @property
+    def n_density_components(self) -> int:
+        """The most probable K under P(K | X) alone (a counted choice only)."""
+        return int(self.candidates[np.argmax(self.component_posterior)])
 
 
 def is_auto(value) -> bool:
@@ -113,11 +126,20 @@ def named_backbone(checkpoint) -> MixtureTransformer | None:
     return model_cache.load_backbone(checkpoint)
 
 
-def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
-    """Choose K for ``estimator`` (whose ``k_name`` is "auto" or candidates) on ``X``."""
-    params = estimator._fit_params()
+def counts_clusters(clusterer, n_samples: int) -> bool:
+    """Whether :func:`choose` counts ``clusterer``'s clusters of any shape: by the
+    posterior, of a checkpoint with a cluster-count head."""
+    params = clusterer._fit_params()
     backbone = named_backbone(params["checkpoint"])
-    ks = candidates(params[k_name], params[_max_name(k_name)], len(X), backbone, k_name)
+    ks = candidates(params["n_clusters"], params["max_clusters"], n_samples, backbone, "n_clusters")
+    criterion, _ = _criterion(params, backbone, ks)
+    return criterion == "posterior" and backbone.has_cluster_count
+
+
+def _criterion(params: dict, backbone, ks: np.ndarray) -> tuple[str, bool]:
+    """The criterion ``params`` ask for, resolved, and whether the checkpoint reads
+    P(K | X) for every candidate ``ks``; a ValueError where the posterior is asked for
+    and cannot be read."""
     readable = backbone is not None and backbone.has_k_posterior
     covered = readable and ks.max() <= backbone.supported_n_components.stop - 1
     criterion = params["criterion"]
@@ -134,7 +156,16 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
             f"candidate, but checkpoint={params['checkpoint']!r} {why}. Use criterion='bic', "
             "or fewer candidates."
         )
-    posterior, k_unknown_pass = None, None
+    return criterion, covered
+
+
+def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
+    """Choose K for ``estimator`` (whose ``k_name`` is "auto" or candidates) on ``X``."""
+    params = estimator._fit_params()
+    backbone = named_backbone(params["checkpoint"])
+    ks = candidates(params[k_name], params[_max_name(k_name)], len(X), backbone, k_name)
+    criterion, covered = _criterion(params, backbone, ks)
+    posterior, k_unknown_pass, component_posterior = None, None, None
     if covered:
         seed = draw_seed(random_state)
         weights = None if sample_weight is None else [sample_weight]
@@ -146,6 +177,8 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
             clusters=clusters,
         )
         if clusters:  # the count of clusters, tempered by that of components (see above)
+            p_components = p[0, ks - 1].astype(np.float64)
+            component_posterior = p_components / p_components.sum()
             p = p_clusters * p.astype(np.float64) ** COMPONENT_COUNT_POWER
         posterior = p[0, ks - 1] / p[0, ks - 1].sum()
     if criterion == "bic":
@@ -162,11 +195,16 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
         collapsed = np.array([np.any(getattr(f, "collapsed_components_", False)) for f in fits])
         eligible = np.where(collapsed.all(), values, np.where(collapsed, np.inf, values))
         best = int(np.argmin(eligible))
-        return Choice(int(ks[best]), ks, "bic", values, posterior, fits[best])
+        return Choice(
+            int(ks[best]), ks, "bic", values, posterior, fits[best],
+            component_posterior=component_posterior,
+        )
     with np.errstate(divide="ignore"):
         values = -np.log(posterior)
     K = int(ks[np.argmax(posterior)])
-    return Choice(K, ks, "posterior", values, posterior, None, k_unknown_pass)
+    return Choice(
+        K, ks, "posterior", values, posterior, None, k_unknown_pass, component_posterior
+    )
 
 
 def _max_name(k_name: str) -> str:

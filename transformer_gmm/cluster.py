@@ -79,10 +79,13 @@ class TransformerClusterer(
         BIC of every candidate's clustering (X-means); ``"auto"``, the posterior where the
         checkpoint reads it for every candidate, else BIC.
     merge : bool, default=False
-        With ``n_clusters`` not an int, count clusters rather than Gaussian components:
-        the components of the mixture ``TransformerGMM`` fits are merged by the entropy
-        criterion, and ``labels_`` and :meth:`predict` follow the merged mixture (see
-        :ref:`Merged clusters <merged-clusters>`). Ignored with an int ``n_clusters``.
+        With ``n_clusters`` not an int, label the clusters by a merged mixture rather
+        than by k-means: the components of a mixture that ``TransformerGMM`` fits are
+        merged by the entropy criterion, and ``labels_`` and :meth:`predict` follow the
+        merged mixture, so that a curved or elongated cluster can be one cluster (see
+        :ref:`Merged clusters <merged-clusters>`). Where the checkpoint counts clusters,
+        the merges stop at the count ``merge=False`` finds. Ignored with an int
+        ``n_clusters``.
     init : {"transformer", "k-means++", "random"}, callable or array-like, \
 default="transformer"
         Where Lloyd starts: ``"transformer"``, the transformer's clusterings, then
@@ -564,23 +567,46 @@ default="transformer"
         return self.fit(X, sample_weight=sample_weight).transform(X)
 
     def _fit_merged(self, X, sample_weight) -> None:
-        """``merge=True``: the mixture that ``TransformerGMM(n_components=n_clusters)``
-        fits, its components merged into clusters (:mod:`~transformer_gmm._merge`).
-        ``labels_`` are the merged clusters, ``cluster_centers_`` their weighted means and
-        ``inertia_`` the weighted squared distances to the centre of each label."""
+        """``merge=True``: a mixture fitted by ``TransformerGMM``, its components merged into
+        clusters (:mod:`~transformer_gmm._merge`). Where the checkpoint counts clusters
+        (the posterior, a cluster-count head), the count C is the one ``merge=False``
+        takes, the mixture has as many components as P(K | X) finds most probable (at
+        least C), all read from one pass, and its merges are cut at C clusters; elsewhere
+        the mixture is ``TransformerGMM(n_components=n_clusters)``'s and the merges stop
+        by the entropy rule. ``labels_`` are the merged clusters, ``cluster_centers_``
+        their weighted means and ``inertia_`` the weighted squared distances to the
+        centre of each label."""
         from .gmm import TransformerGMM
 
-        mixture = TransformerGMM(
-            n_components=self.n_clusters,
-            max_components=self.max_clusters,
-            criterion=self.criterion,
+        mixture_params = dict(
             max_iter=self.max_iter,
             random_state=self.random_state,
             checkpoint=self.checkpoint,
             n_views=self._fit_params()["n_views"],  # a stream's first batch's too
             device=self.device,
-        ).fit(X, sample_weight=sample_weight)
-        mapping = _merge.merge_mixture(mixture, X, sample_weight)
+        )
+        if _choose_k.counts_clusters(self, len(X)):
+            choice = _choose_k.choose(
+                self, X, sample_weight, check_random_state(self.random_state), "n_clusters"
+            )
+            n_clusters = choice.n_components
+            n_components = max(n_clusters, choice.n_density_components)
+            mixture = TransformerGMM(n_components=n_components, **mixture_params)
+            mixture._fit_as_candidate(X, sample_weight, n_components, choice.k_unknown_pass)
+            mapping = _merge.merge_mixture(mixture, X, sample_weight, n_clusters)
+            self._store_choice(choice)
+        else:
+            mixture = TransformerGMM(
+                n_components=self.n_clusters,
+                max_components=self.max_clusters,
+                criterion=self.criterion,
+                **mixture_params,
+            ).fit(X, sample_weight=sample_weight)
+            mapping = _merge.merge_mixture(mixture, X, sample_weight)
+            self._store_choice(None)
+            for name in ("candidates_", "criterion_", "selection_criterion_", "k_posterior_"):
+                if hasattr(mixture, name):
+                    setattr(self, name, getattr(mixture, name))
         labels = mapping[np.asarray(mixture.predict(X))].astype(np.int32)
         w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
         n_clusters = int(mapping.max()) + 1
@@ -601,9 +627,6 @@ default="transformer"
         self.device_ = mixture.device_
         self.n_clusters_ = n_clusters
         self._n_init = getattr(mixture, "_n_init", 1)
-        for name in ("candidates_", "criterion_", "selection_criterion_", "k_posterior_"):
-            if hasattr(mixture, name):
-                setattr(self, name, getattr(mixture, name))
 
     def predict(self, X):
         """The nearest cluster centre of each sample.

@@ -375,6 +375,7 @@ def fit_em_missing(
     tol: float,
     sample_weight: np.ndarray | None = None,
     device: str = "cpu",
+    accelerate: bool = True,
 ) -> MissingEMResult:
     """EM on ``X`` (n, d) with NaN for missing entries, from the given parameters (of
     ``covariance_type``'s shapes), in float64 on ``device``.
@@ -423,6 +424,7 @@ def fit_em_missing(
         tol=tol,
         unit=unit,
         reads_covariances=True,  # the conditional moments need them
+        accelerate=accelerate,
     )
     bounds = result.lower_bounds[0]
     return MissingEMResult(

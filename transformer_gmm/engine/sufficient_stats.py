@@ -42,6 +42,7 @@ from .em import (
 from .gaussian import PARAM_SHAPES, lookup, try_precision_cholesky
 from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty, run_lloyd
 from .m_step import COVARIANCE_ESTIMATORS, MixtureParams
+from .squarem import Accelerated
 
 __all__ = [
     "LloydRowsByStatistics",
@@ -358,6 +359,7 @@ def fit_em_from_statistics(
     tol: float,
     unit: float = 1.0,
     reads_covariances: bool = False,
+    accelerate: bool = False,
 ) -> EMResult:
     """EM from ``params`` with :func:`~transformer_gmm.engine.em.fit_em`'s rules, on data seen
     through ``statistics_of`` and ``worst_explained_of`` only.
@@ -395,6 +397,9 @@ def fit_em_from_statistics(
     reads_covariances : bool, default=False
         Whether ``statistics_of`` reads the runs' covariances (rows with missing entries
         do); otherwise the loop frees them before each pass.
+    accelerate : bool, default=False
+        Extrapolate every third pass (:mod:`~transformer_gmm.engine.squarem`), where EM
+        converges slowly (many entries missing); it needs ``reads_covariances``.
 
     Returns
     -------
@@ -433,6 +438,8 @@ def fit_em_from_statistics(
         statistics_of, worst_explained_of, n_rows, covariance_type, reg_covar,
         params.means.dtype, unit, reads_covariances,
     )
+    if accelerate:
+        rows = Accelerated(rows, covariance_type)
     return run_em(rows, params, params.means.shape[0], max_iter=max_iter, tol=tol)
 
 
