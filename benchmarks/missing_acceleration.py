@@ -185,6 +185,7 @@ def main(argv=None):
     results = Path(args.results)
     write_csv(rows, results / f"{out}_fits.csv")
     write_csv(table, results / f"{out}.csv")
+    return rows, table
 
 
 if __name__ == "__main__":

@@ -131,6 +131,17 @@ def test_missing_reading_quick_pairs_the_two_readings(tmp_path):
     assert all(t["pairs"] == 2 and np.isfinite(t["difference_ari"]) for t in table)
 
 
+def test_missing_acceleration_quick_runs_both_from_one_start(tmp_path):
+    rows, table = _load("missing_acceleration").main(["--quick", "--results", str(tmp_path)])
+    assert len(rows) == 2 * 2 * 3  # two datasets, two patterns, three rates
+    for row in rows:
+        assert row["plain_iter"] >= 1 and row["squarem_iter"] >= 1
+        # From one start, both end near one likelihood (the stopping rule's tolerance).
+        assert abs(row["squarem_ll"] - row["plain_ll"]) < 0.1
+    assert [t["fits"] for t in table] == [2] * 6
+    assert (tmp_path / "missing_acceleration.csv").stat().st_size > 0
+
+
 def test_class_mixture_is_one_m_step_on_the_classes():
     realdata = _load("realdata")
     dataset = realdata.load_dataset("iris")

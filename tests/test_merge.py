@@ -10,6 +10,7 @@ from transformer_gmm._merge import (
     choose_n_clusters,
     component_to_cluster,
     entropy,
+    merge_connected,
     merge_hierarchy,
 )
 
@@ -99,6 +100,51 @@ def test_cut_and_choice():
     assert component_to_cluster(hierarchy, 1).tolist() == [0, 0, 0]
     with pytest.raises(ValueError, match="between 1 and"):
         component_to_cluster(hierarchy, 4)
+
+
+def two_rings(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two thin nested rings, each cut into four arcs: the rows, their ring, and soft
+    assignments to the eight arcs (a row near an arc's end shares up to a tenth with the
+    next arc: arcs of a thin ring barely overlap)."""
+    rng = np.random.default_rng(seed)
+    angle = rng.uniform(0, 2 * np.pi, 400)
+    ring = np.repeat([0, 1], 200)
+    radius = np.where(ring == 0, 1.0, 2.0) + rng.normal(0, 0.03, 400)
+    X = np.column_stack([radius * np.cos(angle), radius * np.sin(angle)])
+    position = angle / (np.pi / 2)  # 0 .. 4 along each ring
+    arc = np.floor(position).astype(int) % 4
+    share = np.clip(position - np.floor(position) - 0.9, 0, None)  # 0 .. 0.1 near the end
+    resp = np.zeros((400, 8))
+    rows = np.arange(400)
+    resp[rows, 4 * ring + arc] = 1 - share
+    resp[rows, 4 * ring + (arc + 1) % 4] += share
+    return X, ring, resp
+
+
+def test_touching_arcs_merge_before_rings_that_overlap_a_little_in_entropy():
+    X, ring, resp = two_rings()
+    # Some inner rows shared evenly with the outer arc beside them: the entropy merges
+    # across the rings first; their rows do not touch.
+    resp[:30] = 0.5 * resp[:30] + 0.5 * np.roll(resp[:30], 4, axis=1)
+    mapping = merge_connected(X, resp, 2)
+    assert mapping.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    hierarchy = merge_hierarchy(resp)
+    assert component_to_cluster(hierarchy, 2).tolist() != mapping.tolist()
+
+
+def test_connected_merges_ignore_row_order_and_rows_of_no_weight():
+    X, ring, resp = two_rings(1)
+    mapping = merge_connected(X, resp, 2)
+    order = np.random.default_rng(0).permutation(len(X))
+    assert np.array_equal(merge_connected(X[order], resp[order], 2), mapping)
+    # A row of weight zero between the rings links nothing.
+    weights = np.ones(len(X) + 1)
+    weights[-1] = 0
+    bridge = np.vstack([X, [[1.5, 0.0]]])
+    bridged_resp = np.vstack([resp, np.full((1, 8), 1 / 8)])
+    assert np.array_equal(merge_connected(bridge, bridged_resp, 2, weights), mapping)
+    with pytest.raises(ValueError, match="between 1 and"):
+        merge_connected(X, resp, 9)
 
 
 def test_merge_components_rejects_a_bad_n_clusters():

@@ -570,10 +570,11 @@ default="transformer"
         """``merge=True``: a mixture fitted by ``TransformerGMM``, its components merged into
         clusters (:mod:`~transformer_gmm._merge`). Where the checkpoint counts clusters
         (the posterior, a cluster-count head), the count C is the one ``merge=False``
-        takes, the mixture has as many components as P(K | X) finds most probable (at
-        least C), all read from one pass, and its merges are cut at C clusters; elsewhere
-        the mixture is ``TransformerGMM(n_components=n_clusters)``'s and the merges stop
-        by the entropy rule. ``labels_`` are the merged clusters, ``cluster_centers_``
+        takes, the mixture has as many components as P(K | X) finds most probable (the
+        largest candidate where that is below C), all read from one pass, and its
+        components are merged down to C, touching ones first; elsewhere the mixture is
+        ``TransformerGMM(n_components=n_clusters)``'s and the merges stop by the entropy
+        rule. ``labels_`` are the merged clusters, ``cluster_centers_``
         their weighted means and ``inertia_`` the weighted squared distances to the
         centre of each label."""
         from .gmm import TransformerGMM
@@ -590,7 +591,12 @@ default="transformer"
                 self, X, sample_weight, check_random_state(self.random_state), "n_clusters"
             )
             n_clusters = choice.n_components
-            n_components = max(n_clusters, choice.n_density_components)
+            n_components = choice.n_density_components
+            if n_components < n_clusters:
+                # Fewer components than clusters: clusters no Gaussian each describes
+                # (nested rings read as one), which the most components tile finely
+                # enough for their touching pieces to be merged back.
+                n_components = int(choice.candidates[-1])
             mixture = TransformerGMM(n_components=n_components, **mixture_params)
             mixture._fit_as_candidate(X, sample_weight, n_components, choice.k_unknown_pass)
             mapping = _merge.merge_mixture(mixture, X, sample_weight, n_clusters)
