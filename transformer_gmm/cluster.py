@@ -571,12 +571,12 @@ default="transformer"
         clusters (:mod:`~transformer_gmm._merge`). Where the checkpoint counts clusters
         (the posterior, a cluster-count head), the count C is the one ``merge=False``
         takes, the mixture has as many components as P(K | X) finds most probable (the
-        largest candidate where that is below C), all read from one pass, and its
-        components are merged down to C, touching ones first; elsewhere the mixture is
-        ``TransformerGMM(n_components=n_clusters)``'s and the merges stop by the entropy
-        rule. ``labels_`` are the merged clusters, ``cluster_centers_``
-        their weighted means and ``inertia_`` the weighted squared distances to the
-        centre of each label."""
+        largest candidate where that is below C, or C where those collapse), all read
+        from one pass, and its components are merged down to C, touching ones first;
+        elsewhere the mixture is ``TransformerGMM(n_components=n_clusters)``'s and the
+        merges stop by the entropy rule. ``labels_`` are the merged clusters,
+        ``cluster_centers_`` their weighted means and ``inertia_`` the weighted squared
+        distances to the centre of each label."""
         from .gmm import TransformerGMM
 
         mixture_params = dict(
@@ -591,14 +591,20 @@ default="transformer"
                 self, X, sample_weight, check_random_state(self.random_state), "n_clusters"
             )
             n_clusters = choice.n_components
-            n_components = choice.n_density_components
-            if n_components < n_clusters:
+            sizes = [max(n_clusters, choice.n_density_components)]
+            if choice.n_density_components < n_clusters:
                 # Fewer components than clusters: clusters no Gaussian each describes
                 # (nested rings read as one), which the most components tile finely
-                # enough for their touching pieces to be merged back.
-                n_components = int(choice.candidates[-1])
-            mixture = TransformerGMM(n_components=n_components, **mixture_params)
-            mixture._fit_as_candidate(X, sample_weight, n_components, choice.k_unknown_pass)
+                # enough for their touching pieces to be merged back, unless so many
+                # collapse (few rows in many dimensions), when C components serve.
+                sizes.insert(0, int(choice.candidates[-1]))
+            for n_components in sizes:
+                mixture = TransformerGMM(n_components=n_components, **mixture_params)
+                mixture._fit_as_candidate(
+                    X, sample_weight, n_components, choice.k_unknown_pass
+                )
+                if not np.any(mixture.collapsed_components_):
+                    break
             mapping = _merge.merge_mixture(mixture, X, sample_weight, n_clusters)
             self._store_choice(choice)
         else:
