@@ -359,15 +359,17 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         return _array_api.returned(labels, rows.namespace)
 
     def merge_components(self, X, n_clusters=None, sample_weight=None):
-        """The cluster of each component: components merged by the entropy criterion.
+        """The cluster of each component: components merged into clusters.
 
         ``n_components_`` describes the density; a curved or elongated cluster takes
-        several of them. Starting from the fitted mixture, the pair of components whose
-        merge lowers the entropy of the soft assignment of ``X`` most is merged, again and
-        again (Baudry, Raftery, Celeux, Lo & Gottardo 2010). Without ``n_clusters``,
-        merges go on while each removes at least 0.1 nats per point of the pair it
-        merges. The fitted mixture is left unchanged: one fit answers both how many
-        components describe the density and how many clusters they form.
+        several of them. Without ``n_clusters``, the pair of components whose merge lowers
+        the entropy of the soft assignment of ``X`` most is merged, again and again
+        (Baudry, Raftery, Celeux, Lo & Gottardo 2010), while each merge removes at least
+        0.1 nats per point of the pair it merges. With ``n_clusters``, components merge
+        down to that many, those whose rows touch (nearest neighbours of each other, within
+        three typical spacings of the rows) first, by the same entropy. The fitted mixture
+        is left unchanged: one fit answers both how many components describe the density
+        and how many clusters they form.
 
         Parameters
         ----------
