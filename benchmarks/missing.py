@@ -221,9 +221,9 @@ def load(name: str):
     return type(data)(name, data.X[keep], data.labels[keep], data.n_components)
 
 
-def run(datasets, rates, patterns, seeds, covariance: str = "full") -> list[dict]:
-    warm_up()
-    rows = []
+def gapped(datasets, rates, patterns, seeds):
+    """Every problem of the benchmark, in order: (dataset, seed, pattern, rate, the rows
+    with gaps, which rows are held out); a line is printed after each (dataset, seed)."""
     for name in datasets:
         data = load(name)
         for seed in seeds:
@@ -231,14 +231,19 @@ def run(datasets, rates, patterns, seeds, covariance: str = "full") -> list[dict
             for pattern in patterns:
                 for rate in rates:
                     rng = np.random.default_rng([seed, int(rate * 100), len(pattern)])
-                    X = with_gaps(rng, data.X, pattern, rate)
-                    setting = dict(dataset=name, n=len(X), d=X.shape[1], K=data.n_components,
-                                   pattern=pattern, rate=rate, seed=seed,
-                                   observed_rate=float(1 - np.isnan(X).mean()))
-                    fits = fit_all(X[~out], X[out], data.labels[~out], data.n_components,
-                                   seed, covariance)
-                    rows += [dict(setting, **fit) for fit in fits]
+                    yield data, seed, pattern, rate, with_gaps(rng, data.X, pattern, rate), out
             print(f"{name}: seed {seed} done", flush=True)
+
+
+def run(datasets, rates, patterns, seeds, covariance: str = "full") -> list[dict]:
+    warm_up()
+    rows = []
+    for data, seed, pattern, rate, X, out in gapped(datasets, rates, patterns, seeds):
+        setting = dict(dataset=data.name, n=len(X), d=X.shape[1], K=data.n_components,
+                       pattern=pattern, rate=rate, seed=seed,
+                       observed_rate=float(1 - np.isnan(X).mean()))
+        fits = fit_all(X[~out], X[out], data.labels[~out], data.n_components, seed, covariance)
+        rows += [dict(setting, **fit) for fit in fits]
     return rows
 
 

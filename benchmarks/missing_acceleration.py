@@ -37,11 +37,9 @@ from missing import (  # noqa: E402
     PATTERNS,
     QUICK_DATASETS,
     RATES,
-    load,
+    gapped,
     marginal_ll,
-    split,
     warm_up,
-    with_gaps,
 )
 
 from transformer_gmm import TransformerGMM  # noqa: E402
@@ -85,32 +83,24 @@ def as_fitted(start: TransformerGMM, result) -> TransformerGMM:
 def run(datasets, seeds, covariance: str, repeats: int) -> list[dict]:
     warm_up()
     rows = []
-    for name in datasets:
-        data = load(name)
-        for seed in seeds:
-            out = split(len(data.X), seed)
-            for pattern in PATTERNS:
-                for rate in RATES:
-                    rng = np.random.default_rng([seed, int(rate * 100), len(pattern)])
-                    X = with_gaps(rng, data.X, pattern, rate)
-                    fit_rows, held = X[~out], X[out]
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        start = TransformerGMM(
-                            data.n_components, covariance_type=covariance, random_state=seed
-                        ).fit(mean_imputed(fit_rows))
-                    row = dict(dataset=name, n=len(fit_rows), d=X.shape[1], pattern=pattern,
-                               rate=rate, seed=seed, covariance=covariance)
-                    for accelerate in (False, True):
-                        result, seconds = em_from(start, fit_rows, accelerate, repeats)
-                        label = "squarem" if accelerate else "plain"
-                        row[f"{label}_iter"] = result.n_iter
-                        row[f"{label}_converged"] = result.converged
-                        row[f"{label}_s"] = seconds
-                        row[f"{label}_ll"] = result.lower_bound
-                        row[f"{label}_held_ll"] = marginal_ll(held, as_fitted(start, result))
-                    rows.append(row)
-            print(f"{name}: seed {seed} done", flush=True)
+    for data, seed, pattern, rate, X, out in gapped(datasets, RATES, PATTERNS, seeds):
+        fit_rows, held = X[~out], X[out]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            start = TransformerGMM(
+                data.n_components, covariance_type=covariance, random_state=seed
+            ).fit(mean_imputed(fit_rows))
+        row = dict(dataset=data.name, n=len(fit_rows), d=X.shape[1], pattern=pattern,
+                   rate=rate, seed=seed, covariance=covariance)
+        for accelerate in (False, True):
+            result, seconds = em_from(start, fit_rows, accelerate, repeats)
+            label = "squarem" if accelerate else "plain"
+            row[f"{label}_iter"] = result.n_iter
+            row[f"{label}_converged"] = result.converged
+            row[f"{label}_s"] = seconds
+            row[f"{label}_ll"] = result.lower_bound
+            row[f"{label}_held_ll"] = marginal_ll(held, as_fitted(start, result))
+        rows.append(row)
     return rows
 
 
