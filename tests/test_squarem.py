@@ -85,3 +85,14 @@ def test_squarem_keeps_the_fit_deterministic():
     one, two = fit_em_missing(X, *start, **kwargs), fit_em_missing(X, *start, **kwargs)
     assert one.n_iter == two.n_iter
     torch.testing.assert_close(one.means, two.means, rtol=0, atol=0)
+
+
+def test_acceleration_needs_the_covariances_read():
+    from transformer_gmm.engine.sufficient_stats import fit_em_from_statistics
+
+    start = _params([[0.5, 0.5]], [[[0.0], [1.0]]], [[[1.0], [1.0]]])
+    with pytest.raises(ValueError, match="needs reads_covariances"):
+        fit_em_from_statistics(
+            start, None, None, 10, covariance_type="diag", reg_covar=1e-6, max_iter=5,
+            tol=1e-3, accelerate=True,
+        )

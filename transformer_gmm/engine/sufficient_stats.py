@@ -439,6 +439,8 @@ def fit_em_from_statistics(
         params.means.dtype, unit, reads_covariances,
     )
     if accelerate:
+        if not reads_covariances:  # the loop would free the covariances it extrapolates
+            raise ValueError("accelerate=True needs reads_covariances=True.")
         rows = Accelerated(rows, covariance_type)
     return run_em(rows, params, params.means.shape[0], max_iter=max_iter, tol=tol)
 
