@@ -147,6 +147,22 @@ def test_connected_merges_ignore_row_order_and_rows_of_no_weight():
         merge_connected(X, resp, 9)
 
 
+def test_rows_with_gaps_link_nothing():
+    """A row with NaN between the rings takes part in the entropy, not in the links; a
+    mixture fitted on data with gaps merges down to a count."""
+    X, ring, resp = two_rings(2)
+    mapping = merge_connected(X, resp, 2)
+    gappy = np.vstack([X, [[1.5, np.nan]]])
+    assert np.array_equal(merge_connected(gappy, np.vstack([resp, np.full((1, 8), 1 / 8)]), 2),
+                          mapping)
+    assert merge_connected(np.full((3, 2), np.nan), np.eye(3), 2).max() == 1
+    X, truth = two_clusters_of_two_gaussians()
+    X[3, 1] = np.nan
+    gmm = TransformerGMM(n_components=4, checkpoint=None, random_state=0).fit(X)
+    labels = gmm.merge_components(X, n_clusters=2)[gmm.predict(X)]
+    assert np.array_equal(labels == labels[0], truth == truth[0])
+
+
 def test_merge_components_rejects_a_bad_n_clusters():
     X, _ = two_clusters_of_two_gaussians()
     gmm = TransformerGMM(n_components=4, checkpoint=None, random_state=0).fit(X)

@@ -135,14 +135,16 @@ def component_to_cluster(hierarchy: Hierarchy, n_clusters: int) -> np.ndarray:
 def _gaps(X: np.ndarray, labels: np.ndarray, n_components: int) -> tuple[np.ndarray, float]:
     """(K, K) the shortest distance between rows of two components along the rows'
     nearest-neighbour links (inf where none links them), and the rows' typical spacing."""
+    gaps = np.full((n_components, n_components), np.inf)
+    if len(X) < 2:
+        return gaps, 0.0
     if len(X) > MAX_ROWS:
         keep = np.sort(canonical_order(X)[:MAX_ROWS])
         X, labels = X[keep], labels[keep]
     n_neighbours = min(NEIGHBOURS + 1, len(X))
     distances, neighbours = NearestNeighbors(n_neighbors=n_neighbours).fit(X).kneighbors(X)
-    spacing = float(np.median(distances[:, 1])) if n_neighbours > 1 else 0.0
+    spacing = float(np.median(distances[:, 1]))
     a, b = np.broadcast_to(labels[:, None], neighbours.shape), labels[neighbours]
-    gaps = np.full((n_components, n_components), np.inf)
     np.minimum.at(gaps, (a.ravel(), b.ravel()), distances.ravel())
     gaps = np.minimum(gaps, gaps.T)
     np.fill_diagonal(gaps, np.inf)
@@ -163,8 +165,11 @@ def merge_connected(
             f"got {n_clusters}."
         )
     w = np.ones(len(t)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
-    points = w > 0
-    gaps, spacing = _gaps(np.asarray(X, dtype=float)[points], t[points].argmax(1), n_components)
+    X = np.asarray(X, dtype=float)
+    # Rows of no weight link nothing; nor do rows with gaps (NaN), whose distances are
+    # not defined (they still count in the entropy).
+    linking = (w > 0) & ~np.isnan(X).any(axis=1)
+    gaps, spacing = _gaps(X[linking], t[linking].argmax(1), n_components)
     groups = [[k] for k in range(n_components)]
     while len(groups) > n_clusters:
         k = len(groups)
