@@ -81,11 +81,11 @@ class TransformerClusterer(
     merge : bool, default=False
         With ``n_clusters`` not an int, label the clusters by a merged mixture rather
         than by k-means: the components of a mixture that ``TransformerGMM`` fits are
-        merged by the entropy criterion, and ``labels_`` and :meth:`predict` follow the
-        merged mixture, so that a curved or elongated cluster can be one cluster (see
-        :ref:`Merged clusters <merged-clusters>`). Where the checkpoint counts clusters,
-        the merges stop at the count ``merge=False`` finds. Ignored with an int
-        ``n_clusters``.
+        merged, and ``labels_`` and :meth:`predict` follow the merged mixture, so that a
+        curved or elongated cluster can be one cluster (see :ref:`Merged clusters
+        <merged-clusters>`). Where the checkpoint counts clusters, they are merged down to
+        the count ``merge=False`` finds, components whose rows touch first; elsewhere by
+        the entropy criterion. Ignored with an int ``n_clusters``.
     init : {"transformer", "k-means++", "random"}, callable or array-like, \
 default="transformer"
         Where Lloyd starts: ``"transformer"``, the transformer's clusterings, then
