@@ -72,11 +72,6 @@ class Choice:
     component_posterior: np.ndarray | None = None
 
     @property
-    def counts_clusters(self) -> bool:
-        """Whether the choice counted clusters of any shape (P(C | X) was read)."""
-        return self.component_posterior is not None
-
-    @property
     def n_density_components(self) -> int:
         """The most probable K under P(K | X) alone (a counted choice only)."""
         return int(self.candidates[np.argmax(self.component_posterior)])

@@ -71,6 +71,27 @@ def entropy(resp: np.ndarray, sample_weight: np.ndarray | None = None) -> float:
     return float(per_point.sum() if sample_weight is None else per_point @ sample_weight)
 
 
+def _pair_drops(t: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """(k, k) the entropy that merging each pair of the columns of ``t`` (n, k) removes,
+    for a < b (-inf elsewhere); >= 0, since x log x is superadditive."""
+    k = t.shape[1]
+    own = w @ _xlogx(t)  # (k,)
+    drops = np.full((k, k), -np.inf)
+    for a in range(k - 1):
+        joined = w @ _xlogx(t[:, a : a + 1] + t[:, a + 1 :])  # (k - a - 1,)
+        drops[a, a + 1 :] = joined - own[a] - own[a + 1 :]
+    return drops
+
+
+def _merge_pair(t: np.ndarray, groups: list[list[int]], a: int, b: int) -> np.ndarray:
+    """Column ``b`` of ``t`` merged into column ``a`` (a < b), and group ``b`` into group
+    ``a`` of ``groups`` (in place); returns the merged columns."""
+    t[:, a] += t[:, b]
+    groups[a] = groups[a] + groups[b]
+    del groups[b]
+    return np.delete(t, b, axis=1)
+
+
 def merge_hierarchy(resp: np.ndarray, sample_weight: np.ndarray | None = None) -> Hierarchy:
     """Merge the columns of ``resp`` (n, K), two at a time, each time the pair whose merge
     lowers the entropy most. Ties go to the pair of lowest indices, so the result is
@@ -84,20 +105,12 @@ def merge_hierarchy(resp: np.ndarray, sample_weight: np.ndarray | None = None) -
     entropies = [entropy(t, w)]
     pairs, steps, masses = [], [], []
     while t.shape[1] > 1:
-        k = t.shape[1]
-        own = w @ _xlogx(t)  # (k,)
-        drops = np.full((k, k), -np.inf)
-        for a in range(k - 1):
-            joined = w @ _xlogx(t[:, a : a + 1] + t[:, a + 1 :])  # (k - a - 1,)
-            drops[a, a + 1 :] = joined - own[a] - own[a + 1 :]  # >= 0: x log x is superadditive
+        drops = _pair_drops(t, w)
         # The first of the largest in row-major order: the pair of lowest indices on ties.
         a, b = np.unravel_index(int(np.argmax(drops)), drops.shape)
         a, b, best_drop = int(a), int(b), float(drops[a, b])
         masses.append(float(w @ (t[:, a] + t[:, b])))
-        t[:, a] += t[:, b]
-        t = np.delete(t, b, axis=1)
-        groups[a] = groups[a] + groups[b]
-        del groups[b]
+        t = _merge_pair(t, groups, a, b)
         pairs.append((a, b))
         steps.append(max(best_drop, 0.0))
         entropies.append(entropy(t, w))
@@ -173,23 +186,17 @@ def merge_connected(
     groups = [[k] for k in range(n_components)]
     while len(groups) > n_clusters:
         k = len(groups)
-        own = w @ _xlogx(t)  # (k,)
+        drops = _pair_drops(t, w)
         best, pair = None, (0, 1)
         for a in range(k - 1):
             for b in range(a + 1, k):
                 mass = float(w @ (t[:, a] + t[:, b]))
-                drop = (float(w @ _xlogx(t[:, a] + t[:, b])) - own[a] - own[b]) / max(
-                    mass, np.finfo(float).tiny
-                )
+                drop = drops[a, b] / max(mass, np.finfo(float).tiny)
                 gap = min(gaps[i, j] for i in groups[a] for j in groups[b])
                 key = (max(gap, TOUCHING * spacing), -drop)  # ties: the lowest indices
                 if best is None or key < best:
                     best, pair = key, (a, b)
-        a, b = pair
-        t[:, a] += t[:, b]
-        t = np.delete(t, b, axis=1)
-        groups[a] = groups[a] + groups[b]
-        del groups[b]
+        t = _merge_pair(t, groups, *pair)
     mapping = np.empty(n_components, dtype=np.int64)
     for cluster, members in enumerate(sorted(groups, key=min)):
         mapping[members] = cluster

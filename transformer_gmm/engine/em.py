@@ -52,6 +52,7 @@ __all__ = [
     "reseed_means",
     "reseed_weights_and_covariances",
     "run_em",
+    "select_runs",
 ]
 
 
@@ -207,7 +208,7 @@ def reseed_weights_and_covariances(
     weights = counts / counts.sum(-1, keepdim=True)
     rows = empty.any(-1)  # (B,)
     # Selected by dataset, so that the others keep every bit of their parameters.
-    reseeded = _select(
+    reseeded = select_runs(
         rows, MixtureParams(weights, params.means, covariances, precisions_chol), params
     )
     return reseeded, failed & rows
@@ -234,7 +235,7 @@ def _reseed(
 # --- EM --------------------------------------------------------------------------------
 
 
-def _select(active: Tensor, new: MixtureParams, old: MixtureParams) -> MixtureParams:
+def select_runs(active: Tensor, new: MixtureParams, old: MixtureParams) -> MixtureParams:
     """Take ``new`` for the active datasets and keep ``old`` for the others."""
 
     def pick(a: Tensor, b: Tensor | None) -> Tensor:
@@ -459,7 +460,7 @@ def run_em(
             # the old ones are freed before the new are made (on wide data each is d^2).
             params = MixtureParams(params.weights, params.means, None, params.precisions_cholesky)
         log_prob_norm, nk, new, failed = rows.step(params)
-        params = new if all_active else _select(active, new, params)
+        params = new if all_active else select_runs(active, new, params)
         # The previous step's parameters (wide covariances among them) are not held here.
         del new
         if consume_start and start is not None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .em import select_runs
 from .gaussian import try_precision_cholesky
 from .m_step import MixtureParams
 
@@ -64,18 +65,6 @@ def _extrapolated(
     return MixtureParams(weights, means, covariances, precisions_cholesky), valid
 
 
-def _where(runs: Tensor, a: MixtureParams, b: MixtureParams) -> MixtureParams:
-    """``a`` for the ``runs`` (B,) marked, ``b`` for the others."""
-
-    def pick(s: Tensor, t: Tensor) -> Tensor:
-        return torch.where(runs.view(-1, *[1] * (s.dim() - 1)), s, t)
-
-    return MixtureParams(*(pick(getattr(a, f), getattr(b, f)) for f in _FIELDS))
-
-
-_FIELDS = ("weights", "means", "covariances", "precisions_cholesky")
-
-
 class Accelerated:
     """``rows`` (any rows :func:`~transformer_gmm.engine.em.run_em` reads whose ``step``
     returns covariances) with SQUAREM's extrapolation (see the module): the loop calls
@@ -96,16 +85,17 @@ class Accelerated:
             self._history = [params]
         if len(self._history) < 3:
             bound, counts, new, failed = self.rows.step(params)
-        else:
+            self._history = [*self._history, new]
+        else:  # theta_0, theta_1, theta_2: extrapolated; the result starts a new history
             bound, counts, new, failed = self._extrapolated_step(params)
-        self._history = [*self._history, new][-3:] if len(self._history) < 3 else [new]
+            self._history = [new]
         self._returned, self._last_bound = new, bound
         return bound, counts, new, failed
 
     def _extrapolated_step(self, params: MixtureParams):
         """The pass from theta' where it is kept, from ``params`` (theta_2) elsewhere."""
         theta, valid = _extrapolated(self._history, self.covariance_type)
-        theta = _where(valid, theta, params)
+        theta = select_runs(valid, theta, params)
         bound, counts, new, failed = self.rows.step(theta)
         kept = valid & (bound >= self._last_bound) & ~failed
         refused = valid & ~kept
@@ -113,7 +103,7 @@ class Accelerated:
             plain = self.rows.step(params)
             bound = torch.where(refused, plain[0], bound)
             counts = torch.where(refused[:, None], plain[1], counts)
-            new = _where(refused, plain[2], new)
+            new = select_runs(refused, plain[2], new)
             failed = torch.where(refused, plain[3], failed)
         return bound, counts, new, failed
 
@@ -121,5 +111,5 @@ class Accelerated:
         return self.rows.reseed(params, counts, empty)
 
     def take(self, keep: Tensor) -> Accelerated:
-        taken = Accelerated(self.rows.take(keep), self.covariance_type)
-        return taken  # the runs taken start their extrapolation's history again
+        # The runs taken start their extrapolation's history again.
+        return Accelerated(self.rows.take(keep), self.covariance_type)
