@@ -65,6 +65,14 @@ class TrainConfig:
         EM steps from the model's responsibilities before the likelihood that
         ``m_step_nll_weight`` weighs: 1 scores the one-M-step estimate
         (``max_iter=0``); 2 to 5 train the start for the EM that follows it.
+    distill_from : str, default=""
+        A checkpoint (folder, bundled name or Hub id) that teaches: each step also runs it,
+        frozen, on the batch, and the loss adds ``distill_weight`` times the distance of
+        this model's outputs from its (``losses.distillation_loss``). Its model must have
+        this run's d_max and K range; start the student from it (``init_from`` the same
+        checkpoint, with fewer blocks) so that their slots agree.
+    distill_weight : float, default=1.0
+        That term's weight, where ``distill_from`` is given.
     only_k : int, default=0
         Fine-tune one K alone: every batch has ``only_k`` components, and only that K's
         own weights train (its readout head and its row of the K embedding), so what
@@ -141,6 +149,8 @@ class TrainConfig:
     m_step_weight: float = 0.0  # weight of the error of the means one M-step reads out
     m_step_nll_weight: float = 0.0  # weight of the data's NLL under that one-M-step mixture
     em_steps: int = 1  # EM steps from the model's responsibilities before that NLL
+    distill_from: str = ""  # a frozen teacher checkpoint; "" for none
+    distill_weight: float = 1.0  # weight of the distance from the teacher's outputs
     only_k: int = 0  # train only this K's head and embedding, on tasks of this K; 0: all
     train_k_from: int = 0  # train only the heads (and embeddings) of K >= this; 0: all
     batch_size: int = 64  # tasks per step and per process, all with one K
@@ -175,6 +185,10 @@ class TrainConfig:
             raise ValueError(
                 f"train_k_from={self.train_k_from} fine-tunes some heads of a trained model: "
                 "name that model with init_from."
+            )
+        if self.distill_from and self.distill_weight <= 0:
+            raise ValueError(
+                f"distill_weight must be > 0 with distill_from, got {self.distill_weight}."
             )
         if self.only_k and self.train_k_from:
             raise ValueError("Give only_k or train_k_from, not both.")

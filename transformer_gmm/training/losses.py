@@ -314,6 +314,42 @@ def point_cross_entropy(point_logits: Tensor, batch: TaskBatch) -> Tensor:
     return (matched / batch.mask.sum(-1)).mean()
 
 
+# --- distillation ------------------------------------------------------------------------
+
+
+def distillation_loss(out: MixtureOutput, teacher: MixtureOutput, batch: TaskBatch) -> Tensor:
+    """How far ``out`` is from a teacher model's output on the same batch, slot by slot.
+
+    KL(teacher || student) of each real point's responsibilities, plus the squared errors
+    of the means, the log weights and the log standard deviations (over the data
+    coordinates). No matching: the student starts from the teacher's heads
+    (``init_from``), so its slot k is the teacher's slot k, and this keeps it so.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+    >>> from transformer_gmm.training import PRIORS, sample_batch
+    >>> from transformer_gmm.training.losses import distillation_loss
+    >>> batch = sample_batch(np.random.default_rng(0), PRIORS["tiny"], 3, 4, 4, 64)
+    >>> out = MixtureTransformer(config_from_preset("tiny"))(batch.x, 3, batch.mask)
+    >>> round(distillation_loss(out, out, batch).item(), 6)
+    0.0
+    """
+    mask = batch.mask.to(out.point_logits.dtype)  # (B, N)
+    log_p = teacher.point_logits.log_softmax(-1)  # (B, N, K)
+    log_q = out.point_logits.log_softmax(-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)  # (B, N)
+    points = ((kl * mask).sum(-1) / mask.sum(-1)).mean()
+    means = ((out.means - teacher.means) ** 2).sum(-1).mean()
+    weights = ((out.log_weights - teacher.log_weights) ** 2).sum(-1).mean()
+    log_ratio = (coordinate_stds(out).log() - coordinate_stds(teacher).log()) * batch.dim_mask[
+        :, None, :
+    ]
+    scales = (log_ratio**2).sum(-1).div(batch.dim_mask.sum(-1, keepdim=True)).mean()
+    return points + means + weights + scales
+
+
 # --- the training objective --------------------------------------------------------------
 
 PARAMETER_LOSSES = {"hungarian": hungarian_loss, "nll": mixture_nll}
@@ -327,10 +363,13 @@ def training_loss(
     m_step_weight: float = 0.0,
     m_step_nll_weight: float = 0.0,
     em_steps: int = 1,
+    teacher: MixtureOutput | None = None,
+    distill_weight: float = 0.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """The parameter loss, plus ``point_weight`` times the per-point loss, plus
     ``m_step_weight`` times :func:`m_step_mean_loss` and ``m_step_nll_weight`` times
-    :func:`m_step_nll`, in float32.
+    :func:`m_step_nll`, plus ``distill_weight`` times :func:`distillation_loss` against
+    ``teacher``, in float32.
 
     Returns the loss to minimise and its parts, as floats, for logging.
 
@@ -350,13 +389,18 @@ def training_loss(
         Weight of :func:`m_step_nll`; at 0 it is not computed.
     em_steps : int, default=1
         The EM steps from the model's responsibilities that :func:`m_step_nll` scores.
+    teacher : MixtureOutput or None, default=None
+        A teacher model's output on ``batch.x``, for :func:`distillation_loss`.
+    distill_weight : float, default=0.0
+        Weight of :func:`distillation_loss`; at 0 it is not computed.
 
     Returns
     -------
     loss : Tensor
         A scalar, to minimise.
     parts : dict
-        ``"params"`` and ``"points"`` (and ``"m_step"``, ``"m_step_nll"`` when weighted),
+        ``"params"`` and ``"points"`` (and ``"m_step"``, ``"m_step_nll"``, ``"distill"``
+        when weighted),
         the losses as floats.
 
     Examples
@@ -385,4 +429,9 @@ def training_loss(
         m_step_ll = m_step_nll(out, batch, em_steps=em_steps)
         loss = loss + m_step_nll_weight * m_step_ll
         parts["m_step_nll"] = m_step_ll.item()
+    if distill_weight > 0:
+        teacher = MixtureOutput(*(t.float() for t in teacher))
+        distill = distillation_loss(out, teacher, batch)
+        loss = loss + distill_weight * distill
+        parts["distill"] = distill.item()
     return loss, parts

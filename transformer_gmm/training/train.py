@@ -84,7 +84,12 @@ def get_batch(cfg: TrainConfig, mc: ModelConfig, step: int, rank: int) -> TaskBa
     rng = np.random.default_rng([cfg.seed, step, rank])  # different tasks on each rank
     reading = reading_config(cfg)
     return sample_batch(
-        rng, PRIORS[prior], K, cfg.batch_size, mc.d_max, reading.context_size,
+        rng,
+        PRIORS[prior],
+        K,
+        cfg.batch_size,
+        mc.d_max,
+        reading.context_size,
         reading.noise_directions,
     )
 
@@ -126,6 +131,18 @@ def out_of_time(seconds: float, cfg: TrainConfig, world_size: int) -> bool:
             late = late.cuda()
         dist.all_reduce(late, op=dist.ReduceOp.MAX)
     return bool(late.item())
+
+
+def check_teacher(teacher: MixtureTransformer, mc: ModelConfig) -> None:
+    """A ``distill_from`` model must read and answer what the student does."""
+    tc = teacher.config
+    reads = (tc.d_max, tc.k_min, tc.k_max, tc.scale_type)
+    if reads != (mc.d_max, mc.k_min, mc.k_max, mc.scale_type):
+        raise ValueError(
+            f"distill_from's model (d_max={tc.d_max}, K {tc.k_min}..{tc.k_max}, "
+            f"scale_type={tc.scale_type!r}) must have this run's d_max, K range and "
+            f"scale_type (d_max={mc.d_max}, K {mc.k_min}..{mc.k_max}, {mc.scale_type!r})."
+        )
 
 
 # -----------------------------------------------------------------------------
@@ -214,6 +231,10 @@ def train(cfg: TrainConfig) -> Path:
         torch.set_rng_state(state["torch_rng"])
         if device.startswith("cuda") and state["cuda_rng"] is not None:
             torch.cuda.set_rng_state(state["cuda_rng"])
+    teacher = None
+    if cfg.distill_from:
+        teacher = load_model(cfg.distill_from).to(device).eval().requires_grad_(False)
+        check_teacher(teacher, mc)
     raw_model = model
     if cfg.compile:
         model = torch.compile(model, dynamic=True)
@@ -261,6 +282,9 @@ def train(cfg: TrainConfig) -> Path:
         batch = batch.to(device)
         with autocast(device):
             out = model(batch.x, batch.n_components, batch.mask)
+            if teacher is not None:
+                with torch.no_grad():
+                    taught = teacher(batch.x, batch.n_components, batch.mask)
         loss, parts = training_loss(
             out,
             batch,
@@ -269,6 +293,8 @@ def train(cfg: TrainConfig) -> Path:
             cfg.m_step_weight,
             cfg.m_step_nll_weight,
             cfg.em_steps,
+            teacher=taught if teacher is not None else None,
+            distill_weight=cfg.distill_weight if teacher is not None else 0.0,
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
