@@ -1,9 +1,13 @@
 """Merging a mixture's components into clusters (transformer_gmm._merge)."""
 
 import copy
+import pickle
 
 import numpy as np
 import pytest
+from sklearn.datasets import make_blobs, make_circles
+from sklearn.metrics import adjusted_rand_score
+from sklearn.metrics.pairwise import pairwise_distances_argmin
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
 from transformer_gmm._merge import (
@@ -12,6 +16,7 @@ from transformer_gmm._merge import (
     entropy,
     merge_connected,
     merge_hierarchy,
+    separated_partition,
 )
 
 
@@ -192,3 +197,36 @@ def test_merged_clusterer_refuses_missing_values_with_a_clear_error():
     X[3, 1] = np.nan
     with pytest.raises(ValueError, match="merge=True does not take missing values"):
         TransformerClusterer(n_clusters=[2], merge=True, checkpoint=None).fit(X)
+
+
+def test_rows_that_stand_apart_are_their_own_partition():
+    """Nested circles: the rows' groups are the circles, whatever the rows' order or the
+    weights' scale; a zero-weight row between them links nothing; Gaussians that overlap,
+    or more groups than stand apart, give none."""
+    X, truth = make_circles(400, factor=0.5, noise=0.04, random_state=0)
+    rows, groups = separated_partition(X, 2)
+    assert adjusted_rand_score(truth, groups[pairwise_distances_argmin(X, rows)]) == 1.0
+    order = np.random.default_rng(0).permutation(len(X))
+    for again in (separated_partition(X[order], 2), separated_partition(X, 2, np.full(400, 0.3))):
+        assert np.array_equal(again[0], rows) and np.array_equal(again[1], groups)
+    bridged = np.vstack([X, np.linspace([0.5, 0.0], [1.0, 0.0], 12)])
+    weights = np.r_[np.ones(400), np.zeros(12)]
+    assert np.array_equal(separated_partition(bridged, 2, weights)[1], groups)
+    assert separated_partition(bridged, 2) is None  # the bridge joins the circles
+    assert separated_partition(X, 5) is None  # pieces of one circle touch
+    overlapping, _ = make_blobs(300, centers=[[0, 0], [2, 0], [0, 2]], random_state=0)
+    assert separated_partition(overlapping, 3) is None
+    assert separated_partition(X, 1) is None
+
+
+def test_merged_clusterer_splits_components_that_span_nested_circles():
+    X, truth = make_circles(300, factor=0.5, noise=0.05, random_state=1)
+    km = TransformerClusterer(n_clusters="auto", merge=True, random_state=0).fit(X)
+    assert km.n_clusters_ == 2 and adjusted_rand_score(truth, km.labels_) == 1.0
+    assert np.array_equal(km.predict(X), km.labels_)
+    new, new_truth = make_circles(200, factor=0.5, noise=0.05, random_state=2)
+    assert adjusted_rand_score(new_truth, km.predict(new)) > 0.95
+    assert np.array_equal(pickle.loads(pickle.dumps(km)).predict(new), km.predict(new))
+    order = np.random.default_rng(0).permutation(len(X))
+    shuffled = TransformerClusterer(n_clusters="auto", merge=True, random_state=0).fit(X[order])
+    assert np.array_equal(shuffled.predict(new), km.predict(new))

@@ -26,6 +26,14 @@ then the pair whose rows come closest (single linkage), then, for pairs no neigh
 links, the entropy's order. Pieces of one thin ring or of two moons barely share points,
 so the entropy alone ranks their merges below those of separate clusters that overlap a
 little; their rows touch (docs/choosing_k.md).
+
+Where the rows themselves fall into that many groups that stand apart
+(``separated_partition``), the groups are the clusters, row by row: a Gaussian component
+can span two nested rings, and no merge of components splits it. The groups are those of
+HDBSCAN's tree (Campello, Moulavi & Sander 2013) cut at the number of clusters: single
+linkage under the mutual reachability distance, where a split that leaves fewer than
+``min_size`` rows on one side sheds those rows rather than founding a cluster. They are
+used only where no row's near neighbour (as above) lies in another group.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.cluster.hierarchy import linkage
+from scipy.spatial.distance import pdist, squareform
 from sklearn.neighbors import NearestNeighbors
 
 from .engine.row_order import canonical_order
@@ -47,6 +57,11 @@ TOUCHING = 3.0
 # fixed by the rows' values alone, so any row order gives the same merges).
 NEIGHBOURS = 10
 MAX_ROWS = 20_000
+# The rows' own partition reads all pairwise distances of at most this many rows (the
+# others take the group of their nearest among them), and founds no group of fewer rows
+# than this fraction of them (nor fewer than NEIGHBOURS // 2).
+PARTITION_ROWS = 2_000
+MIN_GROUP = 0.02
 
 
 @dataclass(frozen=True)
@@ -214,3 +229,77 @@ def merge_mixture(mixture, X, sample_weight=None, n_clusters=None, threshold=DEF
     hierarchy = merge_hierarchy(resp, sample_weight)
     return component_to_cluster(hierarchy, choose_n_clusters(hierarchy, threshold))
 
+
+
+def separated_partition(
+    X: np.ndarray, n_clusters: int, sample_weight: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Rows of ``X`` and the group of each, where the rows fall into ``n_clusters`` groups
+    no near-neighbour link joins (see the module); None where they do not.
+
+    Returns
+    -------
+    rows : ndarray of shape (m, n_features)
+        At most ``PARTITION_ROWS`` rows of positive weight, chosen by their values alone.
+    labels : ndarray of shape (m,)
+        Their groups, 0 .. ``n_clusters`` - 1, numbered by their first row in ``rows``.
+        Any other row belongs to the group of its nearest row in ``rows``.
+    """
+    X = np.asarray(X, dtype=float)
+    w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
+    X = X[w > 0]
+    if n_clusters < 2 or len(X) < 2 * n_clusters:
+        return None
+    rows = X[canonical_order(X)[:PARTITION_ROWS]]  # any row order gives the same rows
+    labels = _tree_groups(rows, n_clusters)
+    if labels is None:
+        return None
+    gaps, spacing = _gaps(rows, labels, n_clusters)
+    if np.any(gaps <= TOUCHING * spacing):  # two groups touch: not clusters that stand apart
+        return None
+    return rows, labels
+
+
+def _tree_groups(rows: np.ndarray, n_clusters: int) -> np.ndarray | None:
+    """(m,) ``n_clusters`` groups of ``rows`` from the mutual-reachability single-linkage
+    tree, split from the top where both sides keep ``min_size`` rows; None where it holds
+    fewer such groups."""
+    m = len(rows)
+    distances = squareform(pdist(rows))  # (m, m)
+    k = min(NEIGHBOURS, m - 1)
+    core = np.partition(distances, k, axis=1)[:, k]  # (m,) the distance to the k-th nearest
+    reach = np.maximum(distances, np.maximum(core[:, None], core[None, :]))
+    tree = linkage(squareform(reach, checks=False), method="single")  # (m - 1, 4)
+    size = np.concatenate([np.ones(m), tree[:, 3]])  # rows under each node
+    min_size = max(NEIGHBOURS // 2, int(MIN_GROUP * m))
+    groups = {2 * m - 2}  # the root
+    for j in range(m - 2, -1, -1):  # from the highest merge down
+        node = m + j
+        if node not in groups:
+            continue
+        large = [int(c) for c in tree[j, :2] if size[int(c)] >= min_size]
+        if not large:
+            continue  # both sides small: a group's own rows
+        if len(large) == 2 and len(groups) == n_clusters:
+            break
+        groups.remove(node)  # one large side: the small one's rows are shed
+        groups.update(large)
+    if len(groups) < n_clusters:
+        return None
+    labels = np.full(m, -1, dtype=np.int64)
+    for group, node in enumerate(sorted(groups)):
+        stack = [node]
+        while stack:
+            x = stack.pop()
+            if x < m:
+                labels[x] = group
+            else:
+                stack.extend(int(c) for c in tree[x - m, :2])
+    shed = labels < 0
+    if shed.any():  # a shed row joins the group of its nearest row in a group
+        nearest = distances[np.ix_(shed, ~shed)].argmin(axis=1)
+        labels[shed] = labels[~shed][nearest]
+    _, first = np.unique(labels, return_index=True)
+    renumber = np.empty(n_clusters, dtype=np.int64)
+    renumber[np.argsort(first)] = np.arange(n_clusters)
+    return renumber[labels]

@@ -12,7 +12,7 @@ from sklearn.base import (
     _fit_context,
 )
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.metrics.pairwise import euclidean_distances
+from sklearn.metrics.pairwise import euclidean_distances, pairwise_distances_argmin
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 
@@ -44,6 +44,11 @@ def _too_few_samples_message(n_clusters: int, n_samples: int) -> str:
 def _nearest_center(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
     """The nearest of ``centers`` to each row, as ``predict`` gives it."""
     return euclidean_distances(X, centers).argmin(axis=1).astype(np.int32)
+
+
+def _nearest_row_group(X: np.ndarray, rows: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """The group of the nearest of ``rows`` to each row of ``X`` (ties: the first)."""
+    return groups[pairwise_distances_argmin(X, rows)].astype(np.int32)
 
 
 class TransformerClusterer(
@@ -85,7 +90,11 @@ class TransformerClusterer(
         curved or elongated cluster can be one cluster (see :ref:`Merged clusters
         <merged-clusters>`). Where the checkpoint counts clusters, they are merged down to
         the count ``merge=False`` finds, components whose rows touch first; elsewhere by
-        the entropy criterion. Ignored with an int ``n_clusters``.
+        the entropy criterion. Where the rows themselves fall into that many groups that
+        stand apart (no row's near neighbour in another), ``labels_`` are those groups
+        and :meth:`predict` gives each row the group of its nearest fitted row: a
+        component that spans two nested rings then splits. Ignored with an int
+        ``n_clusters``.
     init : {"transformer", "k-means++", "random"}, callable or array-like, \
 default="transformer"
         Where Lloyd starts: ``"transformer"``, the transformer's clusterings, then
@@ -159,7 +168,8 @@ default="transformer"
         With ``merge=True`` and ``n_clusters`` not an int: the fitted mixture whose
         components were merged.
     component_to_cluster_ : ndarray of shape (n_components,)
-        With ``merge=True``: the cluster of each of ``mixture_``'s components.
+        With ``merge=True``: the cluster of each of ``mixture_``'s components (the labels,
+        unless the clusters stand apart row by row; see ``merge``).
     n_features_in_ : int
         Number of features seen during fit.
     feature_names_in_ : ndarray of shape (`n_features_in_`,)
@@ -313,7 +323,7 @@ default="transformer"
         )
 
     def _forget_previous_fit(self) -> None:
-        for name in ("mixture_", "component_to_cluster_"):  # of an earlier merged fit
+        for name in ("mixture_", "component_to_cluster_", "_separated"):  # of a merged fit
             self.__dict__.pop(name, None)
 
     def _choose(self, X, sample_weight, has_missing: bool) -> tuple:
@@ -574,7 +584,9 @@ default="transformer"
         largest candidate where that is below C, or C where those collapse), all read
         from one pass, and its components are merged down to C, touching ones first;
         elsewhere the mixture is ``TransformerGMM(n_components=n_clusters)``'s and the
-        merges stop by the entropy rule. ``labels_`` are the merged clusters,
+        merges stop by the entropy rule. Where the rows fall into C groups that stand
+        apart (:func:`~transformer_gmm._merge.separated_partition`), those groups label
+        them, and no larger mixture is fitted to tile them. ``labels_`` are the clusters,
         ``cluster_centers_`` their weighted means and ``inertia_`` the weighted squared
         distances to the centre of each label."""
         from .gmm import TransformerGMM
@@ -591,8 +603,9 @@ default="transformer"
                 self, X, sample_weight, check_random_state(self.random_state), "n_clusters"
             )
             n_clusters = choice.n_components
+            separated = _merge.separated_partition(X, n_clusters, sample_weight)
             sizes = [max(n_clusters, choice.n_density_components)]
-            if choice.n_density_components < n_clusters:
+            if separated is None and choice.n_density_components < n_clusters:
                 # Fewer components than clusters: clusters no Gaussian each describes
                 # (nested rings read as one), which the most components tile finely
                 # enough for their touching pieces to be merged back, unless so many
@@ -615,13 +628,20 @@ default="transformer"
                 **mixture_params,
             ).fit(X, sample_weight=sample_weight)
             mapping = _merge.merge_mixture(mixture, X, sample_weight)
+            n_clusters = int(mapping.max()) + 1
+            separated = _merge.separated_partition(X, n_clusters, sample_weight)
             self._store_choice(None)
             for name in ("candidates_", "criterion_", "selection_criterion_", "k_posterior_"):
                 if hasattr(mixture, name):
                     setattr(self, name, getattr(mixture, name))
-        labels = mapping[np.asarray(mixture.predict(X))].astype(np.int32)
-        w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
         n_clusters = int(mapping.max()) + 1
+        # Clusters that stand apart row by row: their rows' groups, not the components'.
+        self._separated = separated
+        if separated is not None:
+            labels = _nearest_row_group(X, *self._separated)
+        else:
+            labels = mapping[np.asarray(mixture.predict(X))].astype(np.int32)
+        w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
         mass = np.bincount(labels, weights=w, minlength=n_clusters)
         sums = np.stack(
             [np.bincount(labels, weights=w * X[:, j], minlength=n_clusters)
@@ -668,6 +688,9 @@ default="transformer"
         rows = self._read_rows(X, "predict", "cluster_centers_")
         if rows.chunked:  # one task a chunk, with nothing but the centres in it
             return rows.apply(_nearest_center, self.cluster_centers_, dtype=np.int32)
+        if getattr(self, "_separated", None) is not None:  # merged, row by row
+            labels = _nearest_row_group(rows.X, *self._separated)
+            return _array_api.returned(labels, rows.namespace)
         if hasattr(self, "component_to_cluster_"):  # merged: the mixture's component's cluster
             components = self.mixture_.predict(rows.X)
             labels = self.component_to_cluster_[np.asarray(components)].astype(np.int32)
