@@ -12,8 +12,8 @@ from sklearn.base import (
     _fit_context,
 )
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.metrics.pairwise import euclidean_distances, pairwise_distances_argmin
-from sklearn.utils import check_random_state
+from sklearn.metrics.pairwise import euclidean_distances
+from sklearn.utils import check_random_state, gen_batches
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from . import (
@@ -48,7 +48,12 @@ def _nearest_center(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
 
 def _nearest_row_group(X: np.ndarray, rows: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """The group of the nearest of ``rows`` to each row of ``X`` (ties: the first)."""
-    return groups[pairwise_distances_argmin(X, rows)].astype(np.int32)
+    # Blocks of X against every row, a few MiB each; not pairwise_distances_argmin, whose
+    # thread pool costs tens of milliseconds a call on small data.
+    nearest = np.empty(len(X), dtype=np.int64)
+    for block in gen_batches(len(X), max(1, 2**19 // max(len(rows), 1))):
+        nearest[block] = euclidean_distances(X[block], rows).argmin(axis=1)
+    return groups[nearest].astype(np.int32)
 
 
 class TransformerClusterer(
