@@ -503,6 +503,24 @@ def test_assign_is_the_first_nearest_centre_ties_and_nan_included():
     assert (labels[1] == 2).all()  # a NaN centre's score is NaN, and NaN comes first
 
 
+@pytest.mark.parametrize("n_clusters", [1, 2, 7, 300])
+def test_first_minimum_is_min_indices_on_many_rows(n_clusters):
+    # Past the few rows where it calls min itself: integer scores (exact ties), a repeated
+    # centre, NaN in a row and in a whole centre, infinities, float64 and float32.
+    rng = np.random.default_rng(n_clusters)
+    scores = torch.from_numpy(rng.integers(-3, 4, size=(2, n_clusters, 5000)).astype(float))
+    scores[:, -1] = scores[:, 0]
+    scores[0, n_clusters // 2, 10] = float("nan")
+    scores[1, :, 11] = float("nan")
+    scores[1, n_clusters // 2] = float("nan")
+    scores[0, -1, 12] = -float("inf")
+    for dtype in (torch.float64, torch.float32):
+        s = scores.to(dtype)
+        np.testing.assert_array_equal(kmeans.first_minimum(s), s.min(1).indices)
+    finite = torch.from_numpy(rng.normal(size=(3, n_clusters, 4100)))
+    np.testing.assert_array_equal(kmeans.first_minimum(finite), finite.argmin(1))
+
+
 def test_lloyd_batched_with_padding_equals_one_at_a_time():
     datasets = [gaussian_blobs(*spec)[0] for spec in (SEPARATED, OVERLAPPING)]
     datasets[1] = datasets[1][:150]

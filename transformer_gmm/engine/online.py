@@ -36,10 +36,9 @@ from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty
 from .m_step import MixtureParams
 from .sufficient_stats import (  # the M-step's divisors of the scatter, multiplied back here
     SCATTER_SCALE,
-    LloydStatistics,
     MixtureStatistics,
+    centred_lloyd_statistics,
     farthest,
-    lloyd_statistics,
     mixture_statistics,
     parameters_from_statistics,
     worst_explained,
@@ -239,17 +238,16 @@ def minibatch_kmeans_step(
     counts: Tensor,
     *,
     sample_weight: Tensor | None = None,
-    with_inertia: bool = True,
-) -> tuple[Tensor, Tensor, LloydStatistics]:
-    """One mini-batch k-means step on the batch ``X`` (1, n, d): each of ``centers`` (1, K, d)
-    moves to the mean of the rows it took so far, of weight ``counts`` (1, K), and this
-    batch's nearest rows.
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One mini-batch k-means step on the batch ``X`` (1, n, d), as
+    :meth:`sklearn.cluster.MiniBatchKMeans.partial_fit` takes it: each of ``centers``
+    (1, K, d) moves to the mean of the rows it took so far, of weight ``counts`` (1, K),
+    and this batch's nearest rows; the batch is then labelled under the new centres.
 
     A centre that has still taken no row takes the row of the batch farthest from its
     centre, as :func:`~transformer_gmm.engine.kmeans.lloyd` relocates an empty cluster
     (the row leaves the sums of the cluster it was in). Returns the new centres, the new
-    counts, and the batch's statistics under the old centres (its inertia included unless
-    ``with_inertia`` is False).
+    counts, the batch's labels (1, n) and its inertia (1,) under the new centres.
 
     Examples
     --------
@@ -258,24 +256,27 @@ def minibatch_kmeans_step(
     >>> X = torch.tensor([[[0.0], [2.0], [10.0]]], dtype=torch.float64)
     >>> centers = torch.tensor([[[0.0], [10.0]]], dtype=torch.float64)
     >>> counts = torch.tensor([[2.0, 1.0]], dtype=torch.float64)
-    >>> new, counts, _ = online.minibatch_kmeans_step(X, centers, counts)
+    >>> new, counts, labels, inertia = online.minibatch_kmeans_step(X, centers, counts)
     >>> new[0, :, 0].tolist(), counts.tolist()  # (2 * 0 + 0 + 2) / 4, (10 + 10) / 2
     ([0.5, 10.0], [[4.0, 2.0]])
+    >>> labels.tolist(), inertia.tolist()  # 0.5 ** 2 + 1.5 ** 2
+    ([[0, 0, 1]], [2.5])
     """
     # The batch centred on its own weighted mean, as Lloyd centres its data: distances are
-    # then taken between numbers of the data's spread, not of its offset.
+    # then taken between numbers of the data's spread, not of its offset. Both passes
+    # read the same centred slices (one copy of the batch).
     if sample_weight is None:
         offset = X.mean(1, keepdim=True)
     else:
         offset = (X * sample_weight[..., None]).sum(1, keepdim=True) / sample_weight.sum()
+    slices = [(rows - offset, w) for rows, w in _slices(X, sample_weight, _LLOYD_SLICE_ROWS)]
+    old = centers - offset
     batch = None
-    for rows, weights in _slices(X, sample_weight, _LLOYD_SLICE_ROWS):
-        part = lloyd_statistics(
-            rows, centers, offset, with_inertia=with_inertia, sample_weight=weights
-        )
+    for rows, weights in slices:
+        part = centred_lloyd_statistics(rows, old, sample_weight=weights)
         batch = part if batch is None else batch + part
     total = (counts + batch.counts)[..., None]  # (1, K, 1)
-    sums = counts[..., None] * (centers - offset) + batch.sums  # every row taken, less offset
+    sums = counts[..., None] * old + batch.sums  # every row taken, less offset
     if bool((total == 0).any()):
         candidates = X if sample_weight is None else X[:, sample_weight[0] > 0]
         n_far = min(centers.shape[1], candidates.shape[1])
@@ -286,7 +287,13 @@ def minibatch_kmeans_step(
         total, sums = relocate_empty(
             total, sums, far[..., 0], far[..., 1:-1], far[..., -1].long(), far_weights
         )
-    return centers_from_sums(total, sums, offset), total[..., 0], batch
+    new = centers_from_sums(total, sums, offset)
+    labels, inertia, centred = [], X.new_zeros(1), new - offset
+    for rows, weights in slices:
+        labels.append(assign(rows, centred))  # (1, n)
+        weights = rows.new_ones(1, rows.shape[1], 1) if weights is None else weights[..., None]
+        inertia += inertia_of(rows, centred, labels[-1], weights)
+    return new, total[..., 0], torch.cat(labels, dim=1), inertia
 
 
 def _weights_of(rows: Tensor, X: Tensor, sample_weight: Tensor) -> Tensor:
@@ -342,27 +349,15 @@ def kmeans_step(
     """:func:`minibatch_kmeans_step` on a batch ``X`` (n, d), computed on ``device`` in its
     dtype; returns the new centres and counts (float64), then the batch's labels (int32)
     and weighted inertia under the new centres, as MiniBatchKMeans reports them."""
-    x = shared_tensor(X, device)[None]  # read, never written
-    weights = _on_device(sample_weight, device)
-    new, total, _ = minibatch_kmeans_step(  # the inertia is read under the new centres
-        x,
+    new, total, labels, inertia = minibatch_kmeans_step(
+        shared_tensor(X, device)[None],  # read, never written
         _on_device(centers, device),
         _on_device(counts, device),
-        sample_weight=weights,
-        with_inertia=False,
+        sample_weight=_on_device(sample_weight, device),
     )
-    offset = x.mean(1, keepdim=True)
-    centred_centers = new - offset
-    labels, inertia = [], 0.0
-    for rows, row_weights in _slices(x, weights, _LLOYD_SLICE_ROWS):
-        centred = rows - offset  # as Lloyd's
-        labels.append(assign(centred, centred_centers))  # (1, n)
-        unit = centred.new_ones(1, centred.shape[1], 1)
-        row_weights = unit if row_weights is None else row_weights[..., None]
-        inertia += float(inertia_of(centred, centred_centers, labels[-1], row_weights)[0])
     return (
         to_numpy(new[0]),
         to_numpy(total[0]),
-        torch.cat(labels, dim=1)[0].cpu().numpy().astype(np.int32),
-        inertia,
+        labels[0].cpu().numpy().astype(np.int32),
+        float(inertia[0]),
     )

@@ -49,6 +49,7 @@ __all__ = [
     "LloydStatistics",
     "MixtureStatistics",
     "RowsByStatistics",
+    "centred_lloyd_statistics",
     "farthest",
     "fit_em_from_statistics",
     "lloyd_from_statistics",
@@ -555,8 +556,21 @@ def lloyd_statistics(
     >>> stats.counts.tolist(), stats.inertia.tolist()
     ([[2.0, 2.0]], [2.0])
     """
-    x = X - offset
-    labels = assign(x, centers - offset)  # (B, n)
+    return centred_lloyd_statistics(
+        X - offset, centers - offset, with_inertia=with_inertia, sample_weight=sample_weight
+    )
+
+
+def centred_lloyd_statistics(
+    x: Tensor,
+    centers: Tensor,
+    *,
+    with_inertia: bool = False,
+    sample_weight: Tensor | None = None,
+) -> LloydStatistics:
+    """:func:`lloyd_statistics` of rows ``x`` (1, n, d) and ``centers`` (B, K, d) both
+    already less the offset, for callers that read the same centred rows more than once."""
+    labels = assign(x, centers)  # (B, n)
     one_hot = x.new_zeros(*labels.shape, centers.shape[1]).scatter_(2, labels[..., None], 1.0)
     weights = x.new_ones(1, x.shape[1], 1)
     if sample_weight is not None:
@@ -564,7 +578,7 @@ def lloyd_statistics(
         one_hot = one_hot * weights
     inertia = x.new_zeros(labels.shape[:1])
     if with_inertia:
-        inertia = inertia_of(x, centers - offset, labels, weights)
+        inertia = inertia_of(x, centers, labels, weights)
     return LloydStatistics(one_hot.sum(1), one_hot.mT @ x, inertia)
 
 
