@@ -346,3 +346,27 @@ def test_streaming_benchmark_runs(tmp_path):
     assert all(
         np.isfinite([r["metric"], r["memory_mib"], r["rows_per_second"]]).all() for r in rows
     )
+
+
+def test_streaming_seeds_benchmark_pairs_the_seeds(tmp_path):
+    import csv
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "streaming_seeds.py"
+    spec = importlib.util.spec_from_file_location("streaming_seeds", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    summary = module.main(
+        ["--n-rows", "4000", "--batch-sizes", "1000", "--seeds", "3", "--datasets",
+         "synthetic", "--checkpoint", "none", "--results", str(tmp_path)]
+    )
+    with (tmp_path / "streaming_seeds.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert [int(r["seed"]) for r in rows] == [0, 1, 2]
+    differences = [float(r["ours_inertia"]) - float(r["minibatch_inertia"]) for r in rows]
+    (line,) = summary
+    assert line["n_seeds"] == 3
+    assert line["inertia_difference"] == pytest.approx(np.mean(differences))
+    assert line["inertia_difference_se"] == pytest.approx(np.std(differences, ddof=1) / np.sqrt(3))
+    assert np.isfinite(line["seconds_ratio"]) and line["seconds_ratio"] > 0
