@@ -14,10 +14,24 @@ from transformer_gmm._merge import (
     choose_n_clusters,
     component_to_cluster,
     entropy,
+    fewer_separated_groups,
     merge_connected,
     merge_hierarchy,
     separated_partition,
 )
+from transformer_gmm.cluster import is_one_gaussian
+
+
+def separated_blobs(seed: int, k: int, n: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    """``k`` unit Gaussians in the plane, means at least six standard deviations apart."""
+    rng = np.random.default_rng(seed)
+    while True:
+        means = rng.uniform(-12, 12, (k, 2))
+        gaps = np.linalg.norm(means[:, None] - means[None], axis=-1)
+        if gaps[~np.eye(k, dtype=bool)].min() >= 6:
+            break
+    labels = np.arange(n) % k
+    return means[labels] + rng.standard_normal((n, 2)), labels
 
 
 def two_clusters_of_two_gaussians(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -230,3 +244,28 @@ def test_merged_clusterer_splits_components_that_span_nested_circles():
     order = np.random.default_rng(0).permutation(len(X))
     shuffled = TransformerClusterer(n_clusters="auto", merge=True, random_state=0).fit(X[order])
     assert np.array_equal(shuffled.predict(new), km.predict(new))
+
+
+def test_fewer_separated_groups_counts_blobs_that_stand_apart():
+    X, _ = separated_blobs(1, 7)
+    assert fewer_separated_groups(X, 10, None, is_one_gaussian) == 7
+    assert fewer_separated_groups(X, 8, None, is_one_gaussian) == 7
+    assert fewer_separated_groups(X, 7, None, is_one_gaussian) is None  # the count stands already
+    order = np.random.default_rng(0).permutation(len(X))
+    assert fewer_separated_groups(X[order], 10, None, is_one_gaussian) == 7
+    # Rows of no weight are not read, wherever they lie.
+    far = np.vstack([X, np.full((20, 2), 100.0)])
+    weights = np.r_[np.ones(len(X)), np.zeros(20)]
+    assert fewer_separated_groups(far, 10, weights, is_one_gaussian) == 7
+
+
+def test_fewer_separated_groups_keeps_a_count_of_touching_or_curved_clusters():
+    rng = np.random.default_rng(2)
+    centres = ([0, 0], [2.5, 0], [5, 0], [20, 20])  # three touching, one apart
+    touching = np.vstack([rng.normal(c, 1, (100, 2)) for c in centres])
+    assert separated_partition(touching, 2) is not None  # two groups stand apart, but one
+    assert fewer_separated_groups(touching, 5, None, is_one_gaussian) is None  # is three
+    rings, _ = make_circles(400, noise=0.02, factor=0.3, random_state=0)
+    assert separated_partition(rings, 2) is not None
+    # A ring is not one Gaussian.
+    assert fewer_separated_groups(rings, 4, None, is_one_gaussian) is None

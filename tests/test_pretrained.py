@@ -16,6 +16,7 @@ from conftest import OneStandardization, transformer_estimates
 from sklearn.datasets import make_circles, make_moons
 from sklearn.metrics import adjusted_rand_score
 from sklearn.mixture import GaussianMixture
+from test_merge import separated_blobs
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
 from transformer_gmm.engine import model_cache
@@ -218,3 +219,16 @@ def test_the_clusterer_counts_two_curved_clusters(make_data, seed):
     # k-means cuts them straight; the rows' groups follow them.
     assert adjusted_rand_score(y, clusterer.labels_) < 0.3
     assert adjusted_rand_score(y, merged.labels_) > 0.95  # moons: 0.99 (tips), circles: 1
+
+
+@pytest.mark.parametrize("seed, k", [(1, 7), (2, 8)])
+def test_the_clusterer_counts_separated_blobs_the_heads_overcount(seed, k):
+    """Seven and eight blobs that stand apart, which the heads read as ten: the rows fall
+    into k groups that stand apart, each one Gaussian, and the clusterer counts those."""
+    X, y = separated_blobs(seed, k)
+    clusterer = TransformerClusterer(n_clusters="auto", random_state=0).fit(X)
+    assert clusterer.candidates_[np.argmax(clusterer.k_posterior_)] == 10
+    assert clusterer.n_clusters_ == k
+    assert adjusted_rand_score(y, clusterer.labels_) == 1.0
+    merged = TransformerClusterer(n_clusters="auto", merge=True, random_state=0).fit(X)
+    assert merged.n_clusters_ == k and adjusted_rand_score(y, merged.labels_) == 1.0

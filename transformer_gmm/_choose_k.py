@@ -24,18 +24,23 @@ clusters, tempered by that of components. The cluster-count head alone counts cu
 nested clusters best, but loses separated Gaussian clusters and shapes its training never
 drew (hollow squares) that the K-posterior head counts; the full product loses moons,
 which take many components. The square root keeps most of both (measured on draws apart
-from the benchmark's; docs/choosing_k.md).
+from the benchmark's; docs/choosing_k.md). Where the rows show fewer clusters than that
+count, standing apart and each one cluster by the clusterer's test (one Gaussian;
+``_merge.fewer_separated_groups``), it takes the rows' count: the heads read a small
+separated blob as two.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Integral
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import _merge
 from ._collapsed import CollapsedComponentWarning
 from ._fitting import draw_seed
 from .engine import model_cache
@@ -154,13 +159,23 @@ def _criterion(params: dict, backbone, ks: np.ndarray) -> tuple[str, bool]:
     return criterion, covered
 
 
-def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
-    """Choose K for ``estimator`` (whose ``k_name`` is "auto" or candidates) on ``X``."""
+def choose(
+    estimator,
+    X,
+    sample_weight,
+    random_state,
+    k_name: str,
+    is_one_cluster: Callable[[np.ndarray], bool] | None = None,
+) -> Choice:
+    """Choose K for ``estimator`` (whose ``k_name`` is "auto" or candidates) on ``X``; a
+    counted choice gives way to fewer groups that stand apart where ``is_one_cluster``
+    holds for the rows of each (see the module)."""
     params = estimator._fit_params()
     backbone = named_backbone(params["checkpoint"])
     ks = candidates(params[k_name], params[_max_name(k_name)], len(X), backbone, k_name)
     criterion, covered = _criterion(params, backbone, ks)
     posterior, k_unknown_pass, component_posterior = None, None, None
+    clusters = False
     if covered:
         seed = draw_seed(random_state)
         weights = None if sample_weight is None else [sample_weight]
@@ -197,6 +212,9 @@ def choose(estimator, X, sample_weight, random_state, k_name: str) -> Choice:
     with np.errstate(divide="ignore"):
         values = -np.log(posterior)
     K = int(ks[np.argmax(posterior)])
+    if clusters and is_one_cluster is not None:
+        fewer = _merge.fewer_separated_groups(X, K, sample_weight, is_one_cluster)
+        K = fewer if fewer is not None and fewer in ks else K
     return Choice(
         K, ks, "posterior", values, posterior, None, k_unknown_pass, component_posterior
     )

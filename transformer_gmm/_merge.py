@@ -38,6 +38,7 @@ used only where no row's near neighbour (as above) lies in another group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -245,31 +246,80 @@ def separated_partition(
         Their groups, 0 .. ``n_clusters`` - 1, numbered by their first row in ``rows``.
         Any other row belongs to the group of its nearest row in ``rows``.
     """
+    rows = _partition_rows(X, sample_weight)
+    if n_clusters < 2 or len(rows) < 2 * n_clusters:
+        return None
+    labels = _apart(rows, _reachability_tree(rows), n_clusters)
+    return None if labels is None else (rows, labels)
+
+
+def fewer_separated_groups(
+    X: np.ndarray,
+    n_clusters: int,
+    sample_weight: np.ndarray | None,
+    is_one_cluster: Callable[[np.ndarray], bool],
+) -> int | None:
+    """A count below ``n_clusters`` that the rows show: the largest c < ``n_clusters`` for
+    which they fall into c groups that stand apart (as :func:`separated_partition`'s),
+    provided ``is_one_cluster`` holds for the rows of each; None where they stand apart in
+    ``n_clusters`` groups, or where the first smaller partition has a group that is not
+    one cluster.
+
+    A count read off the whole data can overshoot clusters that stand apart (a small blob
+    read as two); the groups of a smaller count, each one cluster, show it did. Clusters
+    that touch (no such partition) or groups of several touching clusters keep the count.
+    """
+    rows = _partition_rows(X, sample_weight)
+    if n_clusters < 3 or len(rows) < 2 * n_clusters:
+        return None
+    tree = _reachability_tree(rows)
+    if _apart(rows, tree, n_clusters) is not None:
+        return None
+    for count in range(n_clusters - 1, 1, -1):
+        labels = _apart(rows, tree, count)
+        if labels is not None:
+            one_each = all(is_one_cluster(rows[labels == g]) for g in range(count))
+            return count if one_each else None
+    return None
+
+
+def _partition_rows(X: np.ndarray, sample_weight: np.ndarray | None) -> np.ndarray:
+    """The rows a partition reads: at most ``PARTITION_ROWS`` of positive weight, chosen by
+    their values alone (so any row order gives the same rows)."""
     X = np.asarray(X, dtype=float)
-    w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
-    X = X[w > 0]
-    if n_clusters < 2 or len(X) < 2 * n_clusters:
-        return None
-    rows = X[canonical_order(X)[:PARTITION_ROWS]]  # any row order gives the same rows
-    labels = _tree_groups(rows, n_clusters)
-    if labels is None:
-        return None
-    gaps, spacing = _gaps(rows, labels, n_clusters)
-    if np.any(gaps <= TOUCHING * spacing):  # two groups touch: not clusters that stand apart
-        return None
-    return rows, labels
+    if sample_weight is not None:
+        X = X[np.asarray(sample_weight, dtype=float) > 0]
+    return X[canonical_order(X)[:PARTITION_ROWS]]
 
 
-def _tree_groups(rows: np.ndarray, n_clusters: int) -> np.ndarray | None:
-    """(m,) ``n_clusters`` groups of ``rows`` from the mutual-reachability single-linkage
-    tree, split from the top where both sides keep ``min_size`` rows; None where it holds
-    fewer such groups."""
+def _reachability_tree(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairwise distances (m, m) of ``rows`` and their single-linkage tree (m - 1, 4)
+    under the mutual reachability distance (core distance: to the NEIGHBOURS-th nearest)."""
     m = len(rows)
     distances = squareform(pdist(rows))  # (m, m)
     k = min(NEIGHBOURS, m - 1)
     core = np.partition(distances, k, axis=1)[:, k]  # (m,) the distance to the k-th nearest
     reach = np.maximum(distances, np.maximum(core[:, None], core[None, :]))
-    tree = linkage(squareform(reach, checks=False), method="single")  # (m - 1, 4)
+    return distances, linkage(squareform(reach, checks=False), method="single")
+
+
+def _apart(rows: np.ndarray, tree: tuple[np.ndarray, np.ndarray], n_clusters: int):
+    """(m,) the tree's ``n_clusters`` groups of ``rows`` where no near-neighbour link joins
+    two of them, else None."""
+    labels = _tree_groups(*tree, n_clusters)
+    if labels is None:
+        return None
+    gaps, spacing = _gaps(rows, labels, n_clusters)
+    if np.any(gaps <= TOUCHING * spacing):  # two groups touch: not clusters that stand apart
+        return None
+    return labels
+
+
+def _tree_groups(distances: np.ndarray, tree: np.ndarray, n_clusters: int) -> np.ndarray | None:
+    """(m,) ``n_clusters`` groups of the rows of ``tree`` (:func:`_reachability_tree`), split
+    from the top where both sides keep ``min_size`` rows; None where it holds fewer such
+    groups."""
+    m = len(distances)
     size = np.concatenate([np.ones(m), tree[:, 3]])  # rows under each node
     min_size = max(NEIGHBOURS // 2, int(MIN_GROUP * m))
     groups = {2 * m - 2}  # the root

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from numbers import Integral
 
 import numpy as np
@@ -56,6 +57,24 @@ def _nearest_row_group(X: np.ndarray, rows: np.ndarray, groups: np.ndarray) -> n
     return groups[nearest].astype(np.int32)
 
 
+def is_one_gaussian(rows: np.ndarray) -> bool:
+    """Whether one diagonal Gaussian describes ``rows`` at least as well as two, by BIC:
+    the clusterer's test of a group of rows that stands apart (``_merge``). EM from
+    k-means++ starts, seeded, so the rows alone decide. Chosen among spherical, diagonal
+    and full covariances on draws apart from the benchmark's (docs/choosing_k.md)."""
+    from .gmm import TransformerGMM
+
+    bic = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # two components may collapse or converge slowly
+        for k in (1, 2):
+            gmm = TransformerGMM(
+                k, covariance_type="diag", checkpoint=None, n_init=k, random_state=0
+            )
+            bic[k] = gmm.fit(rows).bic(rows)
+    return bool(bic[1] <= bic[2])
+
+
 class TransformerClusterer(
     ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, TransformerMixtureBase
 ):
@@ -85,7 +104,9 @@ class TransformerClusterer(
         probable K under the checkpoint's learned P(K | X), from one forward pass (where
         the checkpoint also counts clusters of any shape, as the bundled one does, the
         most probable count under P(C | X) P(K | X)^(1/2): a ring or two moons are
-        clusters, not the many components a mixture needs for them); ``"bic"``, the lowest
+        clusters, not the many components a mixture needs for them; a count that the
+        rows show to be too many, falling into fewer groups that stand apart and are
+        each one Gaussian, gives way to that number of groups); ``"bic"``, the lowest
         BIC of every candidate's clustering (X-means); ``"auto"``, the posterior where the
         checkpoint reads it for every candidate, else BIC.
     merge : bool, default=False
@@ -170,7 +191,9 @@ default="transformer"
         How K was chosen.
     k_posterior_ : ndarray of shape (n_candidates,)
         P(K | X) of each candidate under the checkpoint, when it reads one; where it counts
-        clusters too, P(C | X) P(K | X)^(1/2), normalized (the posterior it chooses by).
+        clusters too, P(C | X) P(K | X)^(1/2), normalized (the posterior it chooses by;
+        ``n_clusters_`` is below its mode where the rows show fewer clusters, see
+        ``criterion``).
     mixture_ : TransformerGMM
         With ``merge=True`` and ``n_clusters`` not an int: the fitted mixture whose
         components were merged.
@@ -351,7 +374,8 @@ default="transformer"
             self._fit_merged(X, sample_weight)
             return None, None
         choice = _choose_k.choose(
-            self, X, sample_weight, check_random_state(self.random_state), "n_clusters"
+            self, X, sample_weight, check_random_state(self.random_state), "n_clusters",
+            is_one_gaussian,
         )
         self._store_choice(choice)
         if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
@@ -610,7 +634,8 @@ default="transformer"
         )
         if _choose_k.counts_clusters(self, len(X)):
             choice = _choose_k.choose(
-                self, X, sample_weight, check_random_state(self.random_state), "n_clusters"
+                self, X, sample_weight, check_random_state(self.random_state), "n_clusters",
+                is_one_gaussian,
             )
             n_clusters = choice.n_components
             separated = _merge.separated_partition(X, n_clusters, sample_weight)
