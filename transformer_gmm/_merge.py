@@ -161,23 +161,53 @@ def component_to_cluster(hierarchy: Hierarchy, n_clusters: int) -> np.ndarray:
     return mapping
 
 
+@dataclass(frozen=True)
+class _Links:
+    """Each row's nearest neighbours (itself first, as NearestNeighbors lists them), their
+    distances, and the rows' typical spacing (the median distance to the nearest other)."""
+
+    neighbours: np.ndarray  # (m, k + 1)
+    distances: np.ndarray  # (m, k + 1)
+    spacing: float
+
+    def gaps(self, labels: np.ndarray, n_groups: int) -> np.ndarray:
+        """(G, G) the shortest link between rows of two groups (inf where none links them)."""
+        gaps = np.full((n_groups, n_groups), np.inf)
+        a = np.broadcast_to(labels[:, None], self.neighbours.shape)
+        np.minimum.at(gaps, (a.ravel(), labels[self.neighbours].ravel()), self.distances.ravel())
+        gaps = np.minimum(gaps, gaps.T)
+        np.fill_diagonal(gaps, np.inf)
+        return gaps
+
+
+def _links(X: np.ndarray) -> _Links:
+    """The nearest-neighbour links of the rows of ``X`` (at least two)."""
+    n_neighbours = min(NEIGHBOURS + 1, len(X))
+    distances, neighbours = NearestNeighbors(n_neighbors=n_neighbours).fit(X).kneighbors(X)
+    return _Links(neighbours, distances, float(np.median(distances[:, 1])))
+
+
+def _links_from_distances(distances: np.ndarray) -> _Links:
+    """:func:`_links` from the rows' pairwise distances (m, m), already at hand."""
+    n_neighbours = min(NEIGHBOURS + 1, len(distances))
+    part = np.argpartition(distances, n_neighbours - 1, axis=1)[:, :n_neighbours]
+    near = np.take_along_axis(distances, part, axis=1)
+    order = np.argsort(near, axis=1, kind="stable")  # nearest first, as kneighbors
+    neighbours = np.take_along_axis(part, order, axis=1)
+    near = np.take_along_axis(near, order, axis=1)
+    return _Links(neighbours, near, float(np.median(near[:, 1])))
+
+
 def _gaps(X: np.ndarray, labels: np.ndarray, n_components: int) -> tuple[np.ndarray, float]:
     """(K, K) the shortest distance between rows of two components along the rows'
     nearest-neighbour links (inf where none links them), and the rows' typical spacing."""
-    gaps = np.full((n_components, n_components), np.inf)
     if len(X) < 2:
-        return gaps, 0.0
+        return np.full((n_components, n_components), np.inf), 0.0
     if len(X) > MAX_ROWS:
         keep = np.sort(canonical_order(X)[:MAX_ROWS])
         X, labels = X[keep], labels[keep]
-    n_neighbours = min(NEIGHBOURS + 1, len(X))
-    distances, neighbours = NearestNeighbors(n_neighbors=n_neighbours).fit(X).kneighbors(X)
-    spacing = float(np.median(distances[:, 1]))
-    a, b = np.broadcast_to(labels[:, None], neighbours.shape), labels[neighbours]
-    np.minimum.at(gaps, (a.ravel(), b.ravel()), distances.ravel())
-    gaps = np.minimum(gaps, gaps.T)
-    np.fill_diagonal(gaps, np.inf)
-    return gaps, spacing
+    links = _links(X)
+    return links.gaps(labels, n_components), links.spacing
 
 
 def merge_connected(
@@ -249,7 +279,7 @@ def separated_partition(
     rows = _partition_rows(X, sample_weight)
     if n_clusters < 2 or len(rows) < 2 * n_clusters:
         return None
-    labels = _apart(rows, _reachability_tree(rows), n_clusters)
+    labels = _apart(_reachability_tree(rows), n_clusters)
     return None if labels is None else (rows, labels)
 
 
@@ -273,12 +303,13 @@ def fewer_separated_groups(
     if n_clusters < 3 or len(rows) < 2 * n_clusters:
         return None
     tree = _reachability_tree(rows)
-    if _apart(rows, tree, n_clusters) is not None:
+    if _apart(tree, n_clusters) is not None:
         return None
     for count in range(n_clusters - 1, 1, -1):
-        labels = _apart(rows, tree, count)
-        if labels is not None:
-            one_each = all(is_one_cluster(rows[labels == g]) for g in range(count))
+        labels = _apart(tree, count)
+        if labels is not None:  # the largest group first: the likeliest to be several
+            by_size = np.argsort(-np.bincount(labels, minlength=count), kind="stable")
+            one_each = all(is_one_cluster(rows[labels == g]) for g in by_size)
             return count if one_each else None
     return None
 
@@ -292,37 +323,48 @@ def _partition_rows(X: np.ndarray, sample_weight: np.ndarray | None) -> np.ndarr
     return X[canonical_order(X)[:PARTITION_ROWS]]
 
 
-def _reachability_tree(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The pairwise distances (m, m) of ``rows`` and their single-linkage tree (m - 1, 4)
-    under the mutual reachability distance (core distance: to the NEIGHBOURS-th nearest)."""
+@dataclass(frozen=True)
+class _Tree:
+    """The rows' pairwise distances (m, m), their single-linkage tree (m - 1, 4) under the
+    mutual reachability distance, and their nearest-neighbour links: what every cut reads."""
+
+    distances: np.ndarray
+    linkage: np.ndarray
+    links: _Links
+    cuts: dict[int, frozenset[int]]  # the groups (tree nodes) of each count
+
+
+def _reachability_tree(rows: np.ndarray) -> _Tree:
+    """:class:`_Tree` of ``rows`` (core distance: to the NEIGHBOURS-th nearest)."""
     m = len(rows)
     distances = squareform(pdist(rows))  # (m, m)
     k = min(NEIGHBOURS, m - 1)
     core = np.partition(distances, k, axis=1)[:, k]  # (m,) the distance to the k-th nearest
     reach = np.maximum(distances, np.maximum(core[:, None], core[None, :]))
-    return distances, linkage(squareform(reach, checks=False), method="single")
+    tree = linkage(squareform(reach, checks=False), method="single")
+    return _Tree(distances, tree, _links_from_distances(distances), _tree_cuts(tree))
 
 
-def _apart(rows: np.ndarray, tree: tuple[np.ndarray, np.ndarray], n_clusters: int):
-    """(m,) the tree's ``n_clusters`` groups of ``rows`` where no near-neighbour link joins
+def _apart(tree: _Tree, n_clusters: int) -> np.ndarray | None:
+    """(m,) the tree's ``n_clusters`` groups of its rows where no near-neighbour link joins
     two of them, else None."""
-    labels = _tree_groups(*tree, n_clusters)
+    labels = _tree_groups(tree, n_clusters)
     if labels is None:
         return None
-    gaps, spacing = _gaps(rows, labels, n_clusters)
-    if np.any(gaps <= TOUCHING * spacing):  # two groups touch: not clusters that stand apart
-        return None
+    if np.any(tree.links.gaps(labels, n_clusters) <= TOUCHING * tree.links.spacing):
+        return None  # two groups touch: not clusters that stand apart
     return labels
 
 
-def _tree_groups(distances: np.ndarray, tree: np.ndarray, n_clusters: int) -> np.ndarray | None:
-    """(m,) ``n_clusters`` groups of the rows of ``tree`` (:func:`_reachability_tree`), split
-    from the top where both sides keep ``min_size`` rows; None where it holds fewer such
-    groups."""
-    m = len(distances)
+def _tree_cuts(tree: np.ndarray) -> dict[int, frozenset[int]]:
+    """The nodes of the tree (m - 1, 4) that are the groups of each count: split from the
+    top where both sides keep ``min_size`` rows (a split with one large side sheds the
+    small side's rows); the groups of count c are those met before the split to c + 1."""
+    m = len(tree) + 1
     size = np.concatenate([np.ones(m), tree[:, 3]])  # rows under each node
     min_size = max(NEIGHBOURS // 2, int(MIN_GROUP * m))
     groups = {2 * m - 2}  # the root
+    cuts = {}
     for j in range(m - 2, -1, -1):  # from the highest merge down
         node = m + j
         if node not in groups:
@@ -330,12 +372,21 @@ def _tree_groups(distances: np.ndarray, tree: np.ndarray, n_clusters: int) -> np
         large = [int(c) for c in tree[j, :2] if size[int(c)] >= min_size]
         if not large:
             continue  # both sides small: a group's own rows
-        if len(large) == 2 and len(groups) == n_clusters:
-            break
+        if len(large) == 2:
+            cuts[len(groups)] = frozenset(groups)
         groups.remove(node)  # one large side: the small one's rows are shed
         groups.update(large)
-    if len(groups) < n_clusters:
+    cuts[len(groups)] = frozenset(groups)
+    return cuts
+
+
+def _tree_groups(tree: _Tree, n_clusters: int) -> np.ndarray | None:
+    """(m,) the ``n_clusters`` groups of the tree's rows (:func:`_tree_cuts`); None where
+    the tree holds fewer such groups."""
+    groups = tree.cuts.get(n_clusters)
+    if groups is None:
         return None
+    m, distances, merges = len(tree.distances), tree.distances, tree.linkage
     labels = np.full(m, -1, dtype=np.int64)
     for group, node in enumerate(sorted(groups)):
         stack = [node]
@@ -344,7 +395,7 @@ def _tree_groups(distances: np.ndarray, tree: np.ndarray, n_clusters: int) -> np
             if x < m:
                 labels[x] = group
             else:
-                stack.extend(int(c) for c in tree[x - m, :2])
+                stack.extend(int(c) for c in merges[x - m, :2])
     shed = labels < 0
     if shed.any():  # a shed row joins the group of its nearest row in a group
         nearest = distances[np.ix_(shed, ~shed)].argmin(axis=1)

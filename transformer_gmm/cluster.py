@@ -59,20 +59,23 @@ def _nearest_row_group(X: np.ndarray, rows: np.ndarray, groups: np.ndarray) -> n
 
 def is_one_gaussian(rows: np.ndarray) -> bool:
     """Whether one diagonal Gaussian describes ``rows`` at least as well as two, by BIC:
-    the clusterer's test of a group of rows that stands apart (``_merge``). EM from
-    k-means++ starts, seeded, so the rows alone decide. Chosen among spherical, diagonal
-    and full covariances on draws apart from the benchmark's (docs/choosing_k.md)."""
+    the clusterer's test of a group of rows that stands apart (``_merge``). One Gaussian's
+    fit is the rows' mean and variances; two are fitted by EM from k-means++ starts,
+    seeded, so the rows alone decide. Diagonal covariances were chosen among spherical,
+    diagonal and full on draws apart from the benchmark's (docs/choosing_k.md)."""
     from .gmm import TransformerGMM
 
-    bic = {}
+    n, d = rows.shape
+    reg_covar = TransformerGMM().reg_covar
+    variances = rows.var(axis=0) + reg_covar
+    log_likelihood = -0.5 * n * float(np.sum(np.log(2 * np.pi * variances) + 1))
+    one = -2 * log_likelihood + 2 * d * np.log(n)  # d means, d variances
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # two components may collapse or converge slowly
-        for k in (1, 2):
-            gmm = TransformerGMM(
-                k, covariance_type="diag", checkpoint=None, n_init=k, random_state=0
-            )
-            bic[k] = gmm.fit(rows).bic(rows)
-    return bool(bic[1] <= bic[2])
+        two = TransformerGMM(
+            2, covariance_type="diag", checkpoint=None, n_init=2, random_state=0
+        ).fit(rows)
+    return bool(one <= two.bic(rows))
 
 
 class TransformerClusterer(
