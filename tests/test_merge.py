@@ -11,12 +11,13 @@ from sklearn.metrics.pairwise import pairwise_distances_argmin
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
 from transformer_gmm._merge import (
+    SeparatedCount,
     choose_n_clusters,
     component_to_cluster,
     entropy,
-    fewer_separated_groups,
     merge_connected,
     merge_hierarchy,
+    separated_count,
     separated_partition,
 )
 from transformer_gmm.cluster import is_one_gaussian
@@ -246,26 +247,31 @@ def test_merged_clusterer_splits_components_that_span_nested_circles():
     assert np.array_equal(shuffled.predict(new), km.predict(new))
 
 
-def test_fewer_separated_groups_counts_blobs_that_stand_apart():
-    X, _ = separated_blobs(1, 7)
-    assert fewer_separated_groups(X, 10, None, is_one_gaussian) == 7
-    assert fewer_separated_groups(X, 8, None, is_one_gaussian) == 7
-    assert fewer_separated_groups(X, 7, None, is_one_gaussian) is None  # the count stands already
+def test_separated_count_lowers_a_count_to_blobs_that_stand_apart():
+    X, truth = separated_blobs(1, 7)
+    read = separated_count(X, 10, None, is_one_gaussian)
+    assert read.n_clusters == 7
+    rows, groups = read.partition
+    assert adjusted_rand_score(truth[pairwise_distances_argmin(rows, X)], groups) == 1.0
+    assert separated_count(X, 8, None, is_one_gaussian).n_clusters == 7
+    kept = separated_count(X, 7, None, is_one_gaussian)  # the count stands already
+    assert kept.n_clusters == 7 and np.array_equal(kept.partition[1], groups)
     order = np.random.default_rng(0).permutation(len(X))
-    assert fewer_separated_groups(X[order], 10, None, is_one_gaussian) == 7
+    assert separated_count(X[order], 10, None, is_one_gaussian).n_clusters == 7
     # Rows of no weight are not read, wherever they lie.
     far = np.vstack([X, np.full((20, 2), 100.0)])
     weights = np.r_[np.ones(len(X)), np.zeros(20)]
-    assert fewer_separated_groups(far, 10, weights, is_one_gaussian) == 7
+    assert separated_count(far, 10, weights, is_one_gaussian).n_clusters == 7
+    assert separated_count(X, 2, None, is_one_gaussian) is None  # nothing to lower
 
 
-def test_fewer_separated_groups_keeps_a_count_of_touching_or_curved_clusters():
+def test_separated_count_keeps_a_count_of_touching_or_curved_clusters():
     rng = np.random.default_rng(2)
     centres = ([0, 0], [2.5, 0], [5, 0], [20, 20])  # three touching, one apart
     touching = np.vstack([rng.normal(c, 1, (100, 2)) for c in centres])
     assert separated_partition(touching, 2) is not None  # two groups stand apart, but one
-    assert fewer_separated_groups(touching, 5, None, is_one_gaussian) is None  # is three
+    assert separated_count(touching, 5, None, is_one_gaussian) == SeparatedCount(5, None)
     rings, _ = make_circles(400, noise=0.02, factor=0.3, random_state=0)
     assert separated_partition(rings, 2) is not None
     # A ring is not one Gaussian.
-    assert fewer_separated_groups(rings, 4, None, is_one_gaussian) is None
+    assert separated_count(rings, 4, None, is_one_gaussian) == SeparatedCount(4, None)

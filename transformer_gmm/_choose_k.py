@@ -26,7 +26,7 @@ drew (hollow squares) that the K-posterior head counts; the full product loses m
 which take many components. The square root keeps most of both (measured on draws apart
 from the benchmark's; docs/choosing_k.md). Where the rows show fewer clusters than that
 count, standing apart and each one cluster by the clusterer's test (one Gaussian;
-``_merge.fewer_separated_groups``), it takes the rows' count: the heads read a small
+``_merge.separated_count``), it takes the rows' count: the heads read a small
 separated blob as two.
 """
 
@@ -75,6 +75,9 @@ class Choice:
     # (C,) P(K | X) alone, normalized over the candidates, where ``posterior`` is a
     # clusterer's product with P(C | X): the components that describe the density.
     component_posterior: np.ndarray | None = None
+    # Where a clusterer's count was read against its rows' groups: the count and, where
+    # they stand apart at it, those groups (``_merge.separated_count``).
+    separated: _merge.SeparatedCount | None = None
 
     @property
     def n_density_components(self) -> int:
@@ -212,11 +215,14 @@ def choose(
     with np.errstate(divide="ignore"):
         values = -np.log(posterior)
     K = int(ks[np.argmax(posterior)])
+    separated = None
     if clusters and is_one_cluster is not None:
-        fewer = _merge.fewer_separated_groups(X, K, sample_weight, is_one_cluster)
-        K = fewer if fewer is not None and fewer in ks else K
+        read = _merge.separated_count(X, K, sample_weight, is_one_cluster)
+        if read is not None and read.n_clusters in ks:
+            K, separated = read.n_clusters, read
     return Choice(
-        K, ks, "posterior", values, posterior, None, k_unknown_pass, component_posterior
+        K, ks, "posterior", values, posterior, None, k_unknown_pass, component_posterior,
+        separated,
     )
 
 

@@ -283,35 +283,48 @@ def separated_partition(
     return None if labels is None else (rows, labels)
 
 
-def fewer_separated_groups(
+@dataclass(frozen=True)
+class SeparatedCount:
+    """A count of clusters the rows confirm or lower (:func:`separated_count`)."""
+
+    n_clusters: int
+    # The rows and their groups at that count where they stand apart (as
+    # :func:`separated_partition` returns them), else None.
+    partition: tuple[np.ndarray, np.ndarray] | None
+
+
+def separated_count(
     X: np.ndarray,
     n_clusters: int,
     sample_weight: np.ndarray | None,
     is_one_cluster: Callable[[np.ndarray], bool],
-) -> int | None:
-    """A count below ``n_clusters`` that the rows show: the largest c < ``n_clusters`` for
-    which they fall into c groups that stand apart (as :func:`separated_partition`'s),
-    provided ``is_one_cluster`` holds for the rows of each; None where they stand apart in
-    ``n_clusters`` groups, or where the first smaller partition has a group that is not
-    one cluster.
+) -> SeparatedCount | None:
+    """``n_clusters``, or a smaller count that the rows show: the largest c < ``n_clusters``
+    for which they fall into c groups that stand apart (as :func:`separated_partition`'s),
+    provided ``is_one_cluster`` holds for the rows of each. None where too few rows or
+    clusters (under three) leave nothing to lower.
 
     A count read off the whole data can overshoot clusters that stand apart (a small blob
-    read as two); the groups of a smaller count, each one cluster, show it did. Clusters
-    that touch (no such partition) or groups of several touching clusters keep the count.
+    read as two); the groups of a smaller count, each one cluster, show it did. Rows that
+    stand apart in ``n_clusters`` groups keep it, and so do clusters that touch (no smaller
+    partition) or groups of several touching clusters (the first smaller partition has a
+    group that is not one cluster).
     """
     rows = _partition_rows(X, sample_weight)
     if n_clusters < 3 or len(rows) < 2 * n_clusters:
         return None
     tree = _reachability_tree(rows)
-    if _apart(tree, n_clusters) is not None:
-        return None
+    labels = _apart(tree, n_clusters)
+    if labels is not None:
+        return SeparatedCount(n_clusters, (rows, labels))
     for count in range(n_clusters - 1, 1, -1):
         labels = _apart(tree, count)
         if labels is not None:  # the largest group first: the likeliest to be several
             by_size = np.argsort(-np.bincount(labels, minlength=count), kind="stable")
-            one_each = all(is_one_cluster(rows[labels == g]) for g in by_size)
-            return count if one_each else None
-    return None
+            if all(is_one_cluster(rows[labels == g]) for g in by_size):
+                return SeparatedCount(count, (rows, labels))
+            break
+    return SeparatedCount(n_clusters, None)
 
 
 def _partition_rows(X: np.ndarray, sample_weight: np.ndarray | None) -> np.ndarray:

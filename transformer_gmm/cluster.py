@@ -641,7 +641,10 @@ default="transformer"
                 is_one_gaussian,
             )
             n_clusters = choice.n_components
-            separated = _merge.separated_partition(X, n_clusters, sample_weight)
+            if choice.separated is not None:  # read with the count
+                separated = choice.separated.partition
+            else:
+                separated = _merge.separated_partition(X, n_clusters, sample_weight)
             sizes = [max(n_clusters, choice.n_density_components)]
             if separated is None and choice.n_density_components < n_clusters:
                 # Fewer components than clusters: clusters no Gaussian each describes
