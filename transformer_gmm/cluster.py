@@ -60,9 +60,9 @@ def _nearest_row_group(X: np.ndarray, rows: np.ndarray, groups: np.ndarray) -> n
 def is_one_gaussian(rows: np.ndarray) -> bool:
     """Whether one diagonal Gaussian describes ``rows`` at least as well as two, by BIC:
     the clusterer's test of a group of rows that stands apart (``_merge``). One Gaussian's
-    fit is the rows' mean and variances; two are fitted by EM from k-means++ starts,
-    seeded, so the rows alone decide. Diagonal covariances were chosen among spherical,
-    diagonal and full on draws apart from the benchmark's (docs/choosing_k.md)."""
+    fit is the rows' mean and variances; two are fitted by EM from one seeded k-means++
+    start, so the rows alone decide. Diagonal covariances, and one start, were chosen on
+    draws apart from the benchmark's (docs/choosing_k.md)."""
     from .gmm import TransformerGMM
 
     n, d = rows.shape
@@ -73,7 +73,7 @@ def is_one_gaussian(rows: np.ndarray) -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # two components may collapse or converge slowly
         two = TransformerGMM(
-            2, covariance_type="diag", checkpoint=None, n_init=2, random_state=0
+            2, covariance_type="diag", checkpoint=None, n_init=1, random_state=0
         ).fit(rows)
     return bool(one <= two.bic(rows))
 
