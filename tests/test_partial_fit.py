@@ -319,15 +319,20 @@ def test_clusterer_empty_cluster_takes_the_farthest_row():
 # --- the benchmark ------------------------------------------------------------------------
 
 
-def test_streaming_benchmark_runs(tmp_path):
+def _benchmark(name: str):
+    """The script ``benchmarks/<name>.py`` as a module."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parents[1] / "benchmarks" / "streaming.py"
-    spec = importlib.util.spec_from_file_location("streaming", path)
-    streaming = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(streaming)
-    rows = streaming.main(
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_streaming_benchmark_runs(tmp_path):
+    rows = _benchmark("streaming").main(
         [
             "--n-rows",
             "4000",
@@ -350,14 +355,8 @@ def test_streaming_benchmark_runs(tmp_path):
 
 def test_streaming_seeds_benchmark_pairs_the_seeds(tmp_path):
     import csv
-    import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).parents[1] / "benchmarks" / "streaming_seeds.py"
-    spec = importlib.util.spec_from_file_location("streaming_seeds", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    summary = module.main(
+    summary = _benchmark("streaming_seeds").main(
         ["--n-rows", "4000", "--batch-sizes", "1000", "--seeds", "3", "--datasets",
          "synthetic", "--checkpoint", "none", "--results", str(tmp_path)]
     )
