@@ -505,10 +505,11 @@ def test_assign_is_the_first_nearest_centre_ties_and_nan_included():
 
 @pytest.mark.parametrize("n_clusters", [1, 2, 7, 300])
 def test_first_minimum_is_min_indices_on_many_rows(n_clusters):
-    # Past the few rows where it calls min itself: integer scores (exact ties), a repeated
+    # Past the few scores where it calls min itself: integer scores (exact ties), a repeated
     # centre, NaN in a row and in a whole centre, infinities, float64 and float32.
+    n_rows = max(5000, kmeans._INDEXED_MIN_SCORES // n_clusters)
     rng = np.random.default_rng(n_clusters)
-    scores = torch.from_numpy(rng.integers(-3, 4, size=(2, n_clusters, 5000)).astype(float))
+    scores = torch.from_numpy(rng.integers(-3, 4, size=(2, n_clusters, n_rows)).astype(float))
     scores[:, -1] = scores[:, 0]
     scores[0, n_clusters // 2, 10] = float("nan")
     scores[1, :, 11] = float("nan")
@@ -517,7 +518,7 @@ def test_first_minimum_is_min_indices_on_many_rows(n_clusters):
     for dtype in (torch.float64, torch.float32):
         s = scores.to(dtype)
         np.testing.assert_array_equal(kmeans.first_minimum(s), s.min(1).indices)
-    finite = torch.from_numpy(rng.normal(size=(3, n_clusters, 4100)))
+    finite = torch.from_numpy(rng.normal(size=(3, n_clusters, n_rows)))
     np.testing.assert_array_equal(kmeans.first_minimum(finite), finite.argmin(1))
 
 
