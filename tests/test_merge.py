@@ -275,3 +275,15 @@ def test_separated_count_keeps_a_count_of_touching_or_curved_clusters():
     assert separated_partition(rings, 2) is not None
     # A ring is not one Gaussian.
     assert separated_count(rings, 4, None, is_one_gaussian) == SeparatedCount(4, None)
+
+
+def test_one_gaussian_test_asks_more_of_two_where_many_groups_are_tested():
+    # 37 rows of one Gaussian that BIC, alone, reads as two (2 of 300 such draws): one of
+    # eight groups tested together, they are one, as a count of eight needs all eight.
+    rows = np.random.default_rng(112).normal(size=(37, 2))
+    assert not is_one_gaussian(rows)
+    assert is_one_gaussian(rows, 8)
+    # Two blobs apart stay two, whatever the number of groups.
+    rng = np.random.default_rng(0)
+    pair = np.vstack([rng.normal(0, 1, (40, 2)), rng.normal(8, 1, (40, 2))])
+    assert not is_one_gaussian(pair, 10)

@@ -168,11 +168,11 @@ def choose(
     sample_weight,
     random_state,
     k_name: str,
-    is_one_cluster: Callable[[np.ndarray], bool] | None = None,
+    is_one_cluster: Callable[[np.ndarray, int], bool] | None = None,
 ) -> Choice:
     """Choose K for ``estimator`` (whose ``k_name`` is "auto" or candidates) on ``X``; a
     counted choice gives way to fewer groups that stand apart where ``is_one_cluster``
-    holds for the rows of each (see the module)."""
+    holds for the rows of each, given their number (see the module)."""
     params = estimator._fit_params()
     backbone = named_backbone(params["checkpoint"])
     ks = candidates(params[k_name], params[_max_name(k_name)], len(X), backbone, k_name)

@@ -297,12 +297,12 @@ def separated_count(
     X: np.ndarray,
     n_clusters: int,
     sample_weight: np.ndarray | None,
-    is_one_cluster: Callable[[np.ndarray], bool],
+    is_one_cluster: Callable[[np.ndarray, int], bool],
 ) -> SeparatedCount | None:
     """``n_clusters``, or a smaller count that the rows show: the largest c < ``n_clusters``
     for which they fall into c groups that stand apart (as :func:`separated_partition`'s),
-    provided ``is_one_cluster`` holds for the rows of each. None where too few rows or
-    clusters (under three) leave nothing to lower.
+    provided ``is_one_cluster(rows, c)`` holds for the rows of each. None where too few
+    rows or clusters (under three) leave nothing to lower.
 
     A count read off the whole data can overshoot clusters that stand apart (a small blob
     read as two); the groups of a smaller count, each one cluster, show it did. Rows that
@@ -321,7 +321,7 @@ def separated_count(
         labels = _apart(tree, count)
         if labels is not None:  # the largest group first: the likeliest to be several
             by_size = np.argsort(-np.bincount(labels, minlength=count), kind="stable")
-            if all(is_one_cluster(rows[labels == g]) for g in by_size):
+            if all(is_one_cluster(rows[labels == g], count) for g in by_size):
                 return SeparatedCount(count, (rows, labels))
             break
     return SeparatedCount(n_clusters, None)

@@ -57,12 +57,15 @@ def _nearest_row_group(X: np.ndarray, rows: np.ndarray, groups: np.ndarray) -> n
     return groups[nearest].astype(np.int32)
 
 
-def is_one_gaussian(rows: np.ndarray) -> bool:
+def is_one_gaussian(rows: np.ndarray, n_groups: int = 1) -> bool:
     """Whether one diagonal Gaussian describes ``rows`` at least as well as two, by BIC:
-    the clusterer's test of a group of rows that stands apart (``_merge``). One Gaussian's
-    fit is the rows' mean and variances; two are fitted by EM from one seeded k-means++
-    start, so the rows alone decide. Diagonal covariances, and one start, were chosen on
-    draws apart from the benchmark's (docs/choosing_k.md)."""
+    the clusterer's test of a group of rows that stands apart, one of ``n_groups`` tested
+    together (``_merge``). One Gaussian's fit is the rows' mean and variances; two are
+    fitted by EM from one seeded k-means++ start, so the rows alone decide. Two must win by
+    more than ``2 log(n_groups)`` (a Bayes factor above ``n_groups``), so that a count of
+    many groups is refused by chance no more often than a count of one. Diagonal
+    covariances, one start and the margin were chosen on draws apart from the benchmark's
+    (docs/choosing_k.md)."""
     from .gmm import TransformerGMM
 
     n, d = rows.shape
@@ -75,7 +78,7 @@ def is_one_gaussian(rows: np.ndarray) -> bool:
         two = TransformerGMM(
             2, covariance_type="diag", checkpoint=None, n_init=1, random_state=0
         ).fit(rows)
-    return bool(one <= two.bic(rows))
+    return bool(one <= two.bic(rows) + 2 * np.log(n_groups))
 
 
 class TransformerClusterer(
