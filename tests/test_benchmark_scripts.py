@@ -5,24 +5,14 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmark_scripts import BENCHMARKS
+from benchmark_scripts import load_benchmark as _load
 from scipy.stats import multivariate_normal
-
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
 
 
 def _csv(path: Path) -> list[dict]:

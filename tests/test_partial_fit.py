@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+from benchmark_scripts import load_benchmark
 from conftest import TINY_CHECKPOINT
 from sklearn.base import clone
 from sklearn.cluster import KMeans, MiniBatchKMeans
@@ -319,20 +320,8 @@ def test_clusterer_empty_cluster_takes_the_farthest_row():
 # --- the benchmark ------------------------------------------------------------------------
 
 
-def _benchmark(name: str):
-    """The script ``benchmarks/<name>.py`` as a module."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_streaming_benchmark_runs(tmp_path):
-    rows = _benchmark("streaming").main(
+    rows = load_benchmark("streaming").main(
         [
             "--n-rows",
             "4000",
@@ -356,7 +345,7 @@ def test_streaming_benchmark_runs(tmp_path):
 def test_streaming_seeds_benchmark_pairs_the_seeds(tmp_path):
     import csv
 
-    summary = _benchmark("streaming_seeds").main(
+    summary = load_benchmark("streaming_seeds").main(
         ["--n-rows", "4000", "--batch-sizes", "1000", "--seeds", "3", "--datasets",
          "synthetic", "--checkpoint", "none", "--results", str(tmp_path)]
     )

@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from benchmark_scripts import load_benchmark as _load
 from scipy.optimize import linear_sum_assignment
-
-BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 spectral = _load("spectral")
 WEIGHTS = np.array([0.2, 0.3, 0.5])
