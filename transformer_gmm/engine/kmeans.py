@@ -39,7 +39,7 @@ __all__ = [
 _INERTIA_CHUNK_ROWS = 65_536
 # Below this many scores (runs x K x rows, about 470 KB in float64) an index-tracking
 # ``min`` over K is faster than :func:`first_minimum`'s passes; above it, where the scores
-# leave the cache, it is two to three times slower (one thread, K = 2 to 20).
+# leave the cache, it is 1.4 to 2.7 times slower (one thread, K = 2 to 20).
 _INDEXED_MIN_SCORES = 60_000
 
 
