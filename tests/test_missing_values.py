@@ -194,6 +194,33 @@ def test_the_transformer_starts_from_the_imputed_rows():
     assert_lower_bound_of_the_last_e_step(gmm, X)
 
 
+@pytest.mark.parametrize("n_init", ["auto", 3])
+def test_em_on_the_observed_entries_starts_from_the_plan_on_the_imputed_rows(
+    n_init, monkeypatch
+):
+    # n_init="auto": the plan's start at max_iter=0 (the transformer's reading, no EM on
+    # the imputed rows); an int: its starts run by EM on the imputed rows, the best kept.
+    _, X = mixture_with_gaps(rate=0.3)
+    imputed = _missing.mean_imputed(X)
+    starts = []
+    fit_em_missing = missing.fit_em_missing
+    monkeypatch.setattr(
+        missing, "fit_em_missing",
+        lambda X, weights, means, *args, **kwargs: (
+            starts.append(means), fit_em_missing(X, weights, means, *args, **kwargs)
+        )[1],
+    )
+    gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, n_init=n_init, random_state=0).fit(X)
+    max_iter = 0 if n_init == "auto" else 100
+    on_imputed = TransformerGMM(
+        3, checkpoint=TINY_CHECKPOINT, n_init=n_init, max_iter=max_iter, random_state=0
+    ).fit(imputed)
+    np.testing.assert_array_equal(starts[0], on_imputed.means_)
+    assert (on_imputed.n_iter_ == 0) == (n_init == "auto")
+    assert gmm.init_method_ == on_imputed.init_method_
+    assert_lower_bound_of_the_last_e_step(gmm, X)
+
+
 def test_the_number_of_components_is_chosen_on_the_imputed_rows():
     # Documented behaviour: K is chosen on the mean-imputed rows (which can favour an
     # extra component), and that K is then fitted on the observed entries.

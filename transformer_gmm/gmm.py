@@ -492,14 +492,22 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         return self
 
     def _fit_k_missing(self, X, start_rows, sample_weight, n_components, k_unknown_pass) -> None:
-        """Fit ``n_components`` to ``X`` with NaN: the usual fit (the transformer's starts
-        from ``k_unknown_pass`` where it chose K) on the imputed ``start_rows`` starts EM for data
-        missing at random on the observed entries alone, whose estimate is kept."""
+        """Fit ``n_components`` to ``X`` with NaN: EM for data missing at random, on the
+        observed entries alone, whose estimate is kept, from a start read on the imputed
+        ``start_rows`` (the transformer's from ``k_unknown_pass`` where it chose K).
+
+        With ``n_init="auto"`` the start is the plan's at ``max_iter=0``: the transformer's
+        reading (one k-means++ start without a transformer), chosen by its bound, with no
+        EM on the imputed rows, whose optimum is not the observed entries' (measured faster
+        and at least as likely: docs/benchmarks.md, "Missing values"). An int ``n_init``
+        asks for restarts: its starts compete by EM on the imputed rows, as a fit without
+        NaN runs them, and the best goes on."""
         with warnings.catch_warnings():
             # Whether EM converged on the imputed rows does not matter: they only start the
             # EM below, whose convergence is reported.
             warnings.simplefilter("ignore", ConvergenceWarning)
-            self._fit_k(start_rows, sample_weight, n_components, k_unknown_pass)
+            max_iter = 0 if self.n_init == "auto" else None
+            self._fit_k(start_rows, sample_weight, n_components, k_unknown_pass, max_iter=max_iter)
         result = missing.fit_em_missing(
             X,
             self.weights_.astype(np.float64),
@@ -525,15 +533,17 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         warn_identical(identical, self.covariances_, self.reg_covar)
 
     def _fit_k(
-        self, X, sample_weight, n_components: int, k_unknown_pass=None, run=_fitting.run
+        self, X, sample_weight, n_components: int, k_unknown_pass=None, run=_fitting.run,
+        max_iter: int | None = None,
     ) -> None:
         """Fit ``n_components`` to the validated ``X``; the transformer's starts read from
         ``k_unknown_pass``, the pass that read P(K | X), where there is one; ``run`` runs the
-        plan (in memory, or on a Dask array's chunks)."""
+        plan (in memory, or on a Dask array's chunks); ``max_iter`` replaces the parameter's
+        (None: the parameter's)."""
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_components)
         random_state = check_random_state(self.random_state)
-        plan = self._plan(X, sample_weight, random_state, n_components, k_unknown_pass)
+        plan = self._plan(X, sample_weight, random_state, n_components, k_unknown_pass, max_iter)
         fits = run(plan, X, sample_weight)
         self._store_fit(fits, 0, plan, X.dtype)
         self._mark_collapsed(X, sample_weight)
@@ -545,7 +555,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
                 best_converged=self.converged_,
                 tol=self.tol,
                 initial_lower_bound=-np.inf if plan.given is None else plan.given.lower_bound,
-                max_iter=self.max_iter,
+                max_iter=plan.max_iter,
                 verbose=self.verbose,
                 verbose_interval=self.verbose_interval,
             )
@@ -579,16 +589,19 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         random_state: np.random.RandomState,
         n_components=None,
         k_unknown_pass=None,
+        max_iter: int | None = None,
     ) -> MixturePlan:
-        """The fit of ``X`` with ``n_components`` (by default the parameter's), decided once
-        by :func:`~transformer_gmm._fitting.mixture_plan`, its starts read from ``k_unknown_pass``
-        where K was chosen among candidates."""
+        """The fit of ``X`` with ``n_components`` and ``max_iter`` (by default the
+        parameters'), decided once by :func:`~transformer_gmm._fitting.mixture_plan`, its
+        starts read from ``k_unknown_pass`` where K was chosen among candidates."""
         warm = self.warm_start and hasattr(self, "converged_")
         params = self._fit_params()
         for name in _array_api.MIXTURE_INIT_PARAMETERS:  # arrays of the input's namespace
             params[name] = _array_api.to_numpy(params[name])
         if n_components is not None:
             params["n_components"] = n_components
+        if max_iter is not None:
+            params["max_iter"] = max_iter
         warm_start = self._warm_start_parameters(X.shape[1]) if warm else None
         return _fitting.mixture_plan(
             params, X, sample_weight, random_state, warm_start, k_unknown_pass
