@@ -1,12 +1,14 @@
 """EM on the observed entries, plain against SQUAREM, from the same start.
 
-``TransformerGMM`` fits data with NaN in two stages: the usual fit on the mean-imputed
-rows, whose estimate starts EM on the observed entries alone
-(``engine.missing.fit_em_missing``). That EM converges slowly where much is missing, and
-it runs accelerated by SQUAREM (``engine.squarem``). This script isolates that second
-stage: for each dataset of ``missing.py`` (its gaps and held-out rows: MCAR and MAR, 10,
-30 and 50 % of the entries), the first stage is fitted once, then EM runs from its
-estimate twice, plain and accelerated, timed on one thread (the better of ``--repeats``
+``TransformerGMM`` fits data with NaN in two stages: a start read on the mean-imputed
+rows, then EM on the observed entries alone (``engine.missing.fit_em_missing``). That EM
+converges slowly where much is missing, and it runs accelerated by SQUAREM
+(``engine.squarem``). This script isolates that second stage: for each dataset of
+``missing.py`` (its gaps and held-out rows: MCAR and MAR, 10, 30 and 50 % of the
+entries), a start is fitted once (the usual fit on the mean-imputed rows, as an int
+``n_init`` runs it; the default's start, without that EM, is compared with it in
+``missing_start.py``), then EM runs from its estimate twice, plain and accelerated,
+timed on one thread (the better of ``--repeats``
 alternating runs). Reported per cell: passes over the rows (iterations), time, the final
 mean log-likelihood (the lower bound) and the held-out rows' observed-entry
 log-likelihood, accelerated minus plain, paired over datasets and seeds.

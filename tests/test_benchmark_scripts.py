@@ -132,6 +132,17 @@ def test_missing_acceleration_quick_runs_both_from_one_start(tmp_path):
     assert (tmp_path / "missing_acceleration.csv").stat().st_size > 0
 
 
+def test_missing_start_quick_pairs_both_starts_on_the_same_gaps(tmp_path):
+    rows, table = _load("missing_start").main(["--quick", "--results", str(tmp_path)])
+    assert len(rows) == 2 * 2 * 3  # two datasets, two patterns, three rates
+    for row in rows:
+        for name in ("reading", "imputed EM"):
+            assert row[f"{name}_iter"] >= 1 and row[f"{name}_time_ratio"] > 0
+            assert np.isfinite(row[f"{name}_ll"]) and np.isfinite(row[f"{name}_held_ll"])
+    assert [t["fits"] for t in table] == [2] * 6
+    assert (tmp_path / "missing_start.csv").stat().st_size > 0
+
+
 def test_class_mixture_is_one_m_step_on_the_classes():
     realdata = _load("realdata")
     dataset = realdata.load_dataset("iris")
