@@ -256,3 +256,12 @@ def test_patterns_are_numpys_unique_rows_in_its_order(n_features):
     expected, expected_inverse = np.unique(is_missing, axis=0, return_inverse=True)
     np.testing.assert_array_equal(patterns, expected)
     np.testing.assert_array_equal(inverse, expected_inverse.ravel())
+
+
+def test_verbose_reports_em_on_the_observed_entries(capsys):
+    _, X = mixture_with_gaps(rate=0.3)
+    gmm = TransformerGMM(3, checkpoint=None, verbose=2, verbose_interval=1, random_state=0)
+    gmm.fit(X)
+    report = capsys.readouterr().out.split("EM on the observed entries (X has NaN):\n")[1]
+    assert report.count("  Iteration ") == gmm.n_iter_ == len(gmm.lower_bounds_)
+    assert f"lower bound {gmm.lower_bound_:.5f}." in report

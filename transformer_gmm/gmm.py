@@ -521,6 +521,19 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             device=self.device_,
         )
         self._store_missing_fit(result, X, sample_weight)
+        if self.verbose:
+            print("EM on the observed entries (X has NaN):")
+            _verbose.report(
+                np.asarray([result.lower_bounds]),
+                result.iteration_times,
+                best_run=0,
+                best_converged=result.converged,
+                tol=self.tol,
+                initial_lower_bound=-np.inf,
+                max_iter=self.max_iter,
+                verbose=self.verbose,
+                verbose_interval=self.verbose_interval,
+            )
 
     def _fitted_k(self) -> int:
         return len(self.weights_)

@@ -361,6 +361,7 @@ class MissingEMResult:
     lower_bounds: list[float]
     n_iter: int
     converged: bool
+    iteration_times: list[float]  # seconds from EM's start, per iteration
 
 
 def fit_em_missing(
@@ -436,6 +437,7 @@ def fit_em_missing(
         lower_bounds=bounds[~torch.isnan(bounds)].tolist(),
         n_iter=int(result.n_iter[0]),
         converged=bool(result.converged[0]),
+        iteration_times=list(result.iteration_times),
     )
 
 
