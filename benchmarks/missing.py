@@ -49,8 +49,10 @@ missing.png under benchmarks/results/ (``--out`` renames them).
 
 from __future__ import annotations
 
+import argparse
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +64,14 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import save_figure, shared_parser, single_threaded, timed, write_csv  # noqa: E402
+from common import (  # noqa: E402
+    save_figure,
+    shared_parser,
+    single_threaded,
+    standard_parser,
+    timed,
+    write_csv,
+)
 from large_datasets import LARGE_DATASETS  # noqa: E402
 from real_datasets import DATASETS as REAL_DATASETS  # noqa: E402
 from real_datasets import load_dataset  # noqa: E402
@@ -386,6 +395,62 @@ def plot(table: list[dict], path: Path) -> Path:
                 ax.legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+# --- shared by the scripts that study one stage of the fit on these gaps --------------------
+# (missing_acceleration.py, missing_start.py): their options, problems, cells and files.
+
+
+def stage_parser(doc: str, out: str) -> argparse.ArgumentParser:
+    """The standard options, ``--large``, ``--seeds`` and ``--covariance`` (full or diag)."""
+    parser = standard_parser(doc, out, "two small tables, one seed", tasks=False)
+    parser.add_argument("--large", action="store_true", help="the four large tables")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds (3; 2 with --large)")
+    parser.add_argument("--covariance", default="full", choices=("full", "diag"))
+    return parser
+
+
+def stage_problems(options: argparse.Namespace) -> tuple[tuple[str, ...], list[int]]:
+    """The datasets and seeds ``options`` ask for (seeds as ``main`` numbers them)."""
+    datasets = QUICK_DATASETS if options.quick else LARGE if options.large else DATASETS
+    n_seeds = options.seeds or (1 if options.quick else 2 if options.large else 3)
+    return datasets, [1000 * options.seed + i for i in range(n_seeds)]
+
+
+def stage_cells(rows: list[dict]) -> Iterator[tuple[str, float, list[dict]]]:
+    """Each (pattern, rate) with its rows, in the order of the tables."""
+    for pattern in PATTERNS:
+        for rate in RATES:
+            cell = [r for r in rows if r["pattern"] == pattern and r["rate"] == rate]
+            if cell:
+                yield pattern, rate, cell
+
+
+def paired_text(diff: np.ndarray, digits: int = 4) -> str:
+    """A paired difference's mean and standard error."""
+    se = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else np.nan
+    return f"{diff.mean():+.{digits}f} ± {se:.{digits}f}"
+
+
+def stage_main(options: argparse.Namespace, run, summary, print_table) -> tuple[list, list]:
+    """A stage script's run: ``run(datasets, seeds)``'s rows on the problems ``options`` ask
+    for (one thread), its ``summary`` printed, and both written to
+    ``<out>{_large}{_diag}_fits.csv`` (the rows) and ``<out>{_large}{_diag}.csv``."""
+    import torch
+
+    datasets, seeds = stage_problems(options)
+    torch.set_num_threads(1)
+    with single_threaded():
+        rows = run(datasets, seeds)
+    table = summary(rows)
+    print_table(table)
+    out = options.out + ("_large" if options.large else "") + (
+        "_diag" if options.covariance == "diag" else ""
+    )
+    results = Path(options.results)
+    write_csv(rows, results / f"{out}_fits.csv")
+    write_csv(table, results / f"{out}.csv")
+    return rows, table
 
 
 def main(argv=None):

@@ -29,20 +29,9 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import single_threaded, standard_parser, write_csv  # noqa: E402
-from missing import (  # noqa: E402
-    DATASETS,
-    LARGE,
-    PATTERNS,
-    QUICK_DATASETS,
-    RATES,
-    gapped,
-    marginal_ll,
-    warm_up,
-)
+import missing as gaps  # noqa: E402
 
 from transformer_gmm import TransformerGMM  # noqa: E402
 from transformer_gmm._missing import mean_imputed  # noqa: E402
@@ -83,9 +72,10 @@ def as_fitted(start: TransformerGMM, result) -> TransformerGMM:
 
 
 def run(datasets, seeds, covariance: str, repeats: int) -> list[dict]:
-    warm_up()
+    gaps.warm_up()
     rows = []
-    for data, seed, pattern, rate, X, out in gapped(datasets, RATES, PATTERNS, seeds):
+    problems = gaps.gapped(datasets, gaps.RATES, gaps.PATTERNS, seeds)
+    for data, seed, pattern, rate, X, out in problems:
         fit_rows, held = X[~out], X[out]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -101,40 +91,31 @@ def run(datasets, seeds, covariance: str, repeats: int) -> list[dict]:
             row[f"{label}_converged"] = result.converged
             row[f"{label}_s"] = seconds
             row[f"{label}_ll"] = result.lower_bound
-            row[f"{label}_held_ll"] = marginal_ll(held, as_fitted(start, result))
+            row[f"{label}_held_ll"] = gaps.marginal_ll(held, as_fitted(start, result))
         rows.append(row)
     return rows
 
 
-def _paired(diff: np.ndarray) -> str:
-    se = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else np.nan
-    return f"{diff.mean():+.4f} ± {se:.4f}"
-
-
 def summary(rows: list[dict]) -> list[dict]:
     table = []
-    for pattern in PATTERNS:
-        for rate in RATES:
-            cell = [r for r in rows if r["pattern"] == pattern and r["rate"] == rate]
-            if not cell:
-                continue
+    for pattern, rate, cell in gaps.stage_cells(rows):
 
-            def column(key, cell=cell):
-                return np.array([r[key] for r in cell], dtype=float)
+        def column(key, cell=cell):
+            return np.array([r[key] for r in cell], dtype=float)
 
-            table.append(dict(
-                pattern=pattern,
-                rate=rate,
-                fits=len(cell),
-                plain_iter=float(np.median(column("plain_iter"))),
-                squarem_iter=float(np.median(column("squarem_iter"))),
-                iter_ratio=float(np.median(column("squarem_iter") / column("plain_iter"))),
-                time_ratio=float(np.median(column("squarem_s") / column("plain_s"))),
-                ll=_paired(column("squarem_ll") - column("plain_ll")),
-                held_ll=_paired(column("squarem_held_ll") - column("plain_held_ll")),
-                plain_converged=int(column("plain_converged").sum()),
-                squarem_converged=int(column("squarem_converged").sum()),
-            ))
+        table.append(dict(
+            pattern=pattern,
+            rate=rate,
+            fits=len(cell),
+            plain_iter=float(np.median(column("plain_iter"))),
+            squarem_iter=float(np.median(column("squarem_iter"))),
+            iter_ratio=float(np.median(column("squarem_iter") / column("plain_iter"))),
+            time_ratio=float(np.median(column("squarem_s") / column("plain_s"))),
+            ll=gaps.paired_text(column("squarem_ll") - column("plain_ll")),
+            held_ll=gaps.paired_text(column("squarem_held_ll") - column("plain_held_ll")),
+            plain_converged=int(column("plain_converged").sum()),
+            squarem_converged=int(column("squarem_converged").sum()),
+        ))
     return table
 
 
@@ -155,30 +136,14 @@ def print_table(table: list[dict]) -> None:
 
 
 def main(argv=None):
-    parser = standard_parser(
-        __doc__, "missing_acceleration", "two small tables, one seed", tasks=False
-    )
-    parser.add_argument("--large", action="store_true", help="the four large tables")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds (3; 2 with --large)")
-    parser.add_argument("--covariance", default="full", choices=("full", "diag"))
+    parser = gaps.stage_parser(__doc__, "missing_acceleration")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs (3; 1 quick)")
-    args = parser.parse_args(argv)
-    datasets = QUICK_DATASETS if args.quick else (LARGE if args.large else DATASETS)
-    n_seeds = args.seeds or (1 if args.quick else 2 if args.large else 3)
-    repeats = args.repeats or (1 if args.quick else 3)
-    torch.set_num_threads(1)
-    with single_threaded():
-        rows = run(datasets, range(n_seeds), args.covariance, repeats)
-    table = summary(rows)
-    print_table(table)
-    out = args.out + ("_large" if args.large else "") + (
-        "_diag" if args.covariance == "diag" else ""
+    options = parser.parse_args(argv)
+    repeats = options.repeats or (1 if options.quick else 3)
+    return gaps.stage_main(
+        options, lambda datasets, seeds: run(datasets, seeds, options.covariance, repeats),
+        summary, print_table,
     )
-    results = Path(args.results)
-    write_csv(rows, results / f"{out}_fits.csv")
-    write_csv(table, results / f"{out}.csv")
-    return rows, table
-
 
 if __name__ == "__main__":
     main()

@@ -28,24 +28,14 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 from sklearn.experimental import enable_iterative_imputer  # noqa: F401
 from sklearn.impute import IterativeImputer
 from sklearn.metrics import adjusted_rand_score
 from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import single_threaded, standard_parser, timed, write_csv  # noqa: E402
-from missing import (  # noqa: E402
-    DATASETS,
-    LARGE,
-    PATTERNS,
-    QUICK_DATASETS,
-    RATES,
-    gapped,
-    marginal_ll,
-    warm_up,
-)
+import missing as gaps  # noqa: E402
+from common import timed  # noqa: E402
 
 from transformer_gmm import TransformerGMM  # noqa: E402
 
@@ -70,7 +60,7 @@ def fit_both(X, held, labels, k: int, seed: int, covariance: str) -> dict:
             row |= {
                 f"{name}_ari": adjusted_rand_score(labels, gmm.predict(X)),
                 f"{name}_ll": gmm.lower_bound_,
-                f"{name}_held_ll": marginal_ll(held, gmm),
+                f"{name}_held_ll": gaps.marginal_ll(held, gmm),
                 f"{name}_iter": gmm.n_iter_,
                 f"{name}_time_ratio": ms / reference_ms,
             }
@@ -78,9 +68,10 @@ def fit_both(X, held, labels, k: int, seed: int, covariance: str) -> dict:
 
 
 def run(datasets, seeds, covariance: str) -> list[dict]:
-    warm_up()
+    gaps.warm_up()
     rows = []
-    for data, seed, pattern, rate, X, out in gapped(datasets, RATES, PATTERNS, seeds):
+    problems = gaps.gapped(datasets, gaps.RATES, gaps.PATTERNS, seeds)
+    for data, seed, pattern, rate, X, out in problems:
         fitted = fit_both(X[~out], X[out], data.labels[~out], data.n_components, seed,
                           covariance)
         rows.append(dict(dataset=data.name, n=int((~out).sum()), d=X.shape[1],
@@ -89,39 +80,30 @@ def run(datasets, seeds, covariance: str) -> list[dict]:
     return rows
 
 
-def _paired(diff: np.ndarray, digits: int = 3) -> str:
-    se = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else np.nan
-    return f"{diff.mean():+.{digits}f} ± {se:.{digits}f}"
-
-
 def summary(rows: list[dict]) -> list[dict]:
     table = []
-    for pattern in PATTERNS:
-        for rate in RATES:
-            cell = [r for r in rows if r["pattern"] == pattern and r["rate"] == rate]
-            if not cell:
-                continue
+    for pattern, rate, cell in gaps.stage_cells(rows):
 
-            def difference(key, cell=cell):
-                return np.array([r[f"reading_{key}"] - r[f"imputed EM_{key}"] for r in cell])
+        def difference(key, cell=cell):
+            return np.array([r[f"reading_{key}"] - r[f"imputed EM_{key}"] for r in cell])
 
-            def time_ratio(name, cell=cell):
-                ratios = np.array([r[f"{name}_time_ratio"] for r in cell])
-                return float(np.exp(np.log(ratios).mean()))
+        def time_ratio(name, cell=cell):
+            ratios = np.array([r[f"{name}_time_ratio"] for r in cell])
+            return float(np.exp(np.log(ratios).mean()))
 
-            ll = difference("ll")
-            table.append(dict(
-                pattern=pattern,
-                rate=rate,
-                fits=len(cell),
-                ari=_paired(difference("ari")),
-                ll=_paired(ll, 4),
-                ll_median=float(np.median(ll)),
-                ll_at_least=float(np.mean(ll >= -1e-3)),  # level within 0.001 nats a row
-                held_ll_median=float(np.median(difference("held_ll"))),
-                reading_time=time_ratio("reading"),
-                imputed_em_time=time_ratio("imputed EM"),
-            ))
+        ll = difference("ll")
+        table.append(dict(
+            pattern=pattern,
+            rate=rate,
+            fits=len(cell),
+            ari=gaps.paired_text(difference("ari"), 3),
+            ll=gaps.paired_text(ll),
+            ll_median=float(np.median(ll)),
+            ll_at_least=float(np.mean(ll >= -1e-3)),  # level within 0.001 nats a row
+            held_ll_median=float(np.median(difference("held_ll"))),
+            reading_time=time_ratio("reading"),
+            imputed_em_time=time_ratio("imputed EM"),
+        ))
     return table
 
 
@@ -141,27 +123,11 @@ def print_table(table: list[dict]) -> None:
 
 
 def main(argv=None):
-    parser = standard_parser(__doc__, "missing_start", "two small tables, one seed",
-                             tasks=False)
-    parser.add_argument("--large", action="store_true", help="the four large tables")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds (3; 2 with --large)")
-    parser.add_argument("--covariance", default="full", choices=("full", "diag"))
-    args = parser.parse_args(argv)
-    datasets = QUICK_DATASETS if args.quick else (LARGE if args.large else DATASETS)
-    n_seeds = args.seeds or (1 if args.quick else 2 if args.large else 3)
-    torch.set_num_threads(1)
-    with single_threaded():
-        rows = run(datasets, range(args.seed, args.seed + n_seeds), args.covariance)
-    table = summary(rows)
-    print_table(table)
-    out = args.out + ("_large" if args.large else "") + (
-        "_diag" if args.covariance == "diag" else ""
+    options = gaps.stage_parser(__doc__, "missing_start").parse_args(argv)
+    return gaps.stage_main(
+        options, lambda datasets, seeds: run(datasets, seeds, options.covariance),
+        summary, print_table,
     )
-    results = Path(args.results)
-    write_csv(rows, results / f"{out}_fits.csv")
-    write_csv(table, results / f"{out}.csv")
-    return rows, table
-
 
 if __name__ == "__main__":
     main()
