@@ -77,7 +77,10 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         runs all of the transformer's and two k-means++ (the transformer's alone with
         ``max_iter=0``, one k-means++ without a transformer; where EM is costly, the
         k-means++ starts only if the transformer's end on different optima). With another
-        ``init_params``, ``"auto"`` is 1. Which run is kept: see the User Guide.
+        ``init_params``, ``"auto"`` is 1. Which run is kept: see the User Guide. With NaN
+        in ``X``, ``"auto"`` starts EM on the observed entries from the transformer's
+        reading alone, and an int runs its starts on the mean-imputed rows first (User
+        Guide, Missing values).
     init_params : {"transformer", "kmeans", "k-means++", "random", \
 "random_from_data"}, default="transformer"
         How EM starts: from the transformer (and the k-means++ restarts ``n_init``
