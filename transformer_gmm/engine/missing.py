@@ -98,6 +98,32 @@ class Patterns:
             first = last
         return runs
 
+    def runs(self, x: Tensor, n_components: int, row_weight: Tensor | None = None) -> list[_Run]:
+        """Each run of :meth:`chunks` as every iteration reads it (see :class:`_Run`), of
+        the rows ``x`` (n, d), zero where missing, weighed by ``row_weight`` (n,) or 1."""
+        out = []
+        for first, last in self.chunks(n_components):
+            start, stop = int(self.bounds[first]), int(self.bounds[last])
+            starts = self.bounds[first : last + 1] - start  # each pattern's first row, and the end
+            sizes = np.diff(starts)
+            device = x.device
+            pattern = torch.repeat_interleave(
+                torch.arange(last - first, device=device), torch.as_tensor(sizes, device=device)
+            )
+            large = sizes >= _OWN_PRODUCT_ROWS
+            own = [(int(p), int(starts[p]), int(starts[p + 1])) for p in np.flatnonzero(large)]
+            gathered = None
+            if not large.all():
+                gathered = torch.as_tensor(np.flatnonzero(np.repeat(~large, sizes)), device=device)
+            rows = self.order[start:stop]
+            masks = self.masks[first:last].to(x.dtype)  # (p, d)
+            weight = x.new_ones(len(rows)) if row_weight is None else row_weight[rows]
+            out.append(_Run(
+                rows, x[rows], weight, pattern, masks, masks[pattern], masks.sum(1)[pattern],
+                own, gathered,
+            ))
+        return out
+
 
 def _unique_patterns(is_missing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(is_missing, axis=0, return_inverse=True)``, the same patterns in the same
@@ -128,69 +154,68 @@ _OWN_PRODUCT_ROWS = 64
 
 
 @dataclass(frozen=True)
-class _Chunk:
-    """One run of patterns, for every component: its rows, each row's pattern within the
-    run, the patterns' observed masks (p, d) in the data's dtype, the log-determinants of
-    the precisions' Cholesky factors of Sigma_oo, sum(log(diag)), (p, K), and Sigma_oo^-1
-    embedded in (d, d) with zeros on the missing features, (p, K, d, d). ``own``: the patterns of
-    ``_OWN_PRODUCT_ROWS`` rows or more, (pattern, first row, last row + 1) in the chunk;
-    ``gathered``: the chunk's other rows (None: there are none)."""
+class _Run:
+    """One run of patterns (:meth:`Patterns.runs`), what does not change between EM's
+    iterations: its rows (m,) (indices into the data), their values (m, d), zero where
+    missing, and weights (m,); each row's pattern within the run (m,); the patterns'
+    observed masks (p, d), each row's (m, d), and its number of observed features (m,),
+    in the data's dtype. ``own``: the patterns of ``_OWN_PRODUCT_ROWS`` rows or more,
+    (pattern, first row, last row + 1) in the run; ``gathered``: the run's other rows
+    (None: there are none)."""
 
     rows: Tensor
+    x: Tensor
+    weight: Tensor
     pattern: Tensor
     masks: Tensor
-    log_det: Tensor
-    inverses: Tensor
+    observed: Tensor
+    n_observed: Tensor
     own: list[tuple[int, int, int]]
     gathered: Tensor | None
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """One run of patterns under one mixture's covariances: the run, the log-determinants
+    of the precisions' Cholesky factors of Sigma_oo, sum(log(diag)), (p, K), and
+    Sigma_oo^-1 embedded in (d, d) with zeros on the missing features, (p, K, d, d)."""
+
+    run: _Run
+    log_det: Tensor
+    inverses: Tensor
 
     def solved(self, vectors: Tensor) -> Tensor:
         """Sigma_oo^-1 v for each row's ``vectors`` (K, m, d), zero where missing, under
         its pattern: (K, m, d)."""
         out = torch.empty_like(vectors)
-        for pattern, first, last in self.own:  # symmetric: v^T A is (A v)^T
+        for pattern, first, last in self.run.own:  # symmetric: v^T A is (A v)^T
             out[:, first:last] = torch.bmm(vectors[:, first:last], self.inverses[pattern])
-        if self.gathered is not None:
-            rows = self.gathered
-            inverses = self.inverses[self.pattern[rows]]  # (rows, K, d, d)
+        if self.run.gathered is not None:
+            rows = self.run.gathered
+            inverses = self.inverses[self.run.pattern[rows]]  # (rows, K, d, d)
             out[:, rows] = torch.einsum("kmd,mkde->kme", vectors[:, rows], inverses)
         return out
 
 
-def _chunk(patterns: Patterns, first: int, last: int, covariances: Tensor) -> _Chunk:
+def _chunk(run: _Run, covariances: Tensor) -> _Chunk:
     """Every pattern of the run at once: Sigma with its missing rows and columns replaced by
     the identity's is block-diagonal up to a permutation, so its Cholesky factor is that of
     Sigma_oo, embedded, and the identity on the missing features (which add 0 to the
     log-determinant and to every quadratic form of a vector zero there)."""
-    masks = patterns.masks[first:last].to(covariances.dtype)  # (p, d)
-    embedded = covariances[None] * masks[:, None, :, None] * masks[:, None, None, :]
-    embedded = embedded + torch.diag_embed(1.0 - masks)[:, None]  # (p, K, d, d)
-    factors = compute_precision_cholesky(embedded, "full")
+    masks = run.masks
+    observed = masks[:, None, :, None] * masks[:, None, None, :]  # (p, 1, d, d), 0 or 1
+    embedded = covariances[None] * observed + torch.diag_embed(1.0 - masks)[:, None]
+    factors = compute_precision_cholesky(embedded, "full")  # (p, K, d, d)
     log_det = torch.log(torch.diagonal(factors, dim1=-2, dim2=-1)).sum(-1)
     # Sigma_oo^-1 embedded: P P^T less the identity on the missing features.
-    inverses = (factors @ factors.mT) * masks[:, None, :, None] * masks[:, None, None, :]
-    start, stop = int(patterns.bounds[first]), int(patterns.bounds[last])
-    starts = patterns.bounds[first : last + 1] - start  # each pattern's first row, and the end
-    sizes = np.diff(starts)
-    device = masks.device
-    pattern = torch.repeat_interleave(
-        torch.arange(last - first, device=device), torch.as_tensor(sizes, device=device)
-    )
-    large = sizes >= _OWN_PRODUCT_ROWS
-    own = [(int(p), int(starts[p]), int(starts[p + 1])) for p in np.flatnonzero(large)]
-    gathered = None
-    if not large.all():
-        gathered = torch.as_tensor(np.flatnonzero(np.repeat(~large, sizes)), device=device)
-    return _Chunk(
-        patterns.order[start:stop], pattern, masks, log_det, inverses, own, gathered
-    )
+    inverses = (factors @ factors.mT) * observed
+    return _Chunk(run, log_det, inverses)
 
 
-def _deviations(x: Tensor, chunk: _Chunk, means: Tensor) -> Tensor:
-    """The chunk's rows' observed deviations from each mean, zero where missing:
+def _deviations(run: _Run, means: Tensor) -> Tensor:
+    """The run's rows' observed deviations from each mean, zero where missing:
     x_o - mu_o, embedded, component-major (K, m, d)."""
-    observed = chunk.masks[chunk.pattern]  # (m, d)
-    return (x[chunk.rows][None] - means[:, None]) * observed[None]
+    return (run.x[None] - means[:, None]) * run.observed[None]
 
 
 class _Scored(NamedTuple):
@@ -205,32 +230,31 @@ class _Scored(NamedTuple):
 
 
 def _scored_chunks(
-    x: Tensor, patterns: Patterns, weights: Tensor, means: Tensor, covariances: Tensor
+    runs: list[_Run], weights: Tensor, means: Tensor, covariances: Tensor
 ) -> Iterator[_Scored]:
-    """Each run of patterns with its rows scored over their observed features (``x`` zero
-    where missing): the E-step's part of a chunk, which its completion reads too."""
-    for first, last in patterns.chunks(len(weights)):
-        chunk = _chunk(patterns, first, last, covariances)
-        deviations = _deviations(x, chunk, means)  # (K, m, d)
+    """Each run of patterns with its rows scored over their observed features: the
+    E-step's part of a chunk, which its completion reads too."""
+    for run in runs:
+        chunk = _chunk(run, covariances)
+        deviations = _deviations(run, means)  # (K, m, d)
         solved = chunk.solved(deviations)
         squared = (deviations * solved).sum(-1).T  # Mahalanobis, (m, K)
-        n_observed = chunk.masks.sum(1)[chunk.pattern]  # (m,)
         log_prob = (
-            -0.5 * (n_observed[:, None] * math.log(2 * math.pi) + squared)
-            + chunk.log_det[chunk.pattern]
+            -0.5 * (run.n_observed[:, None] * math.log(2 * math.pi) + squared)
+            + chunk.log_det[run.pattern]
             + weights.log()
         )
         yield _Scored(chunk, deviations, solved, log_prob)
 
 
 def _log_prob_by_pattern(
-    x: Tensor, patterns: Patterns, weights: Tensor, means: Tensor, covariances: Tensor
+    runs: list[_Run], n_rows: int, weights: Tensor, means: Tensor, covariances: Tensor
 ) -> Tensor:
-    """log p(x_o | k) + log w_k for every row, (n, K), over its observed features. ``x`` is
-    zero where missing."""
-    out = x.new_empty((x.shape[0], weights.shape[0]))
-    for scored in _scored_chunks(x, patterns, weights, means, covariances):
-        out[scored.chunk.rows] = scored.log_prob
+    """log p(x_o | k) + log w_k for every one of the ``n_rows`` rows, (n, K), over its
+    observed features."""
+    out = means.new_empty((n_rows, weights.shape[0]))
+    for scored in _scored_chunks(runs, weights, means, covariances):
+        out[scored.chunk.run.rows] = scored.log_prob
     return out
 
 
@@ -244,11 +268,11 @@ def _completed(scored: _Scored, covariances: Tensor) -> tuple[Tensor, Tensor]:
     chunk = scored.chunk
     # Sigma_:o Sigma_oo^-1 (.), one product per component: (K, m, d) @ (K, d, f).
     regressed = torch.bmm(scored.solved, covariances.mT)
-    observed = chunk.masks[chunk.pattern][None] > 0  # (1, m, d)
+    observed = chunk.run.observed[None] > 0  # (1, m, d)
     centred = torch.where(observed, scored.deviations, regressed)
     conditional = covariances[None] - covariances[None] @ chunk.inverses @ covariances[None]
-    missing = 1.0 - chunk.masks[:, None]  # (p, 1, d)
-    conditional = conditional * missing[..., :, None] * missing[..., None, :]
+    missing = 1.0 - chunk.run.masks[:, None]  # (p, 1, d)
+    conditional = conditional * (missing[..., :, None] * missing[..., None, :])
     return centred, conditional
 
 
@@ -266,8 +290,7 @@ def full_covariances(covariances: Tensor, covariance_type: str, n_features: int)
 
 
 def missing_statistics(
-    x: Tensor,
-    patterns: Patterns,
+    runs: list[_Run],
     params: MixtureParams,
     covariance_type: str,
     row_weight: Tensor,
@@ -276,8 +299,9 @@ def missing_statistics(
     missing entries, for one run of ``params`` (batch 1): the E-step on each row's observed
     features, and the expected sums and scatter of the rows completed under each
     component (the missing entries' conditional means, and their conditional covariances
-    added to the scatter). ``x`` (n, d) is zero where missing; ``row_weight`` (n,)."""
-    n_features = x.shape[1]
+    added to the scatter). ``runs``: the rows' runs of patterns (:meth:`Patterns.runs`),
+    of weights ``row_weight`` (n,)."""
+    n_rows, n_features = len(row_weight), params.means.shape[-1]
     weights, means = params.weights[0], params.means[0]
     covariances = params.covariances
     if covariances is None:
@@ -287,24 +311,24 @@ def missing_statistics(
     sigma = full_covariances(covariances[0], covariance_type, n_features)
     sigma = sigma.expand(len(weights), -1, -1)  # (K, d, d)
     n_components = len(weights)
-    resp = x.new_empty((x.shape[0], n_components))  # (n, K)
-    log_norm = x.new_empty(x.shape[0])  # (n,)
+    resp = means.new_empty((n_rows, n_components))  # (n, K)
+    log_norm = means.new_empty(n_rows)  # (n,)
     sums = means.new_zeros((n_components, n_features))
     scatter = means.new_zeros((n_components, n_features, n_features))
     # Chunk by chunk, the E-step on its rows' observed features, then their completion:
     # the rows' solved deviations serve both.
-    for scored in _scored_chunks(x, patterns, weights, means, sigma):
-        chunk, log_prob = scored.chunk, scored.log_prob  # (m, K)
+    for scored in _scored_chunks(runs, weights, means, sigma):
+        run, log_prob = scored.chunk.run, scored.log_prob  # (m, K)
         chunk_norm = torch.logsumexp(log_prob, 1)  # (m,)
-        r = torch.exp(log_prob - chunk_norm[:, None]) * row_weight[chunk.rows][:, None]
-        resp[chunk.rows], log_norm[chunk.rows] = r, chunk_norm
+        r = torch.exp(log_prob - chunk_norm[:, None]) * run.weight[:, None]
+        resp[run.rows], log_norm[run.rows] = r, chunk_norm
         # About the E-step's means, as the statistics keep the scatter: (K, m, d).
         centred, conditional = _completed(scored, sigma)
         weighted = centred * r.T[..., None]  # (K, m, d)
         sums += weighted.sum(1) + r.sum(0)[:, None] * means
         scatter += torch.bmm(weighted.mT, centred)
-        by_pattern = r.new_zeros((len(chunk.masks), n_components)).index_add_(
-            0, chunk.pattern, r
+        by_pattern = r.new_zeros((len(run.masks), n_components)).index_add_(
+            0, run.pattern, r
         )  # (p, K)
         scatter += torch.einsum("pk,pkde->kde", by_pattern, conditional)
     scatter = _as_type(scatter, covariance_type)
@@ -324,8 +348,7 @@ def _as_type(scatter: Tensor, covariance_type: str) -> Tensor:
 
 
 def _worst_explained(
-    x: Tensor,
-    patterns: Patterns,
+    runs: list[_Run],
     filled: Tensor,
     points: Tensor,
     params: MixtureParams,
@@ -340,11 +363,13 @@ def _worst_explained(
         params.weights.masked_fill(empty, 0.0), params.means, params.covariances,
         params.precisions_cholesky,
     )
-    sigma = full_covariances(others.covariances[0], covariance_type, x.shape[1])
+    sigma = full_covariances(others.covariances[0], covariance_type, filled.shape[1])
     sigma = sigma.expand(empty.shape[1], -1, -1)
-    log_prob = _log_prob_by_pattern(x, patterns, others.weights[0], others.means[0], sigma)
+    log_prob = _log_prob_by_pattern(
+        runs, len(filled), others.weights[0], others.means[0], sigma
+    )
     log_likelihood = torch.logsumexp(log_prob, 1).masked_fill(~points, math.inf)  # (n,)
-    n_worst = min(empty.shape[1], x.shape[0])
+    n_worst = min(empty.shape[1], filled.shape[0])
     worst = log_likelihood.topk(n_worst, largest=False).indices
     return filled[worst][None]
 
@@ -395,13 +420,14 @@ def fit_em_missing(
     # A candidate row for a re-seeded mean: its missing entries at the columns' means.
     column_means = x.sum(0) / (~is_missing).sum(0)
     filled = torch.where(is_missing, column_means, x)
-    patterns = Patterns.of(X, device)
     n_rows = X.shape[0]
     row_weight = (
         torch.ones(n_rows, dtype=dtype, device=device)
         if sample_weight is None
         else torch.as_tensor(sample_weight, dtype=dtype, device=device)
     )
+    # What every iteration reads of the rows, gathered once.
+    runs = Patterns.of(X, device).runs(x, len(weights), row_weight)
     points = row_weight > 0
     n_points = int(points.sum())
     unit = float(row_weight.sum()) / n_points  # an average row's weight
@@ -414,9 +440,9 @@ def fit_em_missing(
     )
     result = fit_em_from_statistics(
         start,
-        lambda params: missing_statistics(x, patterns, params, covariance_type, row_weight),
+        lambda params: missing_statistics(runs, params, covariance_type, row_weight),
         lambda params, empty: _worst_explained(
-            x, patterns, filled, points, params, empty, covariance_type
+            runs, filled, points, params, empty, covariance_type
         ),
         n_points,
         covariance_type=covariance_type,
@@ -459,7 +485,7 @@ def weighted_log_prob(
     sigma = full_covariances(covariances, covariance_type, X.shape[1])
     sigma = sigma.expand(len(weights), -1, -1)
     log_prob = _log_prob_by_pattern(
-        x, Patterns.of(X, "cpu"), torch.as_tensor(weights, dtype=dtype),
-        torch.as_tensor(means, dtype=dtype), sigma,
+        Patterns.of(X, "cpu").runs(x, len(weights)), len(x),
+        torch.as_tensor(weights, dtype=dtype), torch.as_tensor(means, dtype=dtype), sigma,
     )
     return log_prob.numpy()
