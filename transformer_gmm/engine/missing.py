@@ -100,7 +100,10 @@ class Patterns:
 
     def runs(self, x: Tensor, n_components: int, row_weight: Tensor | None = None) -> list[_Run]:
         """Each run of :meth:`chunks` as every iteration reads it (see :class:`_Run`), of
-        the rows ``x`` (n, d), zero where missing, weighed by ``row_weight`` (n,) or 1."""
+        the rows ``x`` (n, d), zero where missing, weighed by ``row_weight`` (n,) or 1. The
+        runs' rows are views of one copy of ``x`` in pattern order."""
+        ordered = x[self.order]  # (n, d)
+        weights = x.new_ones(len(x)) if row_weight is None else row_weight[self.order]
         out = []
         for first, last in self.chunks(n_components):
             start, stop = int(self.bounds[first]), int(self.bounds[last])
@@ -115,12 +118,11 @@ class Patterns:
             gathered = None
             if not large.all():
                 gathered = torch.as_tensor(np.flatnonzero(np.repeat(~large, sizes)), device=device)
-            rows = self.order[start:stop]
-            masks = self.masks[first:last].to(x.dtype)  # (p, d)
-            weight = x.new_ones(len(rows)) if row_weight is None else row_weight[rows]
+            masks = self.masks[first:last]  # (p, d) bool
             out.append(_Run(
-                rows, x[rows], weight, pattern, masks, masks[pattern], masks.sum(1)[pattern],
-                own, gathered,
+                self.order[start:stop], ordered[start:stop], weights[start:stop], pattern,
+                masks.to(x.dtype), masks[pattern], masks.sum(1)[pattern].to(x.dtype), own,
+                gathered,
             ))
         return out
 
@@ -158,8 +160,8 @@ class _Run:
     """One run of patterns (:meth:`Patterns.runs`), what does not change between EM's
     iterations: its rows (m,) (indices into the data), their values (m, d), zero where
     missing, and weights (m,); each row's pattern within the run (m,); the patterns'
-    observed masks (p, d), each row's (m, d), and its number of observed features (m,),
-    in the data's dtype. ``own``: the patterns of ``_OWN_PRODUCT_ROWS`` rows or more,
+    observed masks (p, d) in the data's dtype, each row's (m, d) as bools, and its number
+    of observed features (m,). ``own``: the patterns of ``_OWN_PRODUCT_ROWS`` rows or more,
     (pattern, first row, last row + 1) in the run; ``gathered``: the run's other rows
     (None: there are none)."""
 
@@ -268,8 +270,7 @@ def _completed(scored: _Scored, covariances: Tensor) -> tuple[Tensor, Tensor]:
     chunk = scored.chunk
     # Sigma_:o Sigma_oo^-1 (.), one product per component: (K, m, d) @ (K, d, f).
     regressed = torch.bmm(scored.solved, covariances.mT)
-    observed = chunk.run.observed[None] > 0  # (1, m, d)
-    centred = torch.where(observed, scored.deviations, regressed)
+    centred = torch.where(chunk.run.observed[None], scored.deviations, regressed)
     conditional = covariances[None] - covariances[None] @ chunk.inverses @ covariances[None]
     missing = 1.0 - chunk.run.masks[:, None]  # (p, 1, d)
     conditional = conditional * (missing[..., :, None] * missing[..., None, :])
@@ -426,8 +427,10 @@ def fit_em_missing(
         if sample_weight is None
         else torch.as_tensor(sample_weight, dtype=dtype, device=device)
     )
-    # What every iteration reads of the rows, gathered once.
+    # What every iteration reads of the rows, gathered once (in place of x, which no
+    # iteration reads).
     runs = Patterns.of(X, device).runs(x, len(weights), row_weight)
+    del x
     points = row_weight > 0
     n_points = int(points.sum())
     unit = float(row_weight.sum()) / n_points  # an average row's weight
