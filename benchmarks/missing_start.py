@@ -129,5 +129,6 @@ def main(argv=None):
         summary, print_table,
     )
 
+
 if __name__ == "__main__":
     main()

@@ -104,12 +104,11 @@ class Patterns:
         runs' rows are views of one copy of ``x`` in pattern order."""
         ordered = x[self.order]  # (n, d)
         weights = x.new_ones(len(x)) if row_weight is None else row_weight[self.order]
-        out = []
+        device, out = x.device, []
         for first, last in self.chunks(n_components):
             start, stop = int(self.bounds[first]), int(self.bounds[last])
             starts = self.bounds[first : last + 1] - start  # each pattern's first row, and the end
             sizes = np.diff(starts)
-            device = x.device
             pattern = torch.repeat_interleave(
                 torch.arange(last - first, device=device), torch.as_tensor(sizes, device=device)
             )
