@@ -492,7 +492,7 @@ def test_init_from_a_shallower_model_starts_deeper_with_the_same_outputs(tmp_pat
         a, b = source(x, k), deeper(x, k)
         assert all(torch.allclose(u, v, atol=1e-6) for u, v in zip(a, b, strict=True))
     wider = _tiny(tmp_path, "wider", max_steps=1, init_from=str(first / "checkpoint"), d_model=32)
-    with pytest.raises(ValueError, match=r"only n_layer, k_max \(upward\) and a spherical"):
+    with pytest.raises(ValueError, match=r"only n_layer, k_max \(upward\), a spherical"):
         T.train(wider)
 
 

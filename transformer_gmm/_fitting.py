@@ -182,14 +182,16 @@ def _plan(
 
 def mixture_plan(
     params: dict, X, sample_weight, random_state, warm_start: GivenStarts | None = None,
-    k_unknown_pass=None,
+    k_unknown_pass=None, gaps: np.ndarray | None = None,
 ) -> MixturePlan:
     """The mixture fit of ``X``, decided once: EM settings and starts (the backbone or None,
     the numbers of the transformer's and of k-means's starts, the other starts and the given
     parameters or None, the name of each run's start). ``warm_start``: the fitted
     parameters a warm start goes on from (the estimator's own); ``k_unknown_pass`` the pass that
-    read P(K | X) (see :func:`transformer_starts`). The random starts are drawn from
-    ``random_state`` first, as scikit-learn does, then the seed of the fit's generator."""
+    read P(K | X) (see :func:`transformer_starts`); ``gaps`` (n, d) where ``X``'s missing
+    entries were filled, read by a backbone that reads them. The random starts are drawn
+    from ``random_state`` first, as scikit-learn does, then the seed of the fit's
+    generator."""
     params = resolved_params(params)
     device = resolve_device(params["device"])
     K = params["n_components"]
@@ -205,9 +207,11 @@ def mixture_plan(
         fields = dict(em, given=GivenStarts(**given), start_names=("user",))
     elif init_params == "transformer":
         starts = transformer_starts(params, K, MIXTURE_FALLBACK, k_unknown_pass)
+        backbone = starts["backbone"]
         fields = dict(
             em, **starts, given=GivenStarts(**given) if given else None,
             kmeans_if_starts_disagree=gated_kmeans(params, starts) and not given,
+            gaps=gaps if backbone is not None and backbone.config.reads_gaps else None,
         )
     elif init_params == "kmeans":
         given = GivenStarts(**given) if given else None

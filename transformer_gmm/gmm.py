@@ -510,7 +510,10 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             # EM below, whose convergence is reported.
             warnings.simplefilter("ignore", ConvergenceWarning)
             max_iter = 0 if self.n_init == "auto" else None
-            self._fit_k(start_rows, sample_weight, n_components, k_unknown_pass, max_iter=max_iter)
+            self._fit_k(
+                start_rows, sample_weight, n_components, k_unknown_pass, max_iter=max_iter,
+                gaps=np.isnan(X),
+            )
         result = missing.fit_em_missing(
             X,
             self.weights_.astype(np.float64),
@@ -550,16 +553,19 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
 
     def _fit_k(
         self, X, sample_weight, n_components: int, k_unknown_pass=None, run=_fitting.run,
-        max_iter: int | None = None,
+        max_iter: int | None = None, gaps=None,
     ) -> None:
         """Fit ``n_components`` to the validated ``X``; the transformer's starts read from
         ``k_unknown_pass``, the pass that read P(K | X), where there is one; ``run`` runs the
         plan (in memory, or on a Dask array's chunks); ``max_iter`` replaces the parameter's
-        (None: the parameter's)."""
+        (None: the parameter's); ``gaps`` marks the entries of ``X`` that were missing and
+        filled, for a checkpoint that reads them."""
         if sample_weight is not None:
             _initialization.check_sample_weight(sample_weight, X, n_components)
         random_state = check_random_state(self.random_state)
-        plan = self._plan(X, sample_weight, random_state, n_components, k_unknown_pass, max_iter)
+        plan = self._plan(
+            X, sample_weight, random_state, n_components, k_unknown_pass, max_iter, gaps
+        )
         fits = run(plan, X, sample_weight)
         self._store_fit(fits, 0, plan, X.dtype)
         self._mark_collapsed(X, sample_weight)
@@ -606,10 +612,12 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         n_components=None,
         k_unknown_pass=None,
         max_iter: int | None = None,
+        gaps=None,
     ) -> MixturePlan:
         """The fit of ``X`` with ``n_components`` and ``max_iter`` (by default the
         parameters'), decided once by :func:`~transformer_gmm._fitting.mixture_plan`, its
-        starts read from ``k_unknown_pass`` where K was chosen among candidates."""
+        starts read from ``k_unknown_pass`` where K was chosen among candidates, and
+        reading ``gaps`` where the checkpoint does."""
         warm = self.warm_start and hasattr(self, "converged_")
         params = self._fit_params()
         for name in _array_api.MIXTURE_INIT_PARAMETERS:  # arrays of the input's namespace
@@ -620,7 +628,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             params["max_iter"] = max_iter
         warm_start = self._warm_start_parameters(X.shape[1]) if warm else None
         return _fitting.mixture_plan(
-            params, X, sample_weight, random_state, warm_start, k_unknown_pass
+            params, X, sample_weight, random_state, warm_start, k_unknown_pass, gaps
         )
 
     def _warm_start_parameters(self, n_features: int) -> GivenStarts:

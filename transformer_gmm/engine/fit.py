@@ -125,6 +125,8 @@ def _solver(plan: FitPlan, orders: list[np.ndarray]) -> _Mixtures | _KMeans:
     given = plan.given
     if given is not None and given.resp is not None:  # for the one dataset
         given = dataclasses.replace(given, resp=given.resp[:, orders[0]])
+    if plan.gaps is not None:  # for the one dataset
+        plan = dataclasses.replace(plan, gaps=plan.gaps[orders[0]])
     return _Mixtures(plan, given)
 
 

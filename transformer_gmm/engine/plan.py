@@ -90,12 +90,15 @@ class MixturePlan(FitPlan):
     ``given``, what the estimator fixed about the starts (its own starts, ``*_init``
     parameters or a warm start), and ``kmeans_if_starts_disagree``: run the k-means++
     starts of a dataset only where EM from the transformer's starts ended on different
-    optima (``n_init="auto"``; see :func:`transformer_gmm.engine.fit.fit`)."""
+    optima (``n_init="auto"``; see :func:`transformer_gmm.engine.fit.fit`); and ``gaps``,
+    for one dataset whose missing entries were filled, where they were (n, d), for a
+    backbone that reads them."""
 
     covariance_type: str
     reg_covar: float = 0.0
     given: GivenStarts | None = None
     kmeans_if_starts_disagree: bool = False
+    gaps: np.ndarray | None = None  # (n, d) True where the one dataset's entry was filled
 
     @property
     def n_given(self) -> int:

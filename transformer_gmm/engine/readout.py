@@ -56,8 +56,15 @@ class MixtureInit:
     means: Tensor  # (B, K, d)
 
 
-def forward(model: torch.nn.Module, z: Tensor, n_components: int, mask: Tensor | None):
-    """The backbone on standardized points (B, C, d_max), in chunks of datasets.
+def forward(
+    model: torch.nn.Module,
+    z: Tensor,
+    n_components: int,
+    mask: Tensor | None,
+    gaps: Tensor | None = None,
+):
+    """The backbone on standardized points (B, C, d_max), and on their ``gaps`` (B, C,
+    d_max) where the model reads them, in chunks of datasets.
 
     Float32 by default: bfloat16 moves the readout's means beyond the pinned outputs'
     tolerance (docs/performance.md). A model from ``model_cache.model_on`` multiplies in
@@ -70,7 +77,8 @@ def forward(model: torch.nn.Module, z: Tensor, n_components: int, mask: Tensor |
     with torch.inference_mode():
         for start in range(0, z.shape[0], per_chunk):
             part = None if mask is None else mask[start : start + per_chunk]
-            chunks.append(model(z[start : start + per_chunk], n_components, part))
+            gaps_part = None if gaps is None else gaps[start : start + per_chunk]
+            chunks.append(model(z[start : start + per_chunk], n_components, part, gaps_part))
     if len(chunks) == 1:
         return chunks[0]
     return MixtureOutput(*(torch.cat(fields) for fields in zip(*chunks, strict=True)))
@@ -160,6 +168,9 @@ class ReadViews(NamedTuple):
     signs: Tensor  # (V, d_max) each view's reflection
     views: Tensor  # (V * B, C, d_max), view-major
     views_mask: Tensor | None  # (V * B, C)
+    # (V * B, C, d_max) each row's share of each coordinate that was missing, for a model
+    # that reads gaps; None where it does not or the rows have none
+    views_gaps: Tensor | None = None
 
     def rows(self, x: Tensor) -> Tensor:
         """The rows of ``x`` (B, N, d) each view read, in the user's space: (V * B, C, d)."""
@@ -188,7 +199,13 @@ class KUnknownPass:
 
 
 def read_views(
-    model, x: Tensor, mask: Tensor | None, n_components: int, generator, n_views: int
+    model,
+    x: Tensor,
+    mask: Tensor | None,
+    n_components: int,
+    generator,
+    n_views: int,
+    gaps: Tensor | None = None,
 ) -> ReadViews:
     """Standardize ``x`` (B, N, d) as for ``n_components`` and stack ``n_views`` views for
     the backbone ``model``: view v reads its own draw of at most
@@ -196,7 +213,10 @@ def read_views(
     reflected by :func:`reflections`.
 
     Where a dataset has more rows than the context, each view reads other rows: a second
-    look at large data, which a reflection of the same rows is not.
+    look at large data, which a reflection of the same rows is not. ``gaps`` (B, N, d)
+    marks the entries of ``x`` that were missing (and filled); a model that reads gaps
+    reads each row's share of each coordinate that they make up (a share is unsigned, so
+    no view reflects it), and any other model reads the filled rows alone.
     """
     reads = model.reading_config
     standardization = fit_standardization(
@@ -218,7 +238,16 @@ def read_views(
             all_real = draws[0][0].new_ones(draws[0][0].shape, dtype=torch.bool)
             rows_mask = torch.cat([all_real if m is None else m for _, m in draws])
     views = signs.repeat_interleave(x.shape[0], dim=0)[:, None, :] * z_read  # (V * B, C, d_max)
-    return ReadViews(standardization, z, rows_index, rows_mask, signs, views, rows_mask)
+    views_gaps = None
+    if gaps is not None and model.config.reads_gaps:
+        shares = standardization.transform_gaps(gaps)  # (B, N, d_max)
+        if rows_index is None:
+            views_gaps = shares.repeat(n_views, 1, 1)
+        else:
+            views_gaps = _take_each_view(shares, rows_index)
+    return ReadViews(
+        standardization, z, rows_index, rows_mask, signs, views, rows_mask, views_gaps
+    )
 
 
 def _take_each_view(t: Tensor, rows_index: Tensor) -> Tensor:
@@ -243,15 +272,16 @@ def _read(
     generator,
     n_starts: int,
     k_unknown_pass: KUnknownPass | None = None,
+    gaps: Tensor | None = None,
 ) -> tuple[Standardization, Tensor, list[View]]:
     """Standardize, subsample, and run the backbone on every view ``n_starts`` needs in one
-    batch, or read K's head on ``k_unknown_pass``'s tokens; returns the standardization, every row
-    in model space, and the views.
+    batch (reading ``gaps`` where the model does), or read K's head on ``k_unknown_pass``'s
+    tokens; returns the standardization, every row in model space, and the views.
     """
     n_views, n_datasets = -(-n_starts // 2), x.shape[0]
     if k_unknown_pass is None:
-        read = read_views(model, x, mask, n_components, generator, n_views)
-        out = forward(model, read.views, n_components, read.views_mask)
+        read = read_views(model, x, mask, n_components, generator, n_views, gaps)
+        out = forward(model, read.views, n_components, read.views_mask, read.views_gaps)
         standardization, z, signs = read.standardization, read.z, read.signs
         rows, rows_mask = read.rows(x), read.rows_mask  # (V * B, C, d), (V * B, C)
     else:
@@ -308,6 +338,7 @@ def mixture_inits(
     generator: torch.Generator,
     n_starts: int = 2,
     k_unknown_pass: KUnknownPass | None = None,
+    gaps: Tensor | None = None,
 ) -> tuple[MixtureInit, ...]:
     """The transformer's starts, two from each view of the data, in one forward pass.
 
@@ -333,13 +364,17 @@ def mixture_inits(
     k_unknown_pass : KUnknownPass, optional
         The pass under the "K unknown" embedding to read K's head on, instead of a pass of
         K's own; ``x`` then holds the rows the mixture starts score.
+    gaps : bool Tensor of shape (B, N, d), optional
+        True where an entry of ``x`` was missing and filled (with its column's mean), for a
+        model that reads gaps (:func:`read_views`).
 
     Returns
     -------
     starts : tuple of MixtureInit
     """
     return _view_starts(
-        model, x, mask, n_components, generator, n_starts, _point_probs, True, k_unknown_pass
+        model, x, mask, n_components, generator, n_starts, _point_probs, True, k_unknown_pass,
+        gaps,
     )
 
 
@@ -365,13 +400,14 @@ def _view_starts(
     point_resp,
     mixture_first: bool,
     k_unknown_pass,
+    gaps=None,
 ) -> tuple[MixtureInit, ...]:
     """The first ``n_starts`` of, view by view, the start from the transformer's mixture and
     the one from ``point_resp(out, read_mask, dtype)`` on the rows read (in that order, or
     the per-point one first); a start past ``n_starts`` is never built (the mixture start
     scores every row)."""
     standardization, z, views = _read(
-        model, x, mask, n_components, generator, n_starts, k_unknown_pass
+        model, x, mask, n_components, generator, n_starts, k_unknown_pass, gaps
     )
 
     def mixture(view: View) -> MixtureInit:

@@ -59,6 +59,15 @@ class Standardization:
         kept = centered @ self.basis / self.scale[:, None, None]  # (B, N, n_kept)
         return torch.nn.functional.pad(kept.float(), (0, self.d_max - self.n_kept))
 
+    def transform_gaps(self, missing: Tensor) -> Tensor:
+        """Each point's share of each model-space coordinate that was missing: ``missing``
+        (B, N, n_features) bool, True where an entry was filled, to float32 (B, N, d_max) in
+        [0, 1]. A coordinate is a unit direction, so its share is the sum of its squared
+        loadings on the filled features: 0 where the point is complete, 1 where the
+        coordinate reads filled entries alone."""
+        shares = missing.to(torch.float64) @ self.basis.square()  # (B, N, n_kept)
+        return torch.nn.functional.pad(shares.float(), (0, self.d_max - self.n_kept))
+
     def inverse_transform_means(self, means: Tensor) -> Tensor:
         """Map model-space means (B, K, d_max) back to float64 (B, K, n_features)."""
         kept = means[..., : self.n_kept].to(torch.float64)

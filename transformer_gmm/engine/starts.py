@@ -35,6 +35,15 @@ def _weighted_draw(x, sample_weight, backbone, generator, plan: FitPlan) -> tupl
     return weighted_rows(x, sample_weight, backbone.reading_config.context_size, generator)
 
 
+def _gaps(plan: MixturePlan, index: torch.Tensor | None, device) -> torch.Tensor | None:
+    """Where the one dataset's rows (1, S, d), those of ``index`` (1, S) or all, were
+    filled: ``plan.gaps`` (in canonical order), for a backbone that reads them."""
+    if plan.gaps is None:
+        return None
+    gaps = torch.as_tensor(plan.gaps, device=device)[None]  # (1, n, d)
+    return gaps if index is None else take_rows(gaps, index)
+
+
 # --- Gaussian mixtures ---------------------------------------------------------------
 
 
@@ -69,9 +78,10 @@ def mixture_starts(
     run_params = []  # each (B, R_i, ...) parameters
     if n_transformer_inits > 0:
         model = model_cache.model_on(backbone, device)
-        x_read, mask_read = x, mask
-        if sample_weight is not None:  # the rows drawn by weight, then read
+        x_read, mask_read, gaps = x, mask, _gaps(plan, index, x.device)
+        if sample_weight is not None:  # the rows drawn by weight, then read without gaps
             x_read, mask_read = _weighted_draw(x, sample_weight, backbone, generator, plan)
+            gaps = None
         starts = readout.mixture_inits(
             model,
             x_read,
@@ -80,6 +90,7 @@ def mixture_starts(
             generator,
             n_starts=n_transformer_inits,
             k_unknown_pass=plan.k_unknown_pass,
+            gaps=gaps,
         )
         for init in starts:
             params = m_step.estimate_gaussian_parameters(

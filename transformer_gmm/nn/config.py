@@ -46,6 +46,11 @@ class ModelConfig:
         number of clusters 1..k_max, where a cluster may be any shape (a ring, a curve) and
         so need several Gaussian components; 0: no such head. It needs the "K unknown"
         embedding, so ``k_posterior_seeds`` > 0.
+    reads_gaps : int, default=0
+        1: the model also reads, for each point, how much of each model-space coordinate
+        was missing in the data (filled with its column's mean before standardizing), so
+        that it need not take filled values for observed ones; 0: it reads the filled
+        points alone.
 
     Examples
     --------
@@ -71,6 +76,7 @@ class ModelConfig:
     # ("diag"), or a lower Cholesky factor of each component's covariance ("full")
     k_posterior_seeds: int = 0  # pooling seeds of the P(K | X) head; 0: no such head
     cluster_count_seeds: int = 0  # pooling seeds of the number-of-clusters head; 0: none
+    reads_gaps: int = 0  # 1: each point's share of each coordinate that was missing is read
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -102,7 +108,8 @@ class ModelConfig:
         A config written by a newer or foreign model must not be half-understood, and a
         missing field must not silently take a default that disagrees with the weights.
         The exception is a field added later whose default is what every checkpoint
-        written before it did (``k_posterior_seeds``, ``cluster_count_seeds``: 0).
+        written before it did (``k_posterior_seeds``, ``cluster_count_seeds``, ``reads_gaps``:
+        0).
 
         Examples
         --------
@@ -223,10 +230,12 @@ def _check_values(config) -> None:
 # Fields added after the first checkpoints, with the value that reproduces what those
 # checkpoints' models were trained to read.
 _ADDED_LATER: dict[str, Any] = {
-    "noise_directions": 0, "k_posterior_seeds": 0, "cluster_count_seeds": 0,
+    "noise_directions": 0, "k_posterior_seeds": 0, "cluster_count_seeds": 0, "reads_gaps": 0,
 }
 # The int fields that may be 0; every other must be positive.
-_SMALLEST = {"noise_directions": 0, "k_posterior_seeds": 0, "cluster_count_seeds": 0}
+_SMALLEST = {
+    "noise_directions": 0, "k_posterior_seeds": 0, "cluster_count_seeds": 0, "reads_gaps": 0,
+}
 # The largest value of each int field. Far beyond any model that fits in memory, they keep
 # a config (a checkpoint's config.json is untrusted input) from asking for a million layers
 # or heads, or for sizes whose products overflow, before any weight is read.
@@ -242,6 +251,7 @@ LARGEST: dict[str, int] = {
     "noise_directions": 4096,
     "k_posterior_seeds": 1024,
     "cluster_count_seeds": 1024,
+    "reads_gaps": 1,
 }
 
 _SHOWN = reprlib.Repr()

@@ -233,6 +233,9 @@ class MixtureTransformer(nn.Module):
         self.config = config
         self.reading_config = ReadingConfig() if reading_config is None else reading_config
         self.readin = nn.Linear(config.d_max, config.d_model)
+        if config.reads_gaps:
+            # Each point's share of each coordinate that was missing, added to its token.
+            self.readin_gaps = nn.Linear(config.d_max, config.d_model, bias=False)
         self.k_embedding = nn.Embedding(config.k_max - config.k_min + 1, config.d_model)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.d_model)
@@ -253,6 +256,10 @@ class MixtureTransformer(nn.Module):
         for block in self.blocks:
             for proj in (block.attn.proj, block.mlp.proj):
                 nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * config.n_layer))
+        if config.reads_gaps:
+            # Zero: complete data read as by a model without the channel, so fine-tuning a
+            # model that lacks it starts from exactly what it computed.
+            nn.init.zeros_(self.readin_gaps.weight)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -296,7 +303,9 @@ class MixtureTransformer(nn.Module):
         is_int = isinstance(n_components, numbers.Integral) and not isinstance(n_components, bool)
         return is_int and n_components in self.supported_n_components
 
-    def forward(self, x: Tensor, n_components: int, mask: Tensor | None = None) -> MixtureOutput:
+    def forward(
+        self, x: Tensor, n_components: int, mask: Tensor | None = None, gaps: Tensor | None = None
+    ) -> MixtureOutput:
         """Mixture estimate for each dataset in the batch.
 
         Parameters
@@ -307,6 +316,9 @@ class MixtureTransformer(nn.Module):
             K, the number of components to estimate.
         mask : bool Tensor of shape (B, N), optional
             True for real points, False for padding rows (datasets of different sizes).
+        gaps : Tensor of shape (B, N, d_max), optional
+            For a model that reads gaps (``config.reads_gaps``): each point's share, in
+            [0, 1], of each coordinate that was missing (filled) in the data; None: none.
 
         Returns
         -------
@@ -328,9 +340,9 @@ class MixtureTransformer(nn.Module):
         >>> torch.allclose(out.weights.sum(-1), torch.ones(2))
         True
         """
-        self._check_inputs(x, n_components, mask)
+        self._check_inputs(x, n_components, mask, gaps)
         k_embedding = self.k_embedding.weight[n_components - self.config.k_min]  # (D,)
-        h, mask = self._tokens(x, k_embedding, mask)  # (B, N, D)
+        h, mask = self._tokens(x, k_embedding, mask, gaps)  # (B, N, D)
         return self.read_out(h, n_components, mask)
 
     def read_out(
@@ -355,7 +367,9 @@ class MixtureTransformer(nn.Module):
         raw, point_logits = self.heads[str(int(n_components))](tokens, mask)
         return _parse(raw, point_logits, self.config.d_max, self.config.scale_type)
 
-    def k_log_posterior(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def k_log_posterior(
+        self, x: Tensor, mask: Tensor | None = None, gaps: Tensor | None = None
+    ) -> Tensor:
         """log P(K | X) for K = 1..k_max, one pass under the "K unknown" embedding.
 
         Parameters
@@ -379,10 +393,12 @@ class MixtureTransformer(nn.Module):
         >>> log_p.shape, torch.allclose(log_p.exp().sum(-1), torch.ones(3))
         (torch.Size([3, 4]), True)
         """
-        tokens, mask = self.k_unknown_tokens(x, mask)  # (B, N, D), and checks the head is there
+        tokens, mask = self.k_unknown_tokens(x, mask, gaps)  # (B, N, D); checks the head is there
         return self.k_posterior_head(tokens, mask)
 
-    def cluster_count_log_posterior(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+    def cluster_count_log_posterior(
+        self, x: Tensor, mask: Tensor | None = None, gaps: Tensor | None = None
+    ) -> Tensor:
         """log P(C | X) for C = 1..k_max clusters, from the same pass as
         :meth:`k_log_posterior` (its arguments, its shapes); a cluster may be any shape, so
         C is at most the number of Gaussian components K where they differ.
@@ -397,21 +413,21 @@ class MixtureTransformer(nn.Module):
         """
         if not self.has_cluster_count:
             raise ValueError("This model has no cluster-count head (cluster_count_seeds=0).")
-        tokens, mask = self.k_unknown_tokens(x, mask)
+        tokens, mask = self.k_unknown_tokens(x, mask, gaps)
         return self.cluster_count_head(tokens, mask)
 
     def k_unknown_tokens(
-        self, x: Tensor, mask: Tensor | None = None
+        self, x: Tensor, mask: Tensor | None = None, gaps: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """The backbone's tokens (B, N, D) under the "K unknown" embedding, and the mask
         the K-posterior head reads them with; arguments as :meth:`k_log_posterior`."""
         if not self.has_k_posterior:
             raise ValueError("This model has no K-posterior head (k_posterior_seeds=0).")
-        self._check_inputs(x, self.config.k_max, mask)
-        return self._tokens(x, self.k_unknown, mask)
+        self._check_inputs(x, self.config.k_max, mask, gaps)
+        return self._tokens(x, self.k_unknown, mask, gaps)
 
     def _tokens(
-        self, x: Tensor, task_embedding: Tensor, mask: Tensor | None
+        self, x: Tensor, task_embedding: Tensor, mask: Tensor | None, gaps: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """The backbone: point tokens (B, N, D) under one task embedding (D,), and the mask."""
         if mask is not None:
@@ -421,11 +437,15 @@ class MixtureTransformer(nn.Module):
             # Let it attend over its padding instead: finite, meaningless outputs.
             mask = mask | ~mask.any(dim=-1, keepdim=True)  # (B, N)
         h = self.readin(x) + task_embedding  # (B, N, D): every token knows the task
+        if gaps is not None:
+            h = h + self.readin_gaps(gaps)  # (B, N, D): and how much of its point was filled
         for block in self.blocks:
             h = block(h, mask)
         return self.ln_f(h), mask
 
-    def _check_inputs(self, x: Tensor, n_components: int, mask: Tensor | None) -> None:
+    def _check_inputs(
+        self, x: Tensor, n_components: int, mask: Tensor | None, gaps: Tensor | None = None
+    ) -> None:
         self._check_n_components(n_components)
         if x.dim() != 3 or x.shape[-1] != self.config.d_max:
             raise ValueError(
@@ -435,6 +455,12 @@ class MixtureTransformer(nn.Module):
             raise ValueError(
                 f"mask must be a bool tensor of shape {tuple(x.shape[:2])}, "
                 f"got {mask.dtype} of shape {tuple(mask.shape)}."
+            )
+        if gaps is not None and not self.config.reads_gaps:
+            raise ValueError("This model does not read gaps (reads_gaps=0): pass gaps=None.")
+        if gaps is not None and gaps.shape != x.shape:
+            raise ValueError(
+                f"gaps must have the shape of x, {tuple(x.shape)}, got {tuple(gaps.shape)}."
             )
 
     def _check_n_components(self, n_components: int) -> None:

@@ -40,6 +40,10 @@ class TrainConfig:
     scale_type : {"spherical", "diag", "full"} or None, default=None
         Model field to replace: the covariance the heads output. From a spherical
         ``init_from``, a wider one starts out as that model's spherical scales.
+    reads_gaps : int or None, default=None
+        Model field to replace: 1 reads each point's share of each coordinate that was
+        missing (train it on a prior with ``missing_prob`` > 0). From an ``init_from``
+        without it, the new weights start at zero.
     prior : str, default="broad"
         A task prior of :data:`transformer_gmm.training.PRIORS`.
     focus_prior : str, default=""
@@ -141,6 +145,7 @@ class TrainConfig:
     context_size: int | None = None
     noise_directions: int | None = None
     scale_type: str | None = None
+    reads_gaps: int | None = None
     prior: str = "broad"  # a task prior of transformer_gmm.training.tasks.PRIORS
     focus_prior: str = ""  # comma-separated; each drawn instead of prior for focus_prob of steps
     focus_prob: float = 0.0
@@ -243,7 +248,7 @@ EVAL_SEED = 20_251_122  # the held-out tasks do not depend on --seed
 
 def model_config(cfg: TrainConfig) -> ModelConfig:
     """The model's config: the preset ``cfg.model`` with the fields ``cfg`` sets replaced."""
-    names = ("d_max", "k_max", "n_layer", "d_model", "n_head", "scale_type")
+    names = ("d_max", "k_max", "n_layer", "d_model", "n_head", "scale_type", "reads_gaps")
     overrides = {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
     return config_from_preset(cfg.model, **overrides)
 

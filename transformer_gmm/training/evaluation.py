@@ -81,7 +81,7 @@ def evaluate(model: MixtureTransformer, batches: list[TaskBatch], device: str) -
     for batch in batches:
         b = batch.to(device)
         with autocast(device):
-            out = model(b.x, b.n_components, b.mask)
+            out = model(b.x, b.n_components, b.mask, b.gaps_read_by(model.config))
         out = MixtureOutput(*(t.float() for t in out))
         means = out.means.cpu().numpy()  # (B, K, d_max)
         errors = [

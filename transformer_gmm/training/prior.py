@@ -58,14 +58,22 @@ class Prior:
         Means at least this far apart (in units of the noise std before scaling): each is
         drawn again until it is, the box widening by a tenth after every 100 misses, so
         that every cluster stands apart and a count can be exact.
+    missing_prob : float, default=0.0
+        Probability that entries are missing (a task of at least two features), then filled
+        with their column's observed mean, as a fit with NaN reads them: completely at
+        random, or (half the tasks) at random, more often where one always-observed
+        feature ranks higher. The rate is uniform up to ``max_missing``.
+    max_missing : float, default=0.5
+        The largest fraction of entries missing.
 
     Examples
     --------
     >>> from transformer_gmm.training import PRIORS, Prior
     >>> Prior(k_range=(2, 3), d_range=(2, 2)).n_range
     (64, 256)
-    >>> sorted(PRIORS)
-    ['broad', 'real', 'tgmm', 'tgmm-2d', 'tiny', 'tiny-real']
+    >>> sorted(PRIORS)  # doctest: +NORMALIZE_WHITESPACE
+    ['broad', 'broad-missing', 'real', 'real-missing', 'tgmm', 'tgmm-2d', 'tiny', 'tiny-missing',
+     'tiny-real']
     """
 
     k_range: tuple[int, int] = (2, 10)  # K, uniform (clipped to the model's heads)
@@ -89,3 +97,5 @@ class Prior:
     noise_feature_prob: float = 0.0  # up to half of the features carry only noise
     standardize_prob: float = 0.0  # each feature divided by its std, as users do
     min_separation: float = 0.0  # means at least this far apart (0: no constraint)
+    missing_prob: float = 0.0  # tasks with entries missing (filled with column means)
+    max_missing: float = 0.5  # the largest fraction of entries missing

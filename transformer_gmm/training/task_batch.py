@@ -19,7 +19,7 @@ class Task:
     Attributes
     ----------
     X : ndarray of shape (n, d)
-        The points.
+        The points; a missing entry holds its column's observed mean (what a fit reads).
     labels : ndarray of shape (n,)
         The component each point came from.
     means : ndarray of shape (K, d)
@@ -38,6 +38,8 @@ class Task:
     factors : ndarray of shape (K, d, d) or None
         Where covariances are full: covariance k is ``factors[k] @ factors[k].T``, and
         ``stds`` is the root of its diagonal. None where they are diagonal (``stds``).
+    observed : ndarray of shape (n, d) or None
+        False where an entry of ``X`` was missing (and filled); None where none was.
 
     Examples
     --------
@@ -59,6 +61,7 @@ class Task:
     basis: np.ndarray  # (d, kept)
     d_max: int
     factors: np.ndarray | None = None  # (K, d, d): covariance k is factors[k] @ factors[k].T
+    observed: np.ndarray | None = None  # (n, d) False where X's entry was missing (filled)
 
     @property
     def standardization(self) -> Standardization:
@@ -109,6 +112,14 @@ class Task:
         means = torch.as_tensor(means, dtype=torch.float64)[None]
         return self.standardization.inverse_transform_means(means)[0].numpy()
 
+    def model_space_gaps(self) -> np.ndarray:
+        """Each point's share of each model-space coordinate that was missing, float32
+        (n, d_max); zero where the point is complete."""
+        if self.observed is None:
+            return np.zeros((len(self.X), self.d_max), np.float32)
+        missing = torch.from_numpy(~self.observed)[None]
+        return self.standardization.transform_gaps(missing)[0].numpy()
+
     def model_space_stds(self) -> np.ndarray:
         """Noise std per component along each kept direction in model space, (K, kept)."""
         basis, scale = self.basis, self.scale
@@ -158,6 +169,9 @@ class TaskBatch:
         Noise std per coordinate in model space, 1 on padding.
     dim_mask : bool Tensor of shape (B, d_max)
         True for the coordinates that carry data.
+    gaps : Tensor of shape (B, N, d_max) or None
+        Each point's share of each coordinate that was missing (the model input of
+        ``reads_gaps``), zero on padding; None where no task has missing entries.
     tasks : list of Task
         The same tasks in the original space, for evaluation.
 
@@ -177,6 +191,7 @@ class TaskBatch:
     weights: Tensor  # (B, K) true mixing weights
     scales: Tensor  # (B, K, d_max) noise std per coordinate in model space, 1 on padding
     dim_mask: Tensor  # (B, d_max) bool, True for the coordinates that carry data
+    gaps: Tensor | None  # (B, N, d_max) float32 share of each coordinate missing, or None
     tasks: list[Task]  # the same tasks in the original space, for evaluation
 
     @property
@@ -191,6 +206,13 @@ class TaskBatch:
         4
         """
         return self.means.shape[1]
+
+    def gaps_read_by(self, config) -> Tensor | None:
+        """The gaps a model of ``config`` (a ModelConfig) reads: None unless it reads them
+        (``reads_gaps``); zeros where no task of the batch has missing entries."""
+        if not config.reads_gaps:
+            return None
+        return torch.zeros_like(self.x) if self.gaps is None else self.gaps
 
     def to(self, device: str | torch.device) -> TaskBatch:
         """The batch with its tensors on ``device``; the tasks are shared, not copied.
@@ -214,7 +236,8 @@ class TaskBatch:
         """
         names = ("x", "mask", "labels", "means", "weights", "scales", "dim_mask")
         moved = {name: getattr(self, name).to(device, non_blocking=True) for name in names}
-        return TaskBatch(**moved, tasks=self.tasks)
+        gaps = None if self.gaps is None else self.gaps.to(device, non_blocking=True)
+        return TaskBatch(**moved, gaps=gaps, tasks=self.tasks)
 
 
 def collate(tasks: list[Task], d_max: int) -> TaskBatch:
@@ -249,6 +272,8 @@ def collate(tasks: list[Task], d_max: int) -> TaskBatch:
     means = np.zeros((B, K, d_max), np.float32)
     scales = np.ones((B, K, d_max), np.float32)
     dim_mask = np.zeros((B, d_max), bool)
+    gappy = any(task.observed is not None for task in tasks)
+    gaps = np.zeros((B, N, d_max), np.float32) if gappy else None
     for b, task in enumerate(tasks):
         n, kept = len(task.X), task.basis.shape[1]
         x[b, :n] = task.to_model_space(task.X)
@@ -257,8 +282,12 @@ def collate(tasks: list[Task], d_max: int) -> TaskBatch:
         means[b] = task.to_model_space(task.means)  # (mu - center) @ basis / scale, padded
         scales[b, :, :kept] = task.model_space_stds()
         dim_mask[b, :kept] = True
+        if gappy:
+            gaps[b, :n] = task.model_space_gaps()
     weights = np.stack([t.weights for t in tasks]).astype(np.float32)  # (B, K)
     as_tensor = torch.from_numpy
     return TaskBatch(
-        *map(as_tensor, (x, mask, labels, means, weights, scales, dim_mask)), tasks=tasks
+        *map(as_tensor, (x, mask, labels, means, weights, scales, dim_mask)),
+        gaps=None if gaps is None else as_tensor(gaps),
+        tasks=tasks,
     )

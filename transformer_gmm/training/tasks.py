@@ -73,9 +73,42 @@ PRIORS: dict[str, Prior] = {
         noise_feature_prob=0.25,
         standardize_prob=0.5,
     ),
+    # The same tasks with entries missing (then filled with their columns' means) in 80 %
+    # of them, for a model that reads the gaps (reads_gaps) and for its control.
+    "real-missing": Prior(
+        k_range=(2, 16),
+        d_range=(1, 64),
+        n_range=(64, 256),
+        half_width=(1.0, 6.0),
+        dirichlet_prob=0.7,
+        weight_floor=0.06,
+        scale_range=(0.5, 2.0),
+        diag_prob=0.2,
+        heavy_prob=0.15,
+        full_prob=0.7,
+        max_condition=300.0,
+        skew_prob=0.15,
+        uniform_prob=0.1,
+        outlier_prob=0.3,
+        mixing_prob=0.3,
+        noise_feature_prob=0.25,
+        standardize_prob=0.5,
+        missing_prob=0.8,
+    ),
+    "broad-missing": Prior(
+        k_range=(2, 16),
+        d_range=(1, 128),
+        n_range=(64, 256),
+        half_width=(1.5, 8.0),
+        scale_range=(0.5, 2.0),
+        diag_prob=0.25,
+        heavy_prob=0.1,
+        missing_prob=0.8,
+    ),
     # For tests: small n, and d on both sides of the tiny model's d_max = 4.
     # K to 6: beyond the tiny model's heads (to 4), for heads grown onto it.
     "tiny": Prior(k_range=(2, 6), d_range=(1, 8), n_range=(16, 64), diag_prob=0.5, heavy_prob=0.2),
+    "tiny-missing": Prior(k_range=(2, 4), d_range=(2, 8), n_range=(16, 64), missing_prob=1.0),
     "tiny-real": Prior(
         k_range=(2, 4),
         d_range=(1, 8),
@@ -110,6 +143,34 @@ def _separated(rng: np.random.Generator, means: np.ndarray, h: float, gap: float
             h = h * 1.1 if misses % 100 == 0 else h
             means[k] = rng.uniform(-h, h, means.shape[1])
     return means
+
+
+def draw_observed(rng: np.random.Generator, X: np.ndarray, max_missing: float) -> np.ndarray:
+    """Which entries of ``X`` (n, d), d >= 2, are observed: a rate uniform in
+    [0, ``max_missing``], completely at random, or (half the time) at random: one feature
+    always observed, each other entry of a row missing with a probability that grows
+    linearly with that feature's rank (twice the rate at the top). Every row and every
+    column keeps an observed entry."""
+    n, d = X.shape
+    rate = rng.uniform(0.0, max_missing)
+    if rng.random() < 0.5:
+        missing = rng.random((n, d)) < rate
+    else:
+        driver = rng.integers(d)
+        rank = np.argsort(np.argsort(X[:, driver])) / max(n - 1, 1)  # (n,) in [0, 1]
+        chance = np.clip(2.0 * rate * d / (d - 1) * rank, 0.0, 1.0)
+        missing = rng.random((n, d)) < chance[:, None]
+        missing[:, driver] = False
+    empty = np.flatnonzero(missing.all(axis=1))
+    missing[empty, rng.integers(d, size=len(empty))] = False
+    missing[rng.integers(n), missing.all(axis=0)] = False  # an empty column keeps one entry
+    return ~missing
+
+
+def fill_missing(X: np.ndarray, observed: np.ndarray) -> np.ndarray:
+    """``X`` with each unobserved entry replaced by its column's observed mean."""
+    means = np.where(observed, X, 0.0).sum(0) / observed.sum(0)
+    return np.where(observed, X, means)
 
 
 def sample_task(
@@ -177,10 +238,14 @@ def sample_task(
         X, labels = add_outliers(rng, prior, X, labels, means, weights, factors)
         means, factors, X = standardize_features(rng, prior, means, factors, X)
         stds = np.sqrt((factors**2).sum(-1))  # (K, d) the root of each diagonal
+    observed = None
+    if prior.missing_prob > 0 and d >= 2 and rng.random() < prior.missing_prob:
+        observed = draw_observed(rng, X, prior.max_missing)
+        X = fill_missing(X, observed)  # what a fit with NaN reads
     x = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))[None]  # a batch of one
     st = fit_standardization(x, None, d_max, K, noise_directions)
     center, scale, basis = st.center[0].numpy(), st.scale[0].item(), st.basis[0].numpy()
-    return Task(X, labels, means, weights, stds, center, scale, basis, d_max, factors)
+    return Task(X, labels, means, weights, stds, center, scale, basis, d_max, factors, observed)
 
 
 def draw_d(rng: np.random.Generator, d_range: tuple[int, int]) -> int:

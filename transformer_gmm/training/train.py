@@ -281,10 +281,13 @@ def train(cfg: TrainConfig) -> Path:
             group["lr"] = lr
         batch = batch.to(device)
         with autocast(device):
-            out = model(batch.x, batch.n_components, batch.mask)
+            out = model(batch.x, batch.n_components, batch.mask, batch.gaps_read_by(mc))
             if teacher is not None:
                 with torch.no_grad():
-                    taught = teacher(batch.x, batch.n_components, batch.mask)
+                    taught = teacher(
+                        batch.x, batch.n_components, batch.mask,
+                        batch.gaps_read_by(teacher.config),
+                    )
         loss, parts = training_loss(
             out,
             batch,

@@ -24,7 +24,9 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
     ``k_max``) starts each new head from the source's largest (see :func:`_grow_heads`), so
     that for every K the source has, it computes what the source did. A source's
     K-posterior and cluster-count heads are dropped: they read the backbone this run
-    changes (``training.k_posterior`` trains them again).
+    changes (``training.k_posterior`` trains them again). A model that reads gaps
+    (``reads_gaps``) from a source that does not starts with their weights at zero: on
+    complete data it computes what the source did.
     """
     have, want = source.config.n_layer, model.config.n_layer
     changeable = dict(n_layer=want)  # how it reads data (model.reading_config) is free too
@@ -34,11 +36,13 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
         changeable["k_posterior_seeds"] = changeable["cluster_count_seeds"] = 0
     if source.config.scale_type == "spherical":
         changeable["scale_type"] = model.config.scale_type
+    if not source.config.reads_gaps:
+        changeable["reads_gaps"] = model.config.reads_gaps
     if dataclasses.replace(source.config, **changeable) != model.config:
         raise ValueError(
             f"init_from's model ({source.config}) does not fit this run's ({model.config}): "
-            "only n_layer, k_max (upward) and a spherical scale_type "
-            "(to a wider one) may differ."
+            "only n_layer, k_max (upward), a spherical scale_type (to a wider one) and "
+            "reads_gaps (from 0) may differ."
         )
     state = without_k_posterior(source.state_dict())
     if want < have:
@@ -48,6 +52,8 @@ def load_initial_weights(model: MixtureTransformer, source: MixtureTransformer) 
         _widen_scales(state, model.config)
     if model.config.k_max > source.config.k_max:
         _grow_heads(state, source.config.k_max, model)
+    if model.config.reads_gaps and not source.config.reads_gaps:
+        state["readin_gaps.weight"] = torch.zeros_like(model.readin_gaps.weight)
     last = {k.split(".", 2)[2]: v for k, v in state.items() if k.startswith(f"blocks.{have - 1}.")}
     for index in range(have, want):
         for name, tensor in last.items():
