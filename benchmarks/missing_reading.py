@@ -26,6 +26,7 @@ is paired over (dataset, seed).
 
     python benchmarks/missing_reading.py            # 8 datasets, 3 seeds (minutes)
     python benchmarks/missing_reading.py --quick    # iris and crabs, 30 %, one seed
+    python benchmarks/missing_reading.py --large    # 4 tables of 20,000 rows, 2 seeds
     python benchmarks/missing_reading.py --checkpoint gaps=runs/gaps/checkpoint \
         control=runs/control/checkpoint --out missing_reading_gaps
 
@@ -139,15 +140,21 @@ def print_summary(table: list[dict]) -> None:
 
 def main(argv=None):
     parser = shared_parser(__doc__, "iris and crabs, 30 % missing, MCAR and MAR, one seed")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per dataset (default 3)")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="seeds per dataset (default 3; 2 with --large)")
     parser.add_argument("--out", default="missing_reading", help="file stem of the CSVs")
     parser.add_argument("--checkpoint", nargs="*", default=[], metavar="NAME=PATH",
                         help="more readings: each checkpoint reads the data with NaN")
+    parser.add_argument("--large", action="store_true",
+                        help=f"the large tables ({', '.join(missing.LARGE)}), "
+                             f"{missing.LARGE_ROWS:,} rows each, 2 seeds")
     options = parser.parse_args(argv)
     checkpoints = dict(item.split("=", 1) for item in options.checkpoint)
-    datasets = missing.QUICK_DATASETS if options.quick else missing.DATASETS
+    datasets = (missing.QUICK_DATASETS if options.quick
+                else missing.LARGE if options.large else missing.DATASETS)
+    n_seeds = options.seeds or (2 if options.large else 3)
     rates = (0.3,) if options.quick else missing.RATES
-    seeds = [1000 * options.seed + i for i in range(1 if options.quick else options.seeds)]
+    seeds = [1000 * options.seed + i for i in range(1 if options.quick else n_seeds)]
     with single_threaded():
         import torch
 

@@ -16,6 +16,8 @@ dimension beyond them would only add noise the model must learn to ignore.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -73,38 +75,6 @@ PRIORS: dict[str, Prior] = {
         noise_feature_prob=0.25,
         standardize_prob=0.5,
     ),
-    # The same tasks with entries missing (then filled with their columns' means) in 80 %
-    # of them, for a model that reads the gaps (reads_gaps) and for its control.
-    "real-missing": Prior(
-        k_range=(2, 16),
-        d_range=(1, 64),
-        n_range=(64, 256),
-        half_width=(1.0, 6.0),
-        dirichlet_prob=0.7,
-        weight_floor=0.06,
-        scale_range=(0.5, 2.0),
-        diag_prob=0.2,
-        heavy_prob=0.15,
-        full_prob=0.7,
-        max_condition=300.0,
-        skew_prob=0.15,
-        uniform_prob=0.1,
-        outlier_prob=0.3,
-        mixing_prob=0.3,
-        noise_feature_prob=0.25,
-        standardize_prob=0.5,
-        missing_prob=0.8,
-    ),
-    "broad-missing": Prior(
-        k_range=(2, 16),
-        d_range=(1, 128),
-        n_range=(64, 256),
-        half_width=(1.5, 8.0),
-        scale_range=(0.5, 2.0),
-        diag_prob=0.25,
-        heavy_prob=0.1,
-        missing_prob=0.8,
-    ),
     # For tests: small n, and d on both sides of the tiny model's d_max = 4.
     # K to 6: beyond the tiny model's heads (to 4), for heads grown onto it.
     "tiny": Prior(k_range=(2, 6), d_range=(1, 8), n_range=(16, 64), diag_prob=0.5, heavy_prob=0.2),
@@ -122,6 +92,14 @@ PRIORS: dict[str, Prior] = {
         standardize_prob=0.5,
     ),
 }
+
+
+# The same tasks with entries missing (then filled with their columns' means) in 80 % of
+# them, for a model that reads the gaps (reads_gaps) and for its control.
+PRIORS.update(
+    {f"{name}-missing": dataclasses.replace(PRIORS[name], missing_prob=0.8)
+     for name in ("broad", "real")}
+)
 
 
 def _draw_weights(rng: np.random.Generator, prior: Prior, K: int) -> np.ndarray:
