@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from benchmark_scripts import BENCHMARKS
 from benchmark_scripts import load_benchmark as _load
+from conftest import TINY_CHECKPOINT
 from scipy.stats import multivariate_normal
 
 
@@ -113,11 +114,15 @@ def test_missing_reads_a_large_table_as_a_draw_of_its_rows():
     np.testing.assert_array_equal(missing.load("cps").X, data.X)  # the same draw each time
 
 
-def test_missing_reading_quick_pairs_the_two_readings(tmp_path):
-    rows, table = _load("missing_reading").main(["--quick", "--results", str(tmp_path)])
-    assert {row["reading"] for row in rows} == {"imputed", "complete"}
-    assert len(rows) == 2 * 2 * 2  # two datasets, two patterns at 30 %, two readings
+def test_missing_reading_quick_pairs_each_reading_with_the_imputed_one(tmp_path):
+    rows, table = _load("missing_reading").main(
+        ["--quick", "--results", str(tmp_path), "--checkpoint", f"tiny={TINY_CHECKPOINT}"])
+    assert {row["reading"] for row in rows} == {"imputed", "complete", "tiny"}
+    assert len(rows) == 2 * 2 * 3  # two datasets, two patterns at 30 %, three readings
     assert all(np.isfinite(row["ari"]) and row["n_iter"] >= 1 for row in rows)
+    # The default fit is of the data with NaN: read by "imputed" and "tiny", not "complete".
+    assert all(np.isfinite(row["fit_ari"]) == (row["reading"] != "complete") for row in rows)
+    assert [t["reading"] for t in table] == ["complete", "tiny"] * 2
     assert all(t["pairs"] == 2 and np.isfinite(t["difference_ari"]) for t in table)
 
 
