@@ -169,7 +169,7 @@ class ReadViews(NamedTuple):
     views: Tensor  # (V * B, C, d_max), view-major
     views_mask: Tensor | None  # (V * B, C)
     # (V * B, C, d_max) each row's share of each coordinate that was missing, for a model
-    # that reads gaps; None where it does not or the rows have none
+    # that reads gaps; None where no gaps were given
     views_gaps: Tensor | None = None
 
     def rows(self, x: Tensor) -> Tensor:
@@ -213,10 +213,10 @@ def read_views(
     reflected by :func:`reflections`.
 
     Where a dataset has more rows than the context, each view reads other rows: a second
-    look at large data, which a reflection of the same rows is not. ``gaps`` (B, N, d)
-    marks the entries of ``x`` that were missing (and filled); a model that reads gaps
-    reads each row's share of each coordinate that they make up (a share is unsigned, so
-    no view reflects it), and any other model reads the filled rows alone.
+    look at large data, which a reflection of the same rows is not. ``gaps`` (B, N, d),
+    for a model that reads them (the plan keeps them for no other), marks the entries of
+    ``x`` that were missing (and filled): the model reads each row's share of each
+    coordinate that they make up (a share is unsigned, so no view reflects it).
     """
     reads = model.reading_config
     standardization = fit_standardization(
@@ -239,7 +239,7 @@ def read_views(
             rows_mask = torch.cat([all_real if m is None else m for _, m in draws])
     views = signs.repeat_interleave(x.shape[0], dim=0)[:, None, :] * z_read  # (V * B, C, d_max)
     views_gaps = None
-    if gaps is not None and model.config.reads_gaps:
+    if gaps is not None:
         shares = standardization.transform_gaps(gaps)  # (B, N, d_max)
         if rows_index is None:
             views_gaps = shares.repeat(n_views, 1, 1)

@@ -21,6 +21,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from .._missing import mean_imputed
 from ..engine.standardize import fit_standardization
 from .prior import Prior
 from .real_data import (
@@ -145,12 +146,6 @@ def draw_observed(rng: np.random.Generator, X: np.ndarray, max_missing: float) -
     return ~missing
 
 
-def fill_missing(X: np.ndarray, observed: np.ndarray) -> np.ndarray:
-    """``X`` with each unobserved entry replaced by its column's observed mean."""
-    means = np.where(observed, X, 0.0).sum(0) / observed.sum(0)
-    return np.where(observed, X, means)
-
-
 def sample_task(
     rng: np.random.Generator,
     prior: Prior,
@@ -219,7 +214,7 @@ def sample_task(
     observed = None
     if prior.missing_prob > 0 and d >= 2 and rng.random() < prior.missing_prob:
         observed = draw_observed(rng, X, prior.max_missing)
-        X = fill_missing(X, observed)  # what a fit with NaN reads
+        X = mean_imputed(np.where(observed, X, np.nan))  # filled as a fit with NaN fills
     x = torch.from_numpy(np.ascontiguousarray(X, dtype=np.float64))[None]  # a batch of one
     st = fit_standardization(x, None, d_max, K, noise_directions)
     center, scale, basis = st.center[0].numpy(), st.scale[0].item(), st.basis[0].numpy()
