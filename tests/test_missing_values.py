@@ -15,6 +15,7 @@ from sklearn.mixture import GaussianMixture
 
 from transformer_gmm import TransformerClusterer, TransformerGMM, _missing
 from transformer_gmm.engine import missing
+from transformer_gmm.engine.covariance_prior import CovariancePrior, resolve_count
 
 COVARIANCE_TYPES = ["full", "diag", "tied", "spherical"]
 TRUE_MEANS = np.array([[0.0, 0.0, 0.0, 0.0], [6.0, 6.0, 0.0, 2.0], [0.0, 6.0, 6.0, -3.0]])
@@ -91,20 +92,45 @@ def test_predict_and_predict_proba_read_the_observed_features():
     assert np.isfinite(gmm.bic(X)) and np.isfinite(gmm.aic(X))
 
 
+def objective(gmm, X) -> float:
+    """What EM on the observed entries climbs, per row, for ``gmm``'s fitted parameters:
+    the mean observed log-likelihood, plus the covariance prior's log-density per row
+    where ``missing_covariance_prior`` asks for one."""
+    count = resolve_count(gmm.missing_covariance_prior, gmm.covariance_type)
+    if count == 0:
+        return gmm.score(X)
+    x = torch.as_tensor(X)
+    observed = ~torch.isnan(x)
+    prior = CovariancePrior.of_data(
+        torch.where(observed, x, 0.0), observed, torch.ones(len(X), dtype=x.dtype),
+        len(gmm.weights_), count,
+    )
+    precisions_cholesky = torch.as_tensor(gmm.precisions_cholesky_)[None]
+    log_density = float(prior.log_density(precisions_cholesky, gmm.covariance_type))
+    return gmm.score(X) + log_density / len(X)
+
+
 def assert_lower_bound_of_the_last_e_step(gmm, X):
-    """As every fit's: lower_bound_ is the mean observed log-likelihood of the last E-step,
-    which the last M-step (the fitted parameters, which score reads) raises by less than
-    about tol, as it raised the one before by less than tol."""
+    """As every fit's: lower_bound_ is the objective (the mean observed log-likelihood,
+    and the prior's share) of the last E-step, which the last M-step (the fitted
+    parameters) raises by less than about tol, as it raised the one before by less than
+    tol."""
     assert gmm.converged_
     assert gmm.lower_bound_ == gmm.lower_bounds_[-1]
-    assert gmm.lower_bound_ - 1e-12 <= gmm.score(X) < gmm.lower_bound_ + gmm.tol
+    assert gmm.lower_bound_ - 1e-12 <= objective(gmm, X) < gmm.lower_bound_ + gmm.tol
 
 
-def test_lower_bound_is_the_mean_observed_log_likelihood():
+@pytest.mark.parametrize("prior", [0.0, "auto"])
+def test_lower_bound_is_the_mean_observed_log_likelihood(prior):
+    # Without a prior the mean observed log-likelihood; with one (full covariances'
+    # "auto"), that plus the prior's log-density per row, the objective EM then climbs.
     _, X = mixture_with_gaps()
-    gmm = TransformerGMM(3, checkpoint=None, random_state=0, tol=1e-8).fit(X)
-    assert np.isclose(gmm.lower_bound_, gmm.score(X), rtol=1e-9)
-    assert np.all(np.diff(gmm.lower_bounds_) > -1e-9)  # EM never loses likelihood
+    gmm = TransformerGMM(
+        3, checkpoint=None, random_state=0, tol=1e-8, missing_covariance_prior=prior
+    ).fit(X)
+    assert np.isclose(gmm.lower_bound_, objective(gmm, X), rtol=1e-9)
+    assert (gmm.score(X) - gmm.lower_bound_ > 1e-6) == (prior == "auto")
+    assert np.all(np.diff(gmm.lower_bounds_) > -1e-9)  # EM never loses ground
 
 
 def test_float32_keeps_its_dtype():

@@ -26,6 +26,7 @@ from ._base import TransformerMixtureBase
 from ._collapsed import identical_components, warn_collapsed, warn_identical
 from ._mixture_methods import FittedMixtureMixin
 from .engine import missing, online
+from .engine.covariance_prior import resolve_count
 from .engine.plan import GivenStarts, MixturePlan
 
 
@@ -71,6 +72,16 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         below this threshold.
     reg_covar : float, default=1e-6
         Non-negative regularisation added to the diagonal of the covariances.
+    missing_covariance_prior : float or "auto", default="auto"
+        With missing values (NaN) in ``X``: how many pseudo-rows draw each component's
+        covariance towards the observed entries' variances divided by
+        ``n_components ** (2 / n_features)`` (a conjugate prior; EM then finds its mode,
+        and ``lower_bound_`` includes its log-density per sample). Full covariances
+        estimated from the pairs of features that few rows observe together are nearly
+        singular, and score held-out rows far too low; one pseudo-row keeps them wide
+        enough. ``"auto"`` is 1 for ``"full"`` and 0, maximum likelihood, for the other
+        types, whose entries come from their own observed values. Not used without NaN
+        (see the User Guide, :ref:`Missing values <user-guide-missing-values>`).
     n_init : "auto" or int, default="auto"
         The number of initialisations, run as one batch. With the transformer, the
         first ``2 * n_views`` are its starts and the rest k-means++ starts; ``"auto"``
@@ -212,6 +223,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         "criterion": [StrOptions({"auto", "bic", "posterior"})],
         "covariance_type": [StrOptions({"full", "tied", "diag", "spherical"})],
         "reg_covar": [Interval(Real, 0.0, None, closed="left")],
+        "missing_covariance_prior": [
+            Interval(Real, 0.0, None, closed="left"), StrOptions({"auto"})
+        ],
         "init_params": [
             StrOptions({"transformer", "kmeans", "k-means++", "random", "random_from_data"})
         ],
@@ -246,6 +260,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         max_iter=100,
         tol=1e-3,
         reg_covar=1e-6,
+        missing_covariance_prior="auto",
         n_init="auto",
         init_params="transformer",
         weights_init=None,
@@ -268,6 +283,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         self.max_iter = max_iter
         self.tol = tol
         self.reg_covar = reg_covar
+        self.missing_covariance_prior = missing_covariance_prior
         self.n_init = n_init
         self.init_params = init_params
         self.weights_init = weights_init
@@ -525,6 +541,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             tol=self.tol,
             sample_weight=sample_weight,
             device=self.device_,
+            prior_count=resolve_count(self.missing_covariance_prior, self.covariance_type),
         )
         self._store_missing_fit(result, X, sample_weight)
         if self.verbose:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .covariance_prior import CovariancePrior
 from .gaussian import compute_precision_cholesky, covariances_from_precisions_cholesky
 from .m_step import MixtureParams
 from .sufficient_stats import MixtureStatistics, fit_em_from_statistics
@@ -402,6 +403,7 @@ def fit_em_missing(
     sample_weight: np.ndarray | None = None,
     device: str = "cpu",
     accelerate: bool = True,
+    prior_count: float = 0.0,
 ) -> MissingEMResult:
     """EM on ``X`` (n, d) with NaN for missing entries, from the given parameters (of
     ``covariance_type``'s shapes), in float64 on ``device``.
@@ -412,6 +414,11 @@ def fit_em_missing(
     convergence is its change below ``tol``, and a component that empties is re-seeded
     at a row the others explain worst. Each iteration's statistics are
     :func:`missing_statistics`. Every row must have an observed feature.
+
+    ``prior_count`` > 0 draws each covariance towards the observed entries' variances
+    (divided by K^(2/d)) with that many pseudo-rows
+    (:class:`~transformer_gmm.engine.covariance_prior.CovariancePrior`): the M-steps are
+    then its mode, and the lower bound includes its log-density.
     """
     dtype = torch.float64
     x = torch.as_tensor(X, dtype=dtype, device=device)
@@ -429,6 +436,9 @@ def fit_em_missing(
     # What every iteration reads of the rows, gathered once (in place of x, which no
     # iteration reads).
     runs = Patterns.of(X, device).runs(x, len(weights), row_weight)
+    prior = None
+    if prior_count > 0:
+        prior = CovariancePrior.of_data(x, ~is_missing, row_weight, len(weights), prior_count)
     del x
     points = row_weight > 0
     n_points = int(points.sum())
@@ -454,6 +464,7 @@ def fit_em_missing(
         unit=unit,
         reads_covariances=True,  # the conditional moments need them
         accelerate=accelerate,
+        prior=prior,
     )
     bounds = result.lower_bounds[0]
     return MissingEMResult(

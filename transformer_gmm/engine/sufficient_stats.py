@@ -29,6 +29,7 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from .covariance_prior import CovariancePrior
 from .e_step import e_step_unchecked
 from .em import (
     EMResult,
@@ -248,7 +249,11 @@ def mixture_statistics(
 
 
 def parameters_from_statistics(
-    statistics: MixtureStatistics, centres: Tensor, covariance_type: str, reg_covar: float
+    statistics: MixtureStatistics,
+    centres: Tensor,
+    covariance_type: str,
+    reg_covar: float,
+    prior: CovariancePrior | None = None,
 ) -> tuple[MixtureParams, Tensor]:
     """The M-step from statistics summed over every row, as
     :func:`~transformer_gmm.engine.em.fit_em`'s.
@@ -262,6 +267,9 @@ def parameters_from_statistics(
     covariance_type : {"full", "tied", "diag", "spherical"}
     reg_covar : float
         Added to the diagonal of the covariances.
+    prior : CovariancePrior or None, default=None
+        Where given, the covariances are its mode given the rows (a maximum a
+        posteriori M-step; :mod:`~transformer_gmm.engine.covariance_prior`).
 
     Returns
     -------
@@ -294,8 +302,12 @@ def parameters_from_statistics(
     means = statistics.sums / nk[..., None]  # (B, K, d)
     centred_sums = statistics.sums - statistics.nk[..., None] * centres  # sum_n r (x - c)
     correction = _CORRECTIONS[covariance_type](centred_sums, means - centres, statistics.nk)
+    scatter = statistics.scatter - correction
     scale = SCATTER_SCALE[covariance_type](nk)
-    covariances = (statistics.scatter - correction) / scale
+    if prior is not None:
+        scatter = scatter + prior.pseudo_scatter(covariance_type)
+        scale = scale + prior.count
+    covariances = scatter / scale
     if covariance_type in ("full", "tied"):
         eye = torch.eye(means.shape[-1], dtype=means.dtype, device=means.device)
         covariances = covariances + reg_covar * eye
@@ -361,6 +373,7 @@ def fit_em_from_statistics(
     unit: float = 1.0,
     reads_covariances: bool = False,
     accelerate: bool = False,
+    prior: CovariancePrior | None = None,
 ) -> EMResult:
     """EM from ``params`` with :func:`~transformer_gmm.engine.em.fit_em`'s rules, on data seen
     through ``statistics_of`` and ``worst_explained_of`` only.
@@ -401,6 +414,10 @@ def fit_em_from_statistics(
     accelerate : bool, default=False
         Extrapolate every third pass (:mod:`~transformer_gmm.engine.squarem`), where EM
         converges slowly (many entries missing); it needs ``reads_covariances``.
+    prior : CovariancePrior or None, default=None
+        A prior on the covariances: each M-step takes its mode, and the lower bound adds
+        its log-density per unit of weight, so that the bound EM climbs is still the
+        objective the M-step maximizes.
 
     Returns
     -------
@@ -437,7 +454,7 @@ def fit_em_from_statistics(
     """
     rows = RowsByStatistics(
         statistics_of, worst_explained_of, n_rows, covariance_type, reg_covar,
-        params.means.dtype, unit, reads_covariances,
+        params.means.dtype, unit, reads_covariances, prior,
     )
     if accelerate:
         if not reads_covariances:  # the loop would free the covariances it extrapolates
@@ -461,10 +478,12 @@ class RowsByStatistics:
         dtype: torch.dtype,
         unit: float = 1.0,
         reads_covariances: bool = False,
+        prior: CovariancePrior | None = None,
     ):
         self.statistics_of, self.worst_explained_of = statistics_of, worst_explained_of
         self.n_rows, self.covariance_type, self.reg_covar = n_rows, covariance_type, reg_covar
         self.dtype, self.unit, self.reads_covariances = dtype, unit, reads_covariances
+        self.prior = prior
         self.total = n_rows * unit  # the rows' weight
         self.empty_below = empty_threshold(unit, dtype)
 
@@ -472,16 +491,26 @@ class RowsByStatistics:
         return params.weights * self.total
 
     def lower_bound(self, params: MixtureParams) -> Tensor:
-        return self.statistics_of(params).log_likelihood / self.total
+        return self._bound(self.statistics_of(params), params)
 
     def step(self, params: MixtureParams) -> tuple[Tensor, Tensor, MixtureParams, Tensor]:
         """One pass over the blocks: an E-step and the M-step from its statistics."""
         statistics = self.statistics_of(params)
         new, failed = parameters_from_statistics(
-            statistics, params.means, self.covariance_type, self.reg_covar
+            statistics, params.means, self.covariance_type, self.reg_covar, self.prior
         )
         counts = statistics.nk + 10 * torch.finfo(self.dtype).eps  # the M-step's, as in memory
-        return statistics.log_likelihood / self.total, counts, new, failed
+        return self._bound(statistics, params), counts, new, failed
+
+    def _bound(self, statistics: MixtureStatistics, params: MixtureParams) -> Tensor:
+        """The mean log-likelihood of ``params``, plus their prior's log-density per unit
+        of weight where there is a prior."""
+        log_likelihood = statistics.log_likelihood
+        if self.prior is not None:
+            log_likelihood = log_likelihood + self.prior.log_density(
+                params.precisions_cholesky, self.covariance_type
+            )
+        return log_likelihood / self.total
 
     def reseed(self, params: MixtureParams, counts: Tensor, empty: Tensor):
         return _reseed(
