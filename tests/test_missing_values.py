@@ -133,6 +133,25 @@ def test_lower_bound_is_the_mean_observed_log_likelihood(prior):
     assert np.all(np.diff(gmm.lower_bounds_) > -1e-9)  # EM never loses ground
 
 
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_same_fit_whatever_the_row_order(covariance_type, weighted):
+    # EM on the observed entries reads the rows in canonical order, as every fit does: the
+    # same parameters to the bit (with a tiny checkpoint, whose starts are the plan's).
+    _, X = mixture_with_gaps(rate=0.3, n_per_component=60)
+    weight = np.random.default_rng(4).uniform(0.5, 2.0, len(X)) if weighted else None
+    order = np.random.default_rng(5).permutation(len(X))
+    fits = [
+        TransformerGMM(
+            3, covariance_type=covariance_type, checkpoint=TINY_CHECKPOINT, random_state=0
+        ).fit(rows, sample_weight=w)
+        for rows, w in [(X, weight), (X[order], None if weight is None else weight[order])]
+    ]
+    for name in ("weights_", "means_", "covariances_"):
+        np.testing.assert_array_equal(getattr(fits[1], name), getattr(fits[0], name))
+    assert fits[1].lower_bound_ == fits[0].lower_bound_
+
+
 def test_float32_keeps_its_dtype():
     _, X = mixture_with_gaps()
     # Several k-means++ starts: a float32 copy draws other seeds than float64's.

@@ -36,6 +36,7 @@ from torch import Tensor
 from .covariance_prior import CovariancePrior
 from .gaussian import compute_precision_cholesky, covariances_from_precisions_cholesky
 from .m_step import MixtureParams
+from .row_order import canonical_order
 from .sufficient_stats import MixtureStatistics, fit_em_from_statistics
 
 __all__ = [
@@ -413,13 +414,19 @@ def fit_em_missing(
     included: the lower bound is the mean observed-data log-likelihood of the E-step,
     convergence is its change below ``tol``, and a component that empties is re-seeded
     at a row the others explain worst. Each iteration's statistics are
-    :func:`missing_statistics`. Every row must have an observed feature.
+    :func:`missing_statistics`. Every row must have an observed feature. The rows are
+    read in canonical order, so their own order does not change the fit.
 
     ``prior_count`` > 0 draws each covariance towards the observed entries' variances
     (divided by K^(2/d)) with that many pseudo-rows
     (:class:`~transformer_gmm.engine.covariance_prior.CovariancePrior`): the M-steps are
     then its mode, and the lower bound includes its log-density.
     """
+    # In canonical row order, as every fit reads its rows: the sums then run in one order
+    # whatever the rows' own, and so the fit is the same to the bit.
+    order = canonical_order(X, sample_weight)
+    X = X[order]
+    sample_weight = None if sample_weight is None else sample_weight[order]
     dtype = torch.float64
     x = torch.as_tensor(X, dtype=dtype, device=device)
     is_missing = torch.isnan(x)
