@@ -161,7 +161,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         subsample the starts are compared on, plus those on all of ``X``).
     lower_bound_ : float
         Mean (weighted) log-likelihood per sample at the last E-step of the kept
-        initialisation.
+        initialisation; with ``NaN`` in ``X``, of the observed entries, plus the
+        covariance prior's log-density per sample where ``missing_covariance_prior``
+        takes one.
     lower_bounds_ : ndarray of shape (n_iterations,)
         The lower bound at each EM iteration of the kept initialisation.
     init_method_ : str
