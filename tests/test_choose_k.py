@@ -500,9 +500,9 @@ def test_the_clusterer_reads_both_counts(tmp_path, three_blobs_100, favoured):
     p_k, _, p_c = read_k_unknown(model_cache.load_backbone(folder), [X], seed=seed, clusters=True)
     both = p_c[0] * np.sqrt(p_k[0].astype(np.float64))
     np.testing.assert_allclose(clusterer.k_posterior_, both / both.sum(), rtol=1e-5)
-    # The head's answer, which P(K | X) allows; but four overcounts the three blobs, which
-    # stand apart, each one Gaussian: the rows' count is taken there.
-    expected = {1: 1, 4: 3}[favoured]
+    # One undercounts and four overcounts the three blobs, which stand apart, each one
+    # Gaussian: the rows' count is taken in both cases.
+    expected = {1: 3, 4: 3}[favoured]
     assert clusterer.n_clusters_ == expected
     assert clusterer.cluster_centers_.shape[0] == expected
 

@@ -5,13 +5,14 @@ import pickle
 
 import numpy as np
 import pytest
-from sklearn.datasets import make_blobs, make_circles
+from sklearn.datasets import make_blobs, make_circles, make_moons
 from sklearn.metrics import adjusted_rand_score
 from sklearn.metrics.pairwise import pairwise_distances_argmin
 
 from transformer_gmm import TransformerClusterer, TransformerGMM
 from transformer_gmm._merge import (
     SeparatedCount,
+    _principal_axes,
     choose_n_clusters,
     component_to_cluster,
     entropy,
@@ -262,7 +263,31 @@ def test_separated_count_lowers_a_count_to_blobs_that_stand_apart():
     far = np.vstack([X, np.full((20, 2), 100.0)])
     weights = np.r_[np.ones(len(X)), np.zeros(20)]
     assert separated_count(far, 10, weights, is_one_gaussian).n_clusters == 7
-    assert separated_count(X, 2, None, is_one_gaussian) is None  # nothing to lower
+    # Below the count, the count stands unless more candidates are allowed (next test).
+    assert separated_count(X, 2, None, is_one_gaussian).n_clusters == 2
+    assert separated_count(X[:3], 2, None, is_one_gaussian) is None  # too few rows
+
+
+def test_separated_count_raises_a_count_to_sheared_blobs_far_apart():
+    # Six blobs sheared alike (scikit-learn's anisotropic example), far apart: a count of
+    # two or three is raised to the six groups, each one Gaussian in its own axes (a
+    # diagonal test in the data's axes would read each tilted blob as two).
+    rng = np.random.default_rng(3)
+    means = 16.0 * np.array([[0, 0], [1, 0], [2, 0], [0, 1], [1, 1], [2, 1]])
+    truth = np.arange(360) % 6
+    X = (means[truth] + rng.standard_normal((360, 2))) @ np.array([[0.6, -0.64], [-0.41, 0.85]])
+    for count in (1, 2, 3):
+        read = separated_count(X, count, None, is_one_gaussian, 10)
+        assert read.n_clusters == 6
+        rows, groups = read.partition
+        assert adjusted_rand_score(truth[pairwise_distances_argmin(rows, X)], groups) == 1.0
+    assert separated_count(X, 3, None, is_one_gaussian, 5).n_clusters == 3  # 6 not allowed
+    blobs = [X[truth == k] for k in range(6)]
+    assert not any(is_one_gaussian(blob, 6) for blob in blobs)  # tilted: two diagonal ones
+    assert all(is_one_gaussian(_principal_axes(blob), 6) for blob in blobs)
+    # Two moons: their arcs never stand far enough apart to be counted as more.
+    moons, _ = make_moons(300, noise=0.05, random_state=0)
+    assert separated_count(moons, 2, None, is_one_gaussian, 10).n_clusters == 2
 
 
 def test_separated_count_keeps_a_count_of_touching_or_curved_clusters():

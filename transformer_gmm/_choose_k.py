@@ -27,7 +27,9 @@ which take many components. The square root keeps most of both (measured on draw
 from the benchmark's; docs/choosing_k.md). Where the rows show fewer clusters than that
 count, standing apart and each one cluster by the clusterer's test (one Gaussian;
 ``_merge.separated_count``), it takes the rows' count: the heads read a small
-separated blob as two.
+separated blob as two. Where they show more, standing twice as far apart and each one
+Gaussian of any orientation, it takes that count too: the heads read elongated clusters
+sheared alike as fewer.
 """
 
 from __future__ import annotations
@@ -217,7 +219,7 @@ def choose(
     K = int(ks[np.argmax(posterior)])
     separated = None
     if clusters and is_one_cluster is not None:
-        read = _merge.separated_count(X, K, sample_weight, is_one_cluster)
+        read = _merge.separated_count(X, K, sample_weight, is_one_cluster, int(ks.max()))
         if read is not None and read.n_clusters in ks:
             K, separated = read.n_clusters, read
     return Choice(
