@@ -177,3 +177,19 @@ def test_a_bad_prior_is_a_clear_error(value):
     _, X = rows_with_gaps()
     with pytest.raises(InvalidParameterError, match="missing_covariance_prior"):
         TransformerGMM(3, checkpoint=None, missing_covariance_prior=value).fit(X)
+
+
+def test_a_feature_observed_only_in_rows_of_no_weight_takes_no_prior_spread():
+    # Its weighted variance is undefined: the prior's scale is 0 there, and the fit goes on.
+    X, _ = rows_with_gaps()
+    X[10:, 2] = np.nan  # feature 2 observed in the first ten rows alone
+    weight = np.ones(len(X))
+    weight[:10] = 0.0
+    x = torch.as_tensor(X)
+    observed = ~torch.isnan(x)
+    prior = CovariancePrior.of_data(
+        torch.where(observed, x, 0.0), observed, torch.as_tensor(weight), 3, 1.0
+    )
+    assert prior.scale[2] == 0.0 and torch.all(prior.scale[[0, 1, 3, 4]] > 0)
+    gmm = TransformerGMM(3, checkpoint=None, random_state=0).fit(X, sample_weight=weight)
+    assert np.isfinite(gmm.covariances_).all()

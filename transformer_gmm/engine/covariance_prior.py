@@ -39,10 +39,11 @@ class CovariancePrior:
     ) -> CovariancePrior:
         """The prior of ``count`` rows for ``n_components`` components of the rows ``x``
         (n, d), over their ``observed`` (n, d) entries (zero elsewhere), weighted by
-        ``row_weight`` (n,): each feature's weighted variance over its observed entries,
-        divided by ``n_components ** (2 / d)``."""
+        ``row_weight`` (n,): each feature's weighted variance over its observed entries
+        (0 where none has weight), divided by ``n_components ** (2 / d)``."""
         weight = observed * row_weight[:, None]  # (n, d)
-        total = weight.sum(0)
+        # A feature observed only in rows of no weight has no spread to draw towards: 0.
+        total = weight.sum(0).clamp_min(torch.finfo(x.dtype).tiny)
         mean = (weight * x).sum(0) / total
         variance = (weight * (x - mean).square()).sum(0) / total  # (d,)
         unit = float(row_weight.sum()) / int((row_weight > 0).sum())
