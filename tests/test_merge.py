@@ -246,6 +246,27 @@ def test_merged_clusterer_splits_components_that_span_nested_circles():
     order = np.random.default_rng(0).permutation(len(X))
     shuffled = TransformerClusterer(n_clusters="auto", merge=True, random_state=0).fit(X[order])
     assert np.array_equal(shuffled.predict(new), km.predict(new))
+    # The centres and inertia are summed in canonical row order: the same to the bit.
+    assert np.array_equal(shuffled.cluster_centers_, km.cluster_centers_)
+    assert shuffled.inertia_ == km.inertia_
+
+
+def test_merged_centres_are_the_same_whatever_the_row_order():
+    # Two moons labelled by their merged mixture (the sums over rows once moved in the
+    # last bits with the rows' order), with and without weights.
+    X, _ = make_moons(300, noise=0.05, random_state=0)
+    weight = np.random.default_rng(1).uniform(0.5, 2.0, len(X))
+    order = np.random.default_rng(0).permutation(len(X))
+    for w in (None, weight):
+        fits = [
+            TransformerClusterer(n_clusters="auto", merge=True, random_state=0).fit(
+                rows, sample_weight=None if w is None else w[index]
+            )
+            for rows, index in ((X, np.arange(len(X))), (X[order], order))
+        ]
+        np.testing.assert_array_equal(fits[1].cluster_centers_, fits[0].cluster_centers_)
+        assert fits[1].inertia_ == fits[0].inertia_
+        np.testing.assert_array_equal(fits[1].labels_, fits[0].labels_[order])
 
 
 def test_separated_count_lowers_a_count_to_blobs_that_stand_apart():

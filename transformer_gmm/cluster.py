@@ -31,7 +31,7 @@ from ._cluster_initialization import init_kind
 from ._rows import Rows
 from ._verbose import kmeans_report
 from ._warnings import warn_user
-from .engine import online
+from .engine import online, row_order
 from .engine.plan import KMeansPlan
 
 
@@ -686,9 +686,13 @@ default="transformer"
         else:
             labels = mapping[np.asarray(mixture.predict(X))].astype(np.int32)
         w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
-        mass = np.bincount(labels, weights=w, minlength=n_clusters)
+        # Summed in canonical row order, as every fit reads its rows: the same centres and
+        # inertia, to the bit, whatever the rows' own order.
+        order = row_order.canonical_order(X, sample_weight)
+        rows, rows_labels, rows_w = X[order], labels[order], w[order]
+        mass = np.bincount(rows_labels, weights=rows_w, minlength=n_clusters)
         sums = np.stack(
-            [np.bincount(labels, weights=w * X[:, j], minlength=n_clusters)
+            [np.bincount(rows_labels, weights=rows_w * rows[:, j], minlength=n_clusters)
              for j in range(X.shape[1])],
             axis=1,
         )
@@ -697,7 +701,7 @@ default="transformer"
         self.component_to_cluster_ = mapping
         self.cluster_centers_ = centers.astype(X.dtype, copy=False)
         self.labels_ = labels
-        self.inertia_ = float(w @ ((X - centers[labels]) ** 2).sum(axis=1))
+        self.inertia_ = float(rows_w @ ((rows - centers[rows_labels]) ** 2).sum(axis=1))
         self.n_iter_ = mixture.n_iter_
         self.init_method_ = mixture.init_method_
         self.device_ = mixture.device_
