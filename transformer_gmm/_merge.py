@@ -327,21 +327,36 @@ def separated_count(
     if kept is None:
         for count in range(n_clusters - 1, 1, -1):
             labels = _apart(tree, count)
-            if labels is not None:  # the largest group first: the likeliest to be several
-                by_size = np.argsort(-np.bincount(labels, minlength=count), kind="stable")
-                if all(is_one_cluster(rows[labels == g], count) for g in by_size):
+            if labels is not None:
+                if _each_one_cluster(rows, labels, count, is_one_cluster):
                     return SeparatedCount(count, (rows, labels))
                 break
     for count in range(n_clusters + 1, (max_clusters or n_clusters) + 1):
         if len(rows) < 2 * count:
             break
         labels = _apart(tree, count, RAISE_APART * TOUCHING)
-        if labels is None:
-            continue
-        by_size = np.argsort(-np.bincount(labels, minlength=count), kind="stable")
-        if all(is_one_cluster(_principal_axes(rows[labels == g]), count) for g in by_size):
+        if labels is not None and _each_one_cluster(
+            rows, labels, count, is_one_cluster, any_orientation=True
+        ):
             return SeparatedCount(count, (rows, labels))
     return SeparatedCount(n_clusters, None if kept is None else (rows, kept))
+
+
+def _each_one_cluster(
+    rows: np.ndarray,
+    labels: np.ndarray,
+    count: int,
+    is_one_cluster: Callable[[np.ndarray, int], bool],
+    any_orientation: bool = False,
+) -> bool:
+    """Whether ``is_one_cluster`` holds for the rows of each of the ``count`` groups, the
+    largest first (the likeliest to be several); with ``any_orientation``, each group read
+    in its own principal axes."""
+    by_size = np.argsort(-np.bincount(labels, minlength=count), kind="stable")
+    groups = (rows[labels == g] for g in by_size)
+    if any_orientation:
+        groups = (_principal_axes(group) for group in groups)
+    return all(is_one_cluster(group, count) for group in groups)
 
 
 def _principal_axes(rows: np.ndarray) -> np.ndarray:

@@ -37,18 +37,17 @@ class CovariancePrior:
     def of_data(
         cls, x: Tensor, observed: Tensor, row_weight: Tensor, n_components: int, count: float
     ) -> CovariancePrior:
-        """The prior of ``count`` rows for ``n_components`` components of the rows ``x``
-        (n, d), over their ``observed`` (n, d) entries (zero elsewhere), weighted by
-        ``row_weight`` (n,): each feature's weighted variance over its observed entries
-        (0 where none has weight), divided by ``n_components ** (2 / d)``."""
+        """The prior of ``count`` (in the rows' weight) for ``n_components`` components of
+        the rows ``x`` (n, d), over their ``observed`` (n, d) entries (zero elsewhere),
+        weighted by ``row_weight`` (n,): each feature's weighted variance over its observed
+        entries (0 where none has weight), divided by ``n_components ** (2 / d)``."""
         weight = observed * row_weight[:, None]  # (n, d)
         # A feature observed only in rows of no weight has no spread to draw towards: 0.
         total = weight.sum(0).clamp_min(torch.finfo(x.dtype).tiny)
         mean = (weight * x).sum(0) / total
         variance = (weight * (x - mean).square()).sum(0) / total  # (d,)
-        unit = float(row_weight.sum()) / int((row_weight > 0).sum())
         n_features = x.shape[1]
-        return cls(count * unit, variance / n_components ** (2.0 / n_features))
+        return cls(count, variance / n_components ** (2.0 / n_features))
 
     def pseudo_scatter(self, covariance_type: str) -> Tensor:
         """What the pseudo-observations add to the scatter, in the shape the statistics

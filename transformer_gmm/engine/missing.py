@@ -443,13 +443,15 @@ def fit_em_missing(
     # What every iteration reads of the rows, gathered once (in place of x, which no
     # iteration reads).
     runs = Patterns.of(X, device).runs(x, len(weights), row_weight)
-    prior = None
-    if prior_count > 0:
-        prior = CovariancePrior.of_data(x, ~is_missing, row_weight, len(weights), prior_count)
-    del x
     points = row_weight > 0
     n_points = int(points.sum())
     unit = float(row_weight.sum()) / n_points  # an average row's weight
+    prior = None
+    if prior_count > 0:  # pseudo-rows of an average row's weight, as the statistics weigh
+        prior = CovariancePrior.of_data(
+            x, ~is_missing, row_weight, len(weights), prior_count * unit
+        )
+    del x
     typed = torch.as_tensor(covariances, dtype=dtype, device=device)[None]
     start = MixtureParams(
         torch.as_tensor(weights, dtype=dtype, device=device)[None],
