@@ -12,9 +12,6 @@ runs on the same (dataset, K, covariance, seed), one after the other, one thread
 - ``TransformerGMM(checkpoint=None, n_init=1)``: one k-means++ start, then the same EM;
 - with ``--checkpoint`` (one or more), ``TransformerGMM(n_init=1)`` and the default with
   each named checkpoint too, on the same fits;
-- with ``--own-starts``, ``TransformerGMM()`` and ``TransformerGMM(n_init=1)`` whose
-  transformer starts skip the Lloyd that large data give them (their own start, one M-step
-  on the responsibilities the model reads): what that Lloyd changes, paired;
 - with ``--views`` (one or more V), ``TransformerGMM(n_views=V)`` and
   ``TransformerGMM(n_views=V, n_init=2 * V)`` (the transformer's starts alone): each view
   reads other rows.
@@ -33,7 +30,6 @@ per point below.
     python benchmarks/realdata_large.py --checkpoint runs/new/checkpoint --seed 1
     python benchmarks/realdata_large.py --reads 4 --covariance full   # reading more rows
     python benchmarks/realdata_large.py --views 2 4 --seed 1            # more views
-    python benchmarks/realdata_large.py --own-starts --seed 20          # Lloyd's part
 
 Prints the tables and writes realdata_large_fits.csv (one row per fit) and
 realdata_large.csv (per covariance type and method) under benchmarks/results/.
@@ -56,12 +52,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import shared_parser, single_threaded, write_csv  # noqa: E402
 from large_datasets import LARGE_DATASETS  # noqa: E402
 
-from transformer_gmm import (  # noqa: E402
-    CollapsedComponentWarning,
-    FallbackWarning,
-    TransformerGMM,
-    _fitting,  # noqa: E402
-)
+from transformer_gmm import CollapsedComponentWarning, FallbackWarning, TransformerGMM  # noqa: E402
 from transformer_gmm._collapsed import collapsed_components  # noqa: E402
 
 AT_BEST, AS_LIKELY = 0.01, 0.001  # nats per point
@@ -94,32 +85,6 @@ class BestOf:
         return self.best_.predict(X)
 
 
-class OwnStarts:
-    """A ``TransformerGMM`` whose transformer starts skip Lloyd on large data: the fit
-    with ``_fitting.LLOYD_FROM_ROWS`` out of reach while it runs."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def fit(self, X):
-        saved = _fitting.LLOYD_FROM_ROWS
-        _fitting.LLOYD_FROM_ROWS = float("inf")
-        try:
-            self.model.fit(X)
-        finally:
-            _fitting.LLOYD_FROM_ROWS = saved
-        for name in ("n_iter_", "converged_", "init_method_", "weights_", "means_",
-                     "covariances_", "reg_covar"):
-            setattr(self, name, getattr(self.model, name))
-        return self
-
-    def score(self, X):
-        return self.model.score(X)
-
-    def predict(self, X):
-        return self.model.predict(X)
-
-
 def best_of(n_fits: int, **params):
     """make(K, covariance, seed) of :class:`BestOf` ``n_fits`` ``TransformerGMM(n_init=1,
     **params)``, seeded ``seed * n_fits + r``."""
@@ -130,13 +95,10 @@ def best_of(n_fits: int, **params):
     ])
 
 
-def methods(
-    checkpoints: list[str], reads: int = 0, views: tuple[int, ...] = (), own_starts: bool = False
-) -> dict:
+def methods(checkpoints: list[str], reads: int = 0, views: tuple[int, ...] = ()) -> dict:
     """name: make(K, covariance, seed) -> an unfitted estimator; with ``reads``, the best of
     that many independent reads and of as many k-means++ starts too; for each of ``views``,
-    the default and the transformer's starts alone reading that many views; with
-    ``own_starts``, the default and ``n_init=1`` without Lloyd from the transformer's starts."""
+    the default and the transformer's starts alone reading that many views."""
     found = {
         GMM1: lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, random_state=seed),
         GMM3: lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, n_init=3,
@@ -147,11 +109,6 @@ def methods(
         KMEANS_PP: lambda k, cov, seed: TransformerGMM(k, covariance_type=cov, n_init=1,
                                                        checkpoint=None, random_state=seed),
     }
-    if own_starts:
-        found[f"{TGMM} own starts"] = lambda k, cov, seed: OwnStarts(
-            TransformerGMM(k, covariance_type=cov, random_state=seed))
-        found[f"{TGMM1} own start"] = lambda k, cov, seed: OwnStarts(
-            TransformerGMM(k, covariance_type=cov, n_init=1, random_state=seed))
     if reads:
         found[f"TGMM best of {reads} reads"] = best_of(reads)
         found[f"k-means++ best of {reads}"] = best_of(reads, checkpoint=None)
@@ -277,16 +234,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--views", nargs="+", type=int, default=[],
                         help="also the default, and the transformer's starts alone, reading "
                              "this many views (each)")
-    parser.add_argument("--own-starts", action="store_true",
-                        help="also the default and n_init=1 without Lloyd from the "
-                             "transformer's starts")
     parser.add_argument("--out", default="realdata_large", help="file stem of the CSVs")
     args = parser.parse_args(argv)
     names = args.datasets or (["cps"] if args.quick else list(LARGE_DATASETS))
     covariances = args.covariance or (["full"] if args.quick else ["full", "diag"])
     components = args.components or ([3] if args.quick else list(COMPONENTS))
     seeds = [1000 * args.seed + i for i in range(args.seeds or (1 if args.quick else 2))]
-    found = methods(args.checkpoint, args.reads, tuple(args.views), args.own_starts)
+    found = methods(args.checkpoint, args.reads, tuple(args.views))
     rows = fit_every(names, components, covariances, seeds, found, args.quick)
     table = summary(rows)
     print_summary(table)

@@ -182,7 +182,7 @@ def _plan(
 
 def mixture_plan(
     params: dict, X, sample_weight, random_state, warm_start: GivenStarts | None = None,
-    k_unknown_pass=None, gaps: np.ndarray | None = None, n_rows: int | None = None,
+    k_unknown_pass=None, gaps: np.ndarray | None = None,
 ) -> MixturePlan:
     """The mixture fit of ``X``, decided once: EM settings and starts (the backbone or None,
     the numbers of the transformer's and of k-means's starts, the other starts and the given
@@ -191,12 +191,10 @@ def mixture_plan(
     read P(K | X) (see :func:`transformer_starts`); ``gaps`` (n, d) where ``X``'s missing
     entries were filled, read by a backbone that reads them. The random starts are drawn
     from ``random_state`` first, as scikit-learn does, then the seed of the fit's
-    generator. ``n_rows``: the rows of the largest dataset fitted, where ``X`` is one of
-    several (``fit_many``); else ``X``'s."""
+    generator."""
     params = resolved_params(params)
     device = resolve_device(params["device"])
     K = params["n_components"]
-    n_rows = X.shape[0] if n_rows is None else n_rows
     em = dict(covariance_type=params["covariance_type"], reg_covar=params["reg_covar"])
     if warm_start is not None:
         fields = dict(em, given=warm_start, start_names=("warm_start",))
@@ -213,7 +211,6 @@ def mixture_plan(
         fields = dict(
             em, **starts, given=GivenStarts(**given) if given else None,
             kmeans_if_starts_disagree=gated_kmeans(params, starts) and not given,
-            lloyd_from_transformer=backbone is not None and n_rows > LLOYD_FROM_ROWS,
             gaps=gaps if backbone is not None and backbone.config.reads_gaps else None,
         )
     elif init_params == "kmeans":
@@ -259,12 +256,6 @@ def run(plan: MixturePlan | KMeansPlan, X, sample_weight=None):
     :func:`transformer_gmm._dask.fit_plan` instead)."""
     return fit.fit(plan, [X], None if sample_weight is None else [sample_weight])
 
-
-# Above this many rows (where the starts compete on a subsample), the transformer's starts
-# run Lloyd on the rows they are built on before their M-step: the transformer reads 128
-# rows, and Lloyd lets its means see the rest, cheaply, before EM chooses a basin
-# (docs/benchmarks.md, "Large real data"). Smaller data keep the transformer's own start.
-LLOYD_FROM_ROWS = fit.SELECTION_ROWS
 
 # A fit densifies sparse input (EM and Lloyd run on dense tensors) up to this many
 # values, 2 GiB in float64; past it, reducing the dimension first is the better fit.

@@ -95,8 +95,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     init_params : {"transformer", "kmeans", "k-means++", "random", \
 "random_from_data"}, default="transformer"
         How EM starts: from the transformer (and the k-means++ restarts ``n_init``
-        asks for; above 8,192 samples, each of the transformer's starts is Lloyd's from
-        its means, see the User Guide), or as ``GaussianMixture``'s other starts do.
+        asks for), or as ``GaussianMixture``'s other starts do.
     weights_init : array-like of shape (n_components,), default=None
         Initial weights, which replace every start's.
     means_init : array-like of shape (n_components, n_features), default=None

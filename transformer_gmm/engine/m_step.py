@@ -311,44 +311,11 @@ def initialize_kmeans(
     """
     weighted = {} if sample_weight is None else {"sample_weight": sample_weight}
     seeds = kmeans_plusplus(X, n_components, generator=generator, mask=mask, **weighted)
-    return lloyd_start(
-        X, seeds, covariance_type=covariance_type, reg_covar=reg_covar, mask=mask,
-        n_init_lloyd_iter=n_init_lloyd_iter, sample_weight=sample_weight,
-    )
-
-
-def lloyd_start(
-    X: Tensor,
-    seeds: Tensor,
-    *,
-    covariance_type: str,
-    reg_covar: float,
-    mask: Tensor | None = None,
-    n_init_lloyd_iter: int = 300,
-    sample_weight: Tensor | None = None,
-) -> MixtureParams:
-    """Lloyd from ``seeds`` (B, K, d) to convergence (tol 1e-4) on ``X`` (B, N, d) or (1, N,
-    d), one-hot responsibilities from its labels, one M-step: the start
-    :func:`initialize_kmeans` makes from k-means++'s seeds, from any seeds.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from transformer_gmm.engine import m_step
-    >>> X, _ = two_blobs()  # one dataset (B=1) of 40 points in two blobs
-    >>> seeds = X[:, [0, -1]]  # a point of each blob
-    >>> params = m_step.lloyd_start(X, seeds, covariance_type="diag", reg_covar=1e-6)
-    >>> params.weights.round(decimals=6).tolist()  # each blob one cluster
-    [[0.5, 0.5]]
-    >>> torch.allclose(params.means[0, 1], X[0, 20:].mean(0))  # the second blob's mean
-    True
-    """
-    weighted = {} if sample_weight is None else {"sample_weight": sample_weight}
     labels = lloyd(
         X, seeds, max_iter=n_init_lloyd_iter, tol=1e-4, mask=mask, with_inertia=False, **weighted
     ).labels
     # Padded points have label -1: give them a column, then masking zeroes their row.
-    resp = torch.nn.functional.one_hot(labels.clamp_min(0), seeds.shape[1]).to(X.dtype)
+    resp = torch.nn.functional.one_hot(labels.clamp_min(0), n_components).to(X.dtype)
     return estimate_gaussian_parameters(
         X, resp, covariance_type=covariance_type, reg_covar=reg_covar, mask=mask, **weighted
     )

@@ -90,18 +90,14 @@ class MixturePlan(FitPlan):
     ``given``, what the estimator fixed about the starts (its own starts, ``*_init``
     parameters or a warm start), and ``kmeans_if_starts_disagree``: run the k-means++
     starts of a dataset only where EM from the transformer's starts ended on different
-    optima (``n_init="auto"``; see :func:`transformer_gmm.engine.fit.fit`);
-    ``lloyd_from_transformer``: run Lloyd from the means of each of the transformer's
-    starts, on the rows the starts are built on, before its M-step (large data: see
-    :func:`transformer_gmm.engine.starts.mixture_starts`); and ``gaps``, for one dataset
-    whose missing entries were filled, where they were (n, d), for a backbone that reads
-    them."""
+    optima (``n_init="auto"``; see :func:`transformer_gmm.engine.fit.fit`); and ``gaps``,
+    for one dataset whose missing entries were filled, where they were (n, d), for a
+    backbone that reads them."""
 
     covariance_type: str
     reg_covar: float = 0.0
     given: GivenStarts | None = None
     kmeans_if_starts_disagree: bool = False
-    lloyd_from_transformer: bool = False
     gaps: np.ndarray | None = None  # (n, d) True where the one dataset's entry was filled
 
     @property

@@ -67,11 +67,6 @@ def mixture_starts(
     ``project``, the transformer's and k-means++'s starts are made in that projection of
     the data (:mod:`~transformer_gmm.engine.screening`): the same responsibilities and the
     same draws, the M-steps and k-means++ on the projected rows.
-
-    Where ``plan.lloyd_from_transformer`` (large data), each of the transformer's starts
-    is the k-means start of its means (:func:`~transformer_gmm.engine.m_step.lloyd_start`
-    on ``x``): its 128 rows place the means near a good basin, and Lloyd, at the cost of
-    k-means++'s own Lloyd, moves them to the centres of all the rows before EM.
     """
     if project is not None and given is not None:
         raise ValueError("Given starts are not screened: they start EM at full width.")
@@ -98,25 +93,15 @@ def mixture_starts(
             gaps=gaps,
         )
         for init in starts:
-            if plan.lloyd_from_transformer:  # its means seed Lloyd on every row of x
-                params = m_step.lloyd_start(
-                    space(x),
-                    space(init.means),
-                    covariance_type=covariance_type,
-                    reg_covar=reg_covar,
-                    mask=mask,
-                    sample_weight=sample_weight,
-                )
-            else:
-                params = m_step.estimate_gaussian_parameters(
-                    space(init.x),
-                    init.resp,
-                    covariance_type=covariance_type,
-                    reg_covar=reg_covar,
-                    means=space(init.means),
-                    mask=init.mask,
-                )
-                params.weights = init.weights
+            params = m_step.estimate_gaussian_parameters(
+                space(init.x),
+                init.resp,
+                covariance_type=covariance_type,
+                reg_covar=reg_covar,
+                means=space(init.means),
+                mask=init.mask,
+            )
+            params.weights = init.weights
             if not covariances:
                 params.covariances = None
             run_params.append(runs.unflatten(params, n_datasets))
