@@ -19,11 +19,17 @@ Last, one full-covariance EM iteration: the default's four runs on one dataset
 (``em.fit_em``, every component at once and, forced, one component at a time) against one
 iteration of ``GaussianMixture(n_init=1)``, at the sizes of the real-data benchmark.
 
+With ``--datasets``, the stages instead of the rest: of ``TransformerGMM()`` and
+``TransformerGMM(n_init=1)`` on each named dataset of the real-data benchmark (K its
+classes, full and diagonal covariances), beside ``GaussianMixture`` with one and three
+restarts timed in the same loop: what a small real fit's time is made of.
+
     python benchmarks/stages.py                # 200 fits per configuration
     python benchmarks/stages.py --quick        # 20 fits: a quick look
+    python benchmarks/stages.py --datasets wine iris --repeats 50   # small real fits
 
 Prints the tables and writes benchmarks/results/stages.csv, stages_flops.csv and
-stages_em.csv.
+stages_em.csv (with ``--datasets``: stages_real.csv).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from common import (  # noqa: E402
     standard_parser,
     write_csv,
 )
+from real_datasets import DATASETS, load_dataset  # noqa: E402
 
 from transformer_gmm import TransformerGMM, _base, _fitting  # noqa: E402
 from transformer_gmm.engine import em, gaussian, m_step, precision, readout  # noqa: E402
@@ -88,6 +95,51 @@ def configurations(checkpoint: str) -> dict[str, Callable[[], object]]:
             4, covariance_type="spherical", random_state=0
         ),
     }
+
+
+def real_configurations(checkpoint: str, K: int, covariance: str) -> dict[str, Callable]:
+    """What ``--datasets`` times on a dataset of K classes, with ``covariance``."""
+    def mixture(**params):
+        return TransformerGMM(K, covariance_type=covariance, random_state=0,
+                              checkpoint=checkpoint, **params)
+
+    def sklearn(n_init):
+        return GaussianMixture(K, covariance_type=covariance, n_init=n_init, random_state=0)
+
+    return {
+        "TransformerGMM()": lambda: mixture(),
+        "TransformerGMM(n_init=1)": lambda: mixture(n_init=1),
+        "GaussianMixture(n_init=1)": lambda: sklearn(1),
+        "GaussianMixture(n_init=3)": lambda: sklearn(3),
+    }
+
+
+def real_stages(names: list[str], checkpoint: str, repeats: int) -> list[dict]:
+    """Milliseconds per fit, whole and by stage, of :func:`real_configurations` on each
+    dataset; one row per (dataset, covariance, configuration)."""
+    rows = []
+    for name in names:
+        dataset = load_dataset(name)
+        for covariance in ("full", "diag"):
+            found = real_configurations(checkpoint, dataset.n_components, covariance)
+            for configuration, make in found.items():
+                ms = measure(make, dataset.X, repeats)
+                forward = ms.get(FORWARD, 0.0)
+                rows.append(dict(dataset=name, n=len(dataset.X), d=dataset.X.shape[1],
+                                 K=dataset.n_components, covariance=covariance,
+                                 configuration=configuration, fit_ms=ms["fit"],
+                                 forward_ms=forward, rest_ms=ms["fit"] - forward,
+                                 **{f"{label}_ms": ms.get(label, 0.0) for label, _, _ in STAGES
+                                    if label != FORWARD}))
+    return rows
+
+
+def print_real_stages(rows: list[dict]) -> None:
+    print(f"\nms per fit: {'dataset':<14} {'cov':<5} {'configuration':<27} {'fit':>7} "
+          f"{'forward':>8} {'rest':>7}")
+    for row in rows:
+        print(f"{'':12}{row['dataset']:<14} {row['covariance']:<5} {row['configuration']:<27} "
+              f"{row['fit_ms']:7.2f} {row['forward_ms']:8.2f} {row['rest_ms']:7.2f}")
 
 
 @contextmanager
@@ -225,8 +277,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = standard_parser(__doc__, "stages", "20 fits per configuration", tasks=False)
     parser.add_argument("--repeats", type=int, default=None,
                         help="fits per configuration (default 200; 20 with --quick)")
+    parser.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=None,
+                        help="time the stages of small real fits on these instead")
     args = parser.parse_args(argv)
     repeats = args.repeats or (20 if args.quick else 200)
+    if args.datasets:
+        with single_threaded(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            real = real_stages(args.datasets, args.checkpoint, repeats)
+        print_real_stages(real)
+        path = write_csv(real, args.results / f"{args.out}_real.csv")
+        print(f"\nwrote {path}")
+        return real
 
     task = sample_tgmm_task(np.random.default_rng(args.seed), 4, 8)  # speed.py's latency task
     labels = ["fit"] + [label for label, _, _ in STAGES] + ["other"]

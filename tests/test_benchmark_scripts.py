@@ -499,3 +499,14 @@ def test_memory_quick_runs_each_case_in_a_fresh_process(tmp_path):
         assert 0 <= row["peak_growth_mib"] < 2000 and row["seconds"] > 0
     # Ours is held against scikit-learn's figure, which has no target of its own.
     assert rows[0]["target_mib"] == rows[1]["peak_growth_mib"] and "target_mib" not in rows[1]
+
+
+def test_stages_of_small_real_fits(tmp_path):
+    stages = _load("stages")
+    rows = stages.main(["--datasets", "faithful", "--repeats", "1", "--results", str(tmp_path)])
+    assert len(_csv(tmp_path / "stages_real.csv")) == len(rows) == 2 * 4  # covariances x fits
+    for row in rows:
+        # Structure, not timings: the forward pass and the rest make the fit.
+        assert row["forward_ms"] + row["rest_ms"] == pytest.approx(row["fit_ms"]), row
+        transformer = row["configuration"].startswith("TransformerGMM")
+        assert (row["forward_ms"] > 0) == transformer, row
