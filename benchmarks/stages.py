@@ -78,11 +78,7 @@ FORWARD, READOUT = STAGES[3][0], STAGES[4][0]
 
 def configurations(checkpoint: str) -> dict[str, Callable[[], object]]:
     """What the stage table times, the transformer's fits reading ``checkpoint``."""
-    def mixture(**params):
-        return TransformerGMM(
-            4, covariance_type="spherical", random_state=0, **{"checkpoint": checkpoint, **params}
-        )
-
+    mixture, sklearn = _makers(checkpoint, 4, "spherical")
     return {
         "TransformerGMM()": lambda: mixture(),
         "TransformerGMM(n_init=1)": lambda: mixture(n_init=1),
@@ -91,27 +87,33 @@ def configurations(checkpoint: str) -> dict[str, Callable[[], object]]:
             mixture(n_init=1, max_iter=0)
         ),
         "TransformerGMM(checkpoint=None, n_init=1)": lambda: mixture(checkpoint=None, n_init=1),
-        "GaussianMixture(n_init=1)": lambda: GaussianMixture(
-            4, covariance_type="spherical", random_state=0
-        ),
+        "GaussianMixture(n_init=1)": lambda: sklearn(),
     }
 
 
 def real_configurations(checkpoint: str, K: int, covariance: str) -> dict[str, Callable]:
     """What ``--datasets`` times on a dataset of K classes, with ``covariance``."""
-    def mixture(**params):
-        return TransformerGMM(K, covariance_type=covariance, random_state=0,
-                              checkpoint=checkpoint, **params)
-
-    def sklearn(n_init):
-        return GaussianMixture(K, covariance_type=covariance, n_init=n_init, random_state=0)
-
+    mixture, sklearn = _makers(checkpoint, K, covariance)
     return {
         "TransformerGMM()": lambda: mixture(),
         "TransformerGMM(n_init=1)": lambda: mixture(n_init=1),
-        "GaussianMixture(n_init=1)": lambda: sklearn(1),
-        "GaussianMixture(n_init=3)": lambda: sklearn(3),
+        "GaussianMixture(n_init=1)": lambda: sklearn(),
+        "GaussianMixture(n_init=3)": lambda: sklearn(n_init=3),
     }
+
+
+def _makers(checkpoint: str, K: int, covariance: str) -> tuple[Callable, Callable]:
+    """``TransformerGMM`` (reading ``checkpoint``) and ``GaussianMixture`` of K components
+    with ``covariance`` and ``random_state=0``, each made from its other parameters."""
+    def mixture(**params):
+        return TransformerGMM(
+            K, covariance_type=covariance, random_state=0, **{"checkpoint": checkpoint, **params}
+        )
+
+    def sklearn(**params):
+        return GaussianMixture(K, covariance_type=covariance, random_state=0, **params)
+
+    return mixture, sklearn
 
 
 def real_stages(names: list[str], checkpoint: str, repeats: int) -> list[dict]:
