@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from numbers import Integral
 
@@ -24,6 +25,7 @@ from . import (
     _initialization,
     _merge,
     _missing,
+    _mixture_methods,
     _streaming,
 )
 from ._base import TransformerMixtureBase
@@ -31,6 +33,7 @@ from ._cluster_initialization import init_kind
 from ._rows import Rows
 from ._verbose import kmeans_report
 from ._warnings import warn_user
+from .engine import fit as engine_fit
 from .engine import online, row_order
 from .engine.plan import KMeansPlan
 
@@ -66,19 +69,33 @@ def is_one_gaussian(rows: np.ndarray, n_groups: int = 1) -> bool:
     many groups is refused by chance no more often than a count of one. Diagonal
     covariances, one start and the margin were chosen on draws apart from the benchmark's
     (docs/choosing_k.md)."""
-    from .gmm import TransformerGMM
-
     n, d = rows.shape
-    reg_covar = TransformerGMM().reg_covar
-    variances = rows.var(axis=0) + reg_covar
+    params = _two_diagonal_params()
+    variances = rows.var(axis=0) + params["reg_covar"]
     log_likelihood = -0.5 * n * float(np.sum(np.log(2 * np.pi * variances) + 1))
     one = -2 * log_likelihood + 2 * d * np.log(n)  # d means, d variances
+    # The engine's fit, as TransformerGMM(**params).fit(rows) runs it (the same draws and
+    # parameters): on a group's few rows, the estimator's validation and scoring would
+    # cost a fifth of the test.
+    plan = _fitting.mixture_plan(params, rows, None, check_random_state(params["random_state"]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # two components may collapse or converge slowly
-        two = TransformerGMM(
-            2, covariance_type="diag", checkpoint=None, n_init=1, random_state=0
-        ).fit(rows)
-    return bool(one <= two.bic(rows) + 2 * np.log(n_groups))
+        two = engine_fit.fit(plan, [rows])
+    parameters = (two.weights[0], two.means[0], two.precisions_cholesky[0], "diag")
+    score = float(_mixture_methods._score_samples(rows, *parameters).mean())
+    n_parameters = 4 * d + 1  # two means and two variances a feature, one free weight
+    two_bic = -2 * score * n + n_parameters * np.log(n)  # TransformerGMM.bic's arithmetic
+    return bool(one <= two_bic + 2 * np.log(n_groups))
+
+
+@functools.cache
+def _two_diagonal_params() -> dict:
+    """The parameters of :func:`is_one_gaussian`'s two-component fit."""
+    from .gmm import TransformerGMM
+
+    return TransformerGMM(
+        2, covariance_type="diag", checkpoint=None, n_init=1, random_state=0
+    ).get_params()
 
 
 class TransformerClusterer(
