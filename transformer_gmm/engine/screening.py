@@ -84,7 +84,7 @@ def principal_projection(
     if weights is not None:
         scaled = scaled * weights[:, :AXES_ROWS, None].sqrt()  # 0 on padding
     counts = x.new_ones((x.shape[0], 1))  # any positive count: only the vectors are read
-    _, vectors = leading_axes(scaled, counts, n_dims)  # ascending
+    vectors = leading_axes(scaled, counts, n_dims).vectors  # ascending
     basis = vectors.flip(-1)[..., :n_dims]  # (B, d, n_dims), leading first
     del scaled
     # x @ basis less the centre's: no second (B, N, d) array of centred rows.

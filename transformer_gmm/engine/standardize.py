@@ -13,6 +13,7 @@ float64 whatever the input's dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -41,13 +42,17 @@ def n_kept_directions(
 class Standardization:
     """B affine maps ``z = basis.T @ (x - center) / scale``, zero-padded to ``d_max``: ``center``
     (B, d) float64, one ``scale`` (B,) per dataset, orthonormal ``basis`` (B, d, n_kept) of
-    principal directions (largest variance first, largest loading positive).
+    principal directions (largest variance first, largest loading positive). Where fitting
+    already mapped its own rows (``rows``), their map ``kept`` (B, N, n_kept) is held, and
+    :meth:`transform` of those rows reads it instead of another pass over them.
     """
 
     center: Tensor
     scale: Tensor
     basis: Tensor
     d_max: int
+    rows: Tensor | None = None
+    kept: Tensor | None = None
 
     @property
     def n_kept(self) -> int:
@@ -55,8 +60,11 @@ class Standardization:
 
     def transform(self, x: Tensor) -> Tensor:
         """Map points (B, N, n_features) to float32 model inputs (B, N, d_max)."""
-        centered = x.to(torch.float64) - self.center[:, None, :]
-        kept = centered @ self.basis / self.scale[:, None, None]  # (B, N, n_kept)
+        if x is self.rows and self.kept is not None:
+            kept = self.kept
+        else:
+            centered = x.to(torch.float64) - self.center[:, None, :]
+            kept = centered @ self.basis / self.scale[:, None, None]  # (B, N, n_kept)
         return torch.nn.functional.pad(kept.float(), (0, self.d_max - self.n_kept))
 
     def transform_gaps(self, missing: Tensor) -> Tensor:
@@ -93,33 +101,49 @@ def fit_standardization(
     >>> standardization.center.tolist(), standardization.basis[0, :, 0].tolist()
     ([[2.0, 0.0]], [1.0, 0.0])
     """
-    x = x.to(torch.float64)
+    rows, x = x, x.to(torch.float64)
     n_features = x.shape[-1]
     n_kept = n_kept_directions(n_features, n_components, d_max, noise_directions)
     if mask is None:
         counts = x.new_full((x.shape[0], 1), x.shape[1])  # (B, 1)
         center = x.mean(dim=1)  # (B, d)
-        centered = x - center[:, None, :]
+        offset = center  # x is centred on the fly: no second (B, N, d) array
     else:
         padding = ~mask[..., None]  # (B, N, 1); padded rows may hold NaN: fill, not multiply
         counts = mask.sum(dim=1, keepdim=True).to(torch.float64)  # (B, 1)
         center = x.masked_fill(padding, 0.0).sum(dim=1) / counts  # (B, d)
-        centered = (x - center[:, None, :]).masked_fill(padding, 0.0)
+        x = (x - center[:, None, :]).masked_fill(padding, 0.0)  # centred, zero on padding
+        offset = None
     # The principal axes even when every feature is kept: the backbone is not rotation
     # equivariant, and a canonical orientation (largest variance first) is one thing less
     # for it to learn. Ascending eigenvalues: the last n_kept, reversed, are the largest.
-    eigenvalues, eigenvectors = _principal_axes(centered, counts, n_kept)
-    variances = eigenvalues.flip(-1)[:, :n_kept].clamp_min(0.0)  # (B, n_kept)
-    basis = eigenvectors.flip(-1)[..., :n_kept]  # (B, d, n_kept)
+    axes = _principal_axes(x, counts, n_kept, offset)
+    variances = axes.values.flip(-1)[:, :n_kept].clamp_min(0.0)  # (B, n_kept)
+    basis = axes.vectors.flip(-1)[..., :n_kept]  # (B, d, n_kept)
     # Each direction's sign: its largest loading (the first, on ties) is positive.
     largest = basis.abs().argmax(dim=1, keepdim=True)  # (B, 1, n_kept)
     signs = basis.gather(1, largest).sign()
-    basis = basis * torch.where(signs == 0, 1.0, signs)
+    signs = torch.where(signs == 0, 1.0, signs)
+    basis = basis * signs
     scale = variances.mean(dim=-1).sqrt()  # (B,)
     # All points coincide: any scale maps them to the origin.
     degenerate = ~torch.isfinite(scale) | (scale <= torch.finfo(torch.float64).tiny)
     scale = torch.where(degenerate, 1.0, scale)
-    return Standardization(center=center, scale=scale, basis=basis, d_max=d_max)
+    kept = None
+    if axes.scores is not None:  # the rows on the axes, read while finding them
+        kept = axes.scores.flip(-1)[..., :n_kept] * signs / scale[:, None, None]
+    return Standardization(
+        center=center, scale=scale, basis=basis, d_max=d_max, rows=rows, kept=kept
+    )
+
+
+class Axes(NamedTuple):
+    """Principal axes: eigenvalues (B, m), ascending, eigenvectors (B, d, m), and, where
+    they were read on the way, every row less the centre on them (B, N, m), else None."""
+
+    values: Tensor
+    vectors: Tensor
+    scores: Tensor | None
 
 
 # From this many features (and at least as many rows: with fewer, the rows' span gives
@@ -141,15 +165,17 @@ AXES_ROWS = 2048
 GRAM_ROWS_PER_AXIS = 8
 
 
-def leading_axes(centered: Tensor, counts: Tensor, n_axes: int) -> tuple[Tensor, Tensor]:
-    """The ``n_axes`` leading principal axes of the centred rows ``centered`` (B, N, d)
-    (zero on padding; ``counts`` (B, 1) real rows): eigenvalues (B, m), ascending, and
-    eigenvectors (B, d, m) with m >= n_axes. The subspace comes from the first
-    ``AXES_ROWS`` rows (real rows come first): exactly, from their Gram matrix, where they
-    are few (``GRAM_ROWS_PER_AXIS``) and fewer than the features; else by randomized
-    subspace iteration from a generator of its own, so that the same rows give the same
-    axes and no other draw of a fit moves. The axes and variances within it are then read
-    on every row.
+def leading_axes(
+    x: Tensor, counts: Tensor, n_axes: int, offset: Tensor | None = None
+) -> Axes:
+    """The ``n_axes`` leading principal axes of the rows ``x`` (B, N, d) less ``offset`` (B,
+    d) (``x`` already centred where None; zero on padding; ``counts`` (B, 1) real rows):
+    :class:`Axes` with m >= n_axes eigenvectors, and every row's scores on them. The
+    subspace comes from the first ``AXES_ROWS`` rows (real rows come first): exactly, from
+    their Gram matrix, where they are few (``GRAM_ROWS_PER_AXIS``) and fewer than the
+    features; else by randomized subspace iteration from a generator of its own, so that
+    the same rows give the same axes and no other draw of a fit moves. The axes and
+    variances within it are then read on every row.
 
     Examples
     --------
@@ -157,47 +183,53 @@ def leading_axes(centered: Tensor, counts: Tensor, n_axes: int) -> tuple[Tensor,
     >>> scales = torch.ones(80, dtype=torch.float64)
     >>> scales[0] = 10.0  # the first feature varies most
     >>> x = torch.randn(1, 500, 80, dtype=torch.float64) * scales
-    >>> values, vectors = leading_axes(x - x.mean(1, keepdim=True), torch.tensor([[500.0]]), 2)
-    >>> vectors.shape[1], round(abs(float(vectors[0, 0, -1])), 2)
+    >>> axes = leading_axes(x - x.mean(1, keepdim=True), torch.tensor([[500.0]]), 2)
+    >>> axes.vectors.shape[1], round(abs(float(axes.vectors[0, 0, -1])), 2)
     (80, 1.0)
     """
-    n_features = centered.shape[-1]
+    n_features = x.shape[-1]
     width = min(n_features, n_axes + OVERSAMPLE)
-    rows = centered[:, :AXES_ROWS]
+    rows = x[:, :AXES_ROWS]
+    if offset is not None:
+        rows = rows - offset[:, None, :]
     if width <= rows.shape[1] <= GRAM_ROWS_PER_AXIS * width and rows.shape[1] < n_features:
         # The rows' span holds every axis: the Gram matrix's leading eigenvectors (N x N,
         # no d x d product) map to the leading axes' subspace, refined on every row below.
         _, vectors = torch.linalg.eigh(rows @ rows.mT)  # ascending (B, n, n)
         q = rows.mT @ vectors[..., -width:]  # (B, d, width)
     else:
-        generator = torch.Generator(device=centered.device).manual_seed(0)
+        generator = torch.Generator(device=x.device).manual_seed(0)
         rows = rows.float()
-        q = torch.randn(
-            (centered.shape[0], n_features, width), generator=generator, device=centered.device
-        )
+        q = torch.randn((x.shape[0], n_features, width), generator=generator, device=x.device)
         for _ in range(POWER_ITERATIONS):
             q = torch.linalg.qr(rows.mT @ (rows @ q)).Q  # (B, d, width)
-    q = torch.linalg.qr(q.to(centered.dtype)).Q
-    scores = centered @ q  # (B, N, width)
+    del rows
+    q = torch.linalg.qr(q.to(x.dtype)).Q
+    scores = x @ q  # (B, N, width)
+    if offset is not None:  # (x - offset) @ q, without the centred copy of x
+        scores = scores - offset[:, None, :] @ q
     eigenvalues, vectors = torch.linalg.eigh(scores.mT @ scores / counts[..., None])
-    return eigenvalues, q @ vectors  # ascending (B, width), (B, d, width)
+    return Axes(eigenvalues, q @ vectors, scores @ vectors)  # ascending
 
 
-def _principal_axes(centered: Tensor, counts: Tensor, n_kept: int) -> tuple[Tensor, Tensor]:
-    """Eigenvalues (B, m), ascending, and eigenvectors (B, d, m) of the covariance of the
-    centred rows ``centered`` (B, N, d), where m >= n_kept.
+def _principal_axes(
+    x: Tensor, counts: Tensor, n_kept: int, offset: Tensor | None = None
+) -> Axes:
+    """:class:`Axes` (m >= n_kept) of the covariance of the rows ``x`` (B, N, d) less
+    ``offset`` (already centred where None).
 
-    Those of the d x d covariance (O(N d^2) time, O(d^2) memory) where there are at least
-    as many rows as features, or fewer rows than axes kept; the leading ones alone
-    (:func:`leading_axes`) on many features, and on wide data (N < d), whose covariance
-    lives in the rows' span.
+    Those of the d x d covariance (O(N d^2) time, O(d^2) memory; no scores) where there
+    are at least as many rows as features, or fewer rows than axes kept; the leading ones
+    alone (:func:`leading_axes`) on many features, and on wide data (N < d), whose
+    covariance lives in the rows' span.
     """
-    n_rows, n_features = centered.shape[-2:]
+    n_rows, n_features = x.shape[-2:]
     tall_and_wide = n_rows >= n_features >= max(RANDOMIZED_FROM_FEATURES, 4 * n_kept)
     if tall_and_wide or n_kept <= n_rows < n_features:
-        return leading_axes(centered, counts, n_kept)
+        return leading_axes(x, counts, n_kept, offset)
+    centered = x if offset is None else x - offset[:, None, :]
     covariance = centered.mT @ centered / counts[..., None]  # (B, d, d)
-    return torch.linalg.eigh(covariance)
+    return Axes(*torch.linalg.eigh(covariance), None)
 
 
 def subsample_rows(
