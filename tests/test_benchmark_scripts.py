@@ -465,8 +465,11 @@ def test_realdata_large_quick_runs(tmp_path):
     rows = _load("realdata_large").main(["--quick", "--reads", "2", "--results", str(tmp_path)])
     methods = {row["method"] for row in rows}
     assert {"GMM n_init=1", "TGMM n_init=1", "TGMM checkpoint=None n_init=1",
-            "TGMM best of 2 reads", "k-means++ best of 2"} <= methods
+            "TGMM checkpoint=None n_init=4", "TGMM best of 2 reads",
+            "k-means++ best of 2"} <= methods
     by_method = {row["method"]: row for row in rows}
+    # The default's engine without the transformer: every start is k-means++'s.
+    assert by_method["TGMM checkpoint=None n_init=4"]["init"] == "k-means++"
     # The best of two reads is at least as likely as its first, which is seed 0's n_init=1.
     assert by_method["TGMM best of 2 reads"]["ll"] >= by_method["TGMM n_init=1"]["ll"] - 1e-9
     assert all(row["n"] == 20_000 and row["n_iter"] >= 1 for row in rows)
