@@ -56,6 +56,18 @@ TINY_NOISE_CHECKPOINT = str(make_tiny_checkpoint(_TINY_ROOT / "tiny-noise", nois
 TINY_K_CHECKPOINT = str(make_tiny_checkpoint(_TINY_ROOT / "tiny-k", k_posterior_seeds=2))
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Every test starts with the process's torch thread count. A benchmark script or a
+    training run called in-process sets one thread; the tests after it would otherwise run
+    on one thread in the suite and on several alone, and float32 sums round by the thread
+    count."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def tiny_checkpoint() -> str:
     return TINY_CHECKPOINT

@@ -83,8 +83,10 @@ def test_max_iter_zero_returns_the_transformers_estimate(three_blobs):
         axis=1,
     )
     resp = densities / densities.sum(axis=1, keepdims=True)
-    np.testing.assert_allclose(gmm.weights_, resp.mean(axis=0), rtol=1e-6)
-    np.testing.assert_allclose(gmm.means_, resp.T @ X / resp.sum(axis=0)[:, None], rtol=1e-6)
+    # Two float32 forward passes (the fit's batch and this one) round by the thread count:
+    # about 1e-6 apart on two threads.
+    np.testing.assert_allclose(gmm.weights_, resp.mean(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(gmm.means_, resp.T @ X / resp.sum(axis=0)[:, None], rtol=1e-5)
     assert gmm.n_iter_ == 0 and not gmm.converged_
     assert gmm.init_method_ == "transformer"
 
