@@ -350,10 +350,8 @@ def main(argv=None):
         print_against_baseline(task_errors, task_aris, cells, [("TransformerGMM", ENGINE)],
                                by_ari)
     if args.baseline_checkpoint is not None:
-        cells = list(dict.fromkeys((r["d"], r["K"]) for r in rows))
         print_against_baseline(task_errors, task_aris, cells)
     if args.bfloat16:
-        cells = list(dict.fromkeys((r["d"], r["K"]) for r in rows))
         print("\nbfloat16 products against float32 (paired over the same tasks; |z| > 2 listed)")
         print_against_baseline(task_errors, task_aris, cells,
                                [(name + BF16, name) for name in COMPARED])

@@ -179,11 +179,16 @@ def _by_fit(rows: list[dict], method: str) -> dict[tuple, dict]:
             for r in rows if r["method"] == method}
 
 
+def _pairs(rows: list[dict], method: str, other: str, covariance: str) -> list[tuple]:
+    """(``method``'s row, ``other``'s row) of every fit with ``covariance`` both ran."""
+    ours = {k: r for k, r in _by_fit(rows, method).items() if k[2] == covariance}
+    theirs = _by_fit(rows, other)
+    return [(ours[k], theirs[k]) for k in ours if k in theirs]
+
+
 def paired_start(rows: list[dict], method: str, covariance: str) -> dict:
     """``method`` against one k-means++ start then the same EM, paired on the same fits."""
-    ours = {k: r for k, r in _by_fit(rows, method).items() if k[2] == covariance}
-    theirs = _by_fit(rows, KMEANS_PP)
-    pairs = [(ours[k], theirs[k]) for k in ours if k in theirs]
+    pairs = _pairs(rows, method, KMEANS_PP, covariance)
     if not pairs:
         return {}
     gaps = np.array([a["ll"] - b["ll"] for a, b in pairs])
@@ -262,9 +267,7 @@ def print_against_engine(rows: list[dict]) -> None:
     print(f"\n{TGMM} against {ENGINE} (paired; likelier / less likely by more than "
           f"{AS_LIKELY} nats per point):")
     for covariance in dict.fromkeys(r["covariance"] for r in rows):
-        ours = {k: r for k, r in _by_fit(rows, TGMM).items() if k[2] == covariance}
-        engine = _by_fit(rows, ENGINE)
-        pairs = [(ours[k], engine[k]) for k in ours if k in engine]
+        pairs = _pairs(rows, TGMM, ENGINE, covariance)
         if not pairs:
             continue
         gaps = np.array([a["ll"] - b["ll"] for a, b in pairs])
