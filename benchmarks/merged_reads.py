@@ -8,7 +8,14 @@ other rows), then the same EM on every row as ``TransformerGMM(n_init=1)``:
   another (the Hungarian assignment on the overlap of the responsibilities, three rounds
   against the running mean) and averaged; one M-step on the average;
 - "likeliest": the V starts (one M-step each), the likeliest on a uniform draw of 8,192
-  rows chosen before EM.
+  rows chosen before EM;
+- "summary" (``--ways summary``): one read of a weighted summary of many rows instead of
+  128 drawn ones (``engine.summary``): Lloyd's algorithm cuts a uniform draw of 8,192
+  rows, in model space, into 128 cells (from 128 drawn rows, at most 8 iterations); the
+  model reads each cell's centre with the cell's count as its weight, which it reads
+  exactly as that many copies (``MixtureTransformer.forward``'s ``weights``). Its mixture
+  scores every row and one M-step gives the start, as the mixture start of ``n_init=1``
+  does.
 
 Against ``TransformerGMM(n_init=1)`` (one draw) and ``TransformerGMM(checkpoint=None,
 n_init=1)`` (one k-means++ start, the same EM), paired on the fits of
@@ -16,6 +23,7 @@ n_init=1)`` (one k-means++ start, the same EM), paired on the fits of
 
     python benchmarks/merged_reads.py --seed 5    # about 25 minutes on one core
     python benchmarks/merged_reads.py --quick     # one dataset, 20,000 rows
+    python benchmarks/merged_reads.py --ways summary --seed 44   # about 12 minutes
 
 Prints realdata_large.py's table (with the paired columns against k-means++) and each
 method against one read, and writes merged_reads_fits.csv and merged_reads.csv.
@@ -37,10 +45,17 @@ from large_datasets import LARGE_DATASETS  # noqa: E402
 
 from transformer_gmm import TransformerGMM  # noqa: E402
 from transformer_gmm.engine import readout  # noqa: E402
+from transformer_gmm.engine.standardize import (  # noqa: E402
+    fit_standardization,
+    subsample_rows,
+    take_rows,
+)
+from transformer_gmm.engine.summary import SUMMARY_ROWS, summarize  # noqa: E402
 from transformer_gmm.storage import load_model  # noqa: E402
 
 REG_COVAR = 1e-6  # TransformerGMM's default
 CHOICE_ROWS = 8192
+WAYS = ("merged", "likeliest", "summary")
 
 
 def start_from(X: np.ndarray, resp: np.ndarray, covariance: str):
@@ -82,6 +97,25 @@ def merge(resps: list[np.ndarray], rounds: int = 3) -> np.ndarray:
     return merged
 
 
+def summary_responsibilities(X: np.ndarray, n_components: int, seed: int) -> np.ndarray:
+    """Every row's responsibilities (N, K) under the mixture the model reads off a weighted
+    summary of ``X`` (module docstring)."""
+    model = load_model("default")
+    reads = model.reading_config
+    x = torch.from_numpy(X)[None]
+    standardization = fit_standardization(x, None, model.config.d_max, n_components,
+                                          reads.noise_directions)
+    z = standardization.transform(x)  # (1, N, d_max)
+    generator = torch.Generator().manual_seed(seed)
+    index, _ = subsample_rows(tuple(z.shape[:2]), None, SUMMARY_ROWS, generator)
+    cells = summarize(z if index is None else take_rows(z, index), None, reads.context_size,
+                      generator)
+    with torch.inference_mode():
+        out = model(cells.centres, n_components, weights=cells.counts)
+    resp = readout.model_space_responsibilities(z.double(), standardization.n_kept, out, None)
+    return resp[0].numpy()
+
+
 class ReadsStart:
     """One start from ``reads`` draws of rows (``how``: "merged" or "likeliest"), then EM on
     every row as ``TransformerGMM(checkpoint=None, n_init=1)`` runs it from given starts."""
@@ -97,6 +131,10 @@ class ReadsStart:
         return [start.resp[0].numpy() for start in starts[::2]]  # each view's mixture start
 
     def fit(self, X: np.ndarray):
+        if self.how == "summary":
+            start = start_from(X, summary_responsibilities(X, self.n_components, self.seed),
+                               self.covariance)
+            return self._em(X, start)
         resps = self._responsibilities(X)
         if self.how == "merged":
             start = start_from(X, merge(resps), self.covariance)
@@ -105,6 +143,9 @@ class ReadsStart:
                                                              replace=False)]
             starts = [start_from(X, r, self.covariance) for r in resps]
             start = max(starts, key=lambda s: mean_log_likelihood(rows, *s, self.covariance))
+        return self._em(X, start)
+
+    def _em(self, X: np.ndarray, start):
         weights, means, precisions = start
         self.fitted_ = TransformerGMM(
             self.n_components, covariance_type=self.covariance, checkpoint=None,
@@ -137,12 +178,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = shared_parser(__doc__, f"one dataset subsampled to {large.QUICK_ROWS:,} rows, "
                                     "K = 3, full, one seed")
     parser.add_argument("--reads", type=int, default=8, help="draws of rows a start reads (8)")
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=WAYS[:2],
+                        help="the starts beside one read (merged, likeliest)")
     parser.add_argument("--out", default="merged_reads", help="file stem of the CSVs")
     args = parser.parse_args(argv)
     found = {name: make for name, make in large.methods([]).items()
              if name in (large.GMM1, large.TGMM1, large.KMEANS_PP)}
-    for how in ("merged", "likeliest"):
-        found[f"{large.TGMM} {how} of {args.reads} reads"] = (
+    for how in args.ways:
+        label = "a weighted summary" if how == "summary" else f"{how} of {args.reads} reads"
+        found[f"{large.TGMM} {label}"] = (
             lambda k, cov, seed, how=how: ReadsStart(k, cov, seed, args.reads, how))
     names = ["cps"] if args.quick else list(LARGE_DATASETS)
     covariances = ["full"] if args.quick else ["full", "diag"]
@@ -154,7 +198,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print()
     for covariance in covariances:
         own = [r for r in rows if r["covariance"] == covariance]
-        for method in (m for m in found if "reads" in m):
+        for method in (m for m in found if "reads" in m or "summary" in m):
             print(f"{covariance:5} {method:40} vs one read: {against_one_read(own, method)}")
     large.write_tables(rows, table, args.results, args.out)
     return rows

@@ -108,6 +108,52 @@ def test_batch_of_datasets_of_different_sizes():
     torch.testing.assert_close(out.means[0], model(big, 2).means[0], atol=ATOL, rtol=0)
 
 
+def test_weighted_points_read_as_their_copies(model):
+    # A point of weight w is read as w copies of itself: the multiset's estimate, exactly
+    # (to float32 rounding), in a batch whose datasets hold different numbers of copies.
+    x = points(2, 12)
+    weights = torch.randint(0, 4, (2, 12), generator=torch.Generator().manual_seed(6)).float()
+    weights[:, 0] = 1.0  # every dataset reads at least one point
+    copies = [x[b].repeat_interleave(weights[b].long(), dim=0) for b in range(2)]
+    n = max(len(c) for c in copies)
+    repeated = torch.zeros(2, n, 4)
+    mask = torch.zeros(2, n, dtype=torch.bool)
+    for b, c in enumerate(copies):
+        repeated[b, : len(c)], mask[b, : len(c)] = c, True
+    with torch.no_grad():
+        out, out_repeated = model(x, 3, weights=weights), model(repeated, 3, mask)
+        scaled = model(x, 3, weights=0.25 * weights)
+    pooled = ["log_weights", "weights", "means", "scales"]
+    assert_close(out, out_repeated, pooled)
+    assert_close(out, scaled)  # only the weights' ratios count
+    for b in range(2):  # each point's logits are those of each of its copies
+        first = torch.cumsum(weights[b].long(), 0) - weights[b].long()
+        read = weights[b] > 0
+        torch.testing.assert_close(out.point_logits[b, read],
+                                   out_repeated.point_logits[b, first[read]], atol=ATOL, rtol=0)
+
+
+def test_weighted_points_read_as_their_copies_by_the_count_heads():
+    torch.manual_seed(0)
+    config = config_from_preset("tiny", k_posterior_seeds=2, cluster_count_seeds=2)
+    model = MixtureTransformer(config).eval()
+    x, weights = points(1, 10), torch.tensor([[1.0, 2, 0, 3, 1, 1, 2, 1, 1, 1]])
+    repeated = x[0].repeat_interleave(weights[0].long(), dim=0)[None]
+    with torch.no_grad():
+        for read in (model.k_log_posterior, model.cluster_count_log_posterior):
+            torch.testing.assert_close(read(x, weights=weights), read(repeated), atol=ATOL, rtol=0)
+
+
+def test_weights_one_and_a_mask_read_as_the_mask(model):
+    x = points(1, 10)
+    mask = torch.ones(1, 10, dtype=torch.bool)
+    mask[0, 6:] = False
+    with torch.no_grad():
+        out = model(x, 2, mask, weights=torch.ones(1, 10))
+        assert_close(out, model(x, 2, mask))
+        assert_close(out, model(x, 2, weights=mask.float()))
+
+
 def test_fully_masked_dataset_gives_finite_outputs():
     model = make_model()
     mask = torch.zeros(2, 10, dtype=torch.bool)
@@ -146,6 +192,10 @@ def test_bad_inputs_raise():
         model(torch.randn(1, 10, 3), 2)
     with pytest.raises(ValueError, match="mask"):
         model(torch.randn(1, 10, 4), 2, torch.ones(1, 9, dtype=torch.bool))
+    with pytest.raises(ValueError, match="non-negative"):
+        model(torch.randn(1, 10, 4), 2, weights=-torch.ones(1, 10))
+    with pytest.raises(ValueError, match=r"shape \(1, 10\)"):
+        model(torch.randn(1, 10, 4), 2, weights=torch.ones(1, 9))
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

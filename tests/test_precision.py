@@ -105,7 +105,11 @@ def test_fit_in_bfloat16_matches_float32_and_stays_deterministic(matmul_precisio
     polished = TransformerGMM(3, random_state=0).fit(X)
     matmul_precision("highest")
     reference = TransformerGMM(3, random_state=0).fit(X)
-    np.testing.assert_allclose(polished.lower_bound_, reference.lower_bound_, atol=1e-6)
+    # EM stops once its bound moves by less than tol, so two starts of one optimum end
+    # within tol of each other (another optimum of these blobs is nats away).
+    np.testing.assert_allclose(polished.lower_bound_, reference.lower_bound_, atol=reference.tol)
+    np.testing.assert_allclose(polished.means_[np.argsort(polished.means_[:, 0])],
+                               reference.means_[np.argsort(reference.means_[:, 0])], atol=1e-3)
 
 
 def test_bundled_checkpoint_copy_is_close(matmul_precision, native):

@@ -98,10 +98,11 @@ def test_pinned_estimate_in_the_users_space():
     # max_iter=0: one M-step on the network's responsibilities, no EM iteration.
     gmm = TransformerGMM(3, max_iter=0, n_init=1, random_state=0).fit(overlapping_blobs())
     order = np.argsort(gmm.means_[:, 0])
-    np.testing.assert_allclose(gmm.weights_[order], [0.30828, 0.346, 0.34572], atol=1e-4)
+    # The checkpoint reads these 120 rows as 32 weighted cells (summary_cells).
+    np.testing.assert_allclose(gmm.weights_[order], [0.32343, 0.34204, 0.33453], atol=1e-4)
     np.testing.assert_allclose(
         gmm.means_[order],
-        [[-1.61091, 0.27365], [0.43122, 0.13648], [1.03848, 0.79653]],
+        [[-1.60448, 0.30506], [0.47055, 0.08146], [1.10479, 0.83828]],
         atol=1e-4,
     )
     # Separated components: the readout averages the points themselves, so its means are

@@ -80,8 +80,10 @@ def read_k_unknown(
         weights = [np.asarray(w)[order] for w, order in zip(sample_weight, orders, strict=True)]
         w = pad(weights, device, x.dtype)[0]  # (B, N), zero on padding
         x, mask = weighted_rows(x, w, model.reading_config.context_size, generator)
-    # Projected as for the largest K: every direction up to d_max.
-    read = read_views(model, x, mask, config.k_max, generator, n_views)
+    # Projected as for the largest K: every direction up to d_max. P(K | X) reads rows, not
+    # a summary's cells: the head was trained on rows, and cells blur how many clusters
+    # there are (docs/benchmarks.md, "Reading cells").
+    read = read_views(model, x, mask, config.k_max, generator, n_views, summary=False)
     with torch.inference_mode():
         tokens, tokens_mask = model.k_unknown_tokens(read.views, read.views_mask)
         log_p = model.k_posterior_head(tokens, tokens_mask)  # (V * B, k_max)

@@ -23,6 +23,7 @@ from torch import Tensor
 from ..nn.model import MixtureOutput
 from . import e_step, m_step
 from .standardize import Standardization, fit_standardization, subsample_rows, take_rows
+from .summary import summarize
 
 __all__ = [
     "MixtureInit",
@@ -62,9 +63,11 @@ def forward(
     n_components: int,
     mask: Tensor | None,
     gaps: Tensor | None = None,
+    weights: Tensor | None = None,
 ):
-    """The backbone on standardized points (B, C, d_max), and on their ``gaps`` (B, C,
-    d_max) where the model reads them, in chunks of datasets.
+    """The backbone on standardized points (B, C, d_max), on their ``gaps`` (B, C, d_max)
+    where the model reads them, and with their ``weights`` (B, C) where they are weighted
+    (a summary's cells), in chunks of datasets.
 
     Float32 by default: bfloat16 moves the readout's means beyond the pinned outputs'
     tolerance (docs/performance.md). A model from ``model_cache.model_on`` multiplies in
@@ -78,7 +81,10 @@ def forward(
         for start in range(0, z.shape[0], per_chunk):
             part = None if mask is None else mask[start : start + per_chunk]
             gaps_part = None if gaps is None else gaps[start : start + per_chunk]
-            chunks.append(model(z[start : start + per_chunk], n_components, part, gaps_part))
+            weights_part = None if weights is None else weights[start : start + per_chunk]
+            chunks.append(model(
+                z[start : start + per_chunk], n_components, part, gaps_part, weights_part
+            ))
     if len(chunks) == 1:
         return chunks[0]
     return MixtureOutput(*(torch.cat(fields) for fields in zip(*chunks, strict=True)))
@@ -159,18 +165,27 @@ def reflections(n_views: int, width: int) -> Tensor:
 
 
 class ReadViews(NamedTuple):
-    """What the backbone reads of B datasets in V views, and how it got there."""
+    """What the backbone reads of B datasets in V views, and how it got there.
+
+    A view reads C of its rows, or, where the checkpoint reads summaries
+    (``ReadingConfig.summary_cells``), C weighted cells of every row
+    (:mod:`~transformer_gmm.engine.summary`): then the rows read are all of them, and
+    ``token_of_row`` says which cell each is, so a per-point start labels every row as
+    its cell.
+    """
 
     standardization: Standardization
     z: Tensor  # (B, N, d_max) float32, every row in model space
     rows_index: Tensor | None  # (V * B, C) each view's rows, view-major; None: all rows
-    rows_mask: Tensor | None  # (V * B, C) which rows read are real; None when all are
+    rows_mask: Tensor | None  # (V * B, C | N) which rows read are real; None when all are
     signs: Tensor  # (V, d_max) each view's reflection
     views: Tensor  # (V * B, C, d_max), view-major
     views_mask: Tensor | None  # (V * B, C)
     # (V * B, C, d_max) each row's share of each coordinate that was missing, for a model
     # that reads gaps; None where no gaps were given
     views_gaps: Tensor | None = None
+    views_weights: Tensor | None = None  # (V * B, C) each cell's count; None: rows are read
+    token_of_row: Tensor | None = None  # (V * B, N) each row's cell; None: row i is token i
 
     def rows(self, x: Tensor) -> Tensor:
         """The rows of ``x`` (B, N, d) each view read, in the user's space: (V * B, C, d)."""
@@ -206,6 +221,7 @@ def read_views(
     generator,
     n_views: int,
     gaps: Tensor | None = None,
+    summary: bool = True,
 ) -> ReadViews:
     """Standardize ``x`` (B, N, d) as for ``n_components`` and stack ``n_views`` views for
     the backbone ``model``: view v reads its own draw of at most
@@ -217,6 +233,10 @@ def read_views(
     for a model that reads them (the plan keeps them for no other), marks the entries of
     ``x`` that were missing (and filled): the model reads each row's share of each
     coordinate that they make up (a share is unsigned, so no view reflects it).
+
+    Where the checkpoint reads summaries (``summary_cells``) and ``summary`` allows, each
+    view reads its own draw of weighted cells (:mod:`~transformer_gmm.engine.summary`)
+    instead; never with ``gaps``, whose shares are those of rows.
     """
     reads = model.reading_config
     standardization = fit_standardization(
@@ -225,6 +245,10 @@ def read_views(
     shape = tuple(x.shape[:2])
     z = standardization.transform(x)  # (B, N, d_max) float32
     signs = reflections(n_views, z.shape[-1]).to(z)  # (V, d_max)
+    if reads.summary_cells and summary and gaps is None:
+        summaries = [summarize(z, mask, reads.summary_cells, generator) for _ in range(n_views)]
+        if summaries[0] is not None:
+            return _summary_views(standardization, z, mask, signs, summaries)
     # View by view, so that view 0's draw is the same for any number of views.
     draws = [subsample_rows(shape, mask, reads.context_size, generator) for _ in range(n_views)]
     if draws[0][0] is None:  # every row fits: each view reads them all
@@ -250,6 +274,20 @@ def read_views(
     )
 
 
+def _summary_views(standardization, z, mask, signs, summaries) -> ReadViews:
+    """:class:`ReadViews` of the views' summaries (:func:`summary.summarize`, view-major):
+    each view's cells of every row."""
+    n_datasets, n_views = z.shape[0], len(summaries)
+    centres = torch.cat([cells.centres for cells in summaries])  # (V * B, C, d_max)
+    views = signs.repeat_interleave(n_datasets, dim=0)[:, None, :] * centres
+    rows_mask = None if mask is None else mask.repeat(n_views, 1)  # (V * B, N)
+    counts = torch.cat([cells.counts for cells in summaries])  # (V * B, C)
+    token_of_row = torch.cat([cells.cell_of_row for cells in summaries])  # (V * B, N)
+    return ReadViews(
+        standardization, z, None, rows_mask, signs, views, None, None, counts, token_of_row
+    )
+
+
 def _take_each_view(t: Tensor, rows_index: Tensor) -> Tensor:
     """Each view's rows of ``t`` (B, N, F), for ``rows_index`` (V * B, C): (V * B, C, F)."""
     per_view = rows_index.split(t.shape[0])
@@ -260,8 +298,9 @@ class View(NamedTuple):
     """One view's output, mapped back to the unreflected space, and the rows it read."""
 
     out: MixtureOutput
-    rows: Tensor  # (B, C, d) in the user's space
-    rows_mask: Tensor | None  # (B, C) which are real; None when all are
+    rows: Tensor  # (B, C | N, d) in the user's space
+    rows_mask: Tensor | None  # (B, C | N) which are real; None when all are
+    token_of_row: Tensor | None = None  # (B, N) the cell each row was read in; None: its own
 
 
 def _read(
@@ -281,9 +320,13 @@ def _read(
     n_views, n_datasets = -(-n_starts // 2), x.shape[0]
     if k_unknown_pass is None:
         read = read_views(model, x, mask, n_components, generator, n_views, gaps)
-        out = forward(model, read.views, n_components, read.views_mask, read.views_gaps)
+        out = forward(
+            model, read.views, n_components, read.views_mask, read.views_gaps,
+            read.views_weights,
+        )
         standardization, z, signs = read.standardization, read.z, read.signs
-        rows, rows_mask = read.rows(x), read.rows_mask  # (V * B, C, d), (V * B, C)
+        rows, rows_mask = read.rows(x), read.rows_mask  # (V * B, C | N, d), (V * B, C | N)
+        token_of_row = read.token_of_row
     else:
         if n_views > k_unknown_pass.n_views:
             raise ValueError(f"{n_starts} starts need {n_views} views; the pass has fewer.")
@@ -295,12 +338,14 @@ def _read(
         standardization, signs = k_unknown_pass.standardization, k_unknown_pass.signs[:n_views]
         z = standardization.transform(x)
         rows, rows_mask = k_unknown_pass.rows, k_unknown_pass.rows_mask
+        token_of_row = None  # the pass reads rows (k_posterior.py)
     views = []
     for v, sign in enumerate(signs):
         part = slice(v * n_datasets, (v + 1) * n_datasets)
         view = MixtureOutput(*(field[part] for field in out))
         view_mask = None if rows_mask is None else rows_mask[part]
-        views.append(View(view._replace(means=view.means * sign), rows[part], view_mask))
+        cells = None if token_of_row is None else token_of_row[part]
+        views.append(View(view._replace(means=view.means * sign), rows[part], view_mask, cells))
     return standardization, z, views
 
 
@@ -414,7 +459,12 @@ def _view_starts(
         return _mixture_start(x, mask, z, standardization, view.out)
 
     def per_point(view: View) -> MixtureInit:
-        resp = point_resp(view.out, view.rows_mask, x.dtype)
+        if view.token_of_row is None:
+            resp = point_resp(view.out, view.rows_mask, x.dtype)
+        else:  # every row takes its cell's probabilities
+            resp = take_rows(point_resp(view.out, None, x.dtype), view.token_of_row)
+            if view.rows_mask is not None:
+                resp = resp.masked_fill(~view.rows_mask[..., None], 0.0)
         return _start(view.rows, view.rows_mask, resp, standardization, view.out)
 
     order = (mixture, per_point) if mixture_first else (per_point, mixture)

@@ -143,6 +143,14 @@ class ReadingConfig:
         Principal directions the model reads beyond the K - 1 that can hold the means,
         when the data has them: they hold only noise, so they show how wide the
         components are.
+    summary_cells : int, default=0
+        Where a dataset has more rows than this, the model reads it as this many weighted
+        cells instead of rows (0: never): Lloyd's cells of the rows in model space (of a
+        uniform draw of ``engine.summary.SUMMARY_ROWS`` where there are more), each read
+        as its centre with its count as its weight, which the model reads exactly as that
+        many copies (:meth:`MixtureTransformer.forward`). Fewer tokens than rows cost a
+        shorter forward pass, and the cells summarize every row rather than a draw.
+        Training reads rows (the same model reads both).
 
     Examples
     --------
@@ -153,6 +161,7 @@ class ReadingConfig:
 
     context_size: int = 256  # most points one forward pass reads; fit subsamples larger datasets
     noise_directions: int = 0  # principal directions read beyond the K - 1 the means span
+    summary_cells: int = 0  # read a dataset of more rows as this many weighted cells; 0: rows
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -231,10 +240,12 @@ def _check_values(config) -> None:
 # checkpoints' models were trained to read.
 _ADDED_LATER: dict[str, Any] = {
     "noise_directions": 0, "k_posterior_seeds": 0, "cluster_count_seeds": 0, "reads_gaps": 0,
+    "summary_cells": 0,
 }
 # The int fields that may be 0; every other must be positive.
 _SMALLEST = {
     "noise_directions": 0, "k_posterior_seeds": 0, "cluster_count_seeds": 0, "reads_gaps": 0,
+    "summary_cells": 0,
 }
 # The largest value of each int field. Far beyond any model that fits in memory, they keep
 # a config (a checkpoint's config.json is untrusted input) from asking for a million layers
@@ -252,6 +263,7 @@ LARGEST: dict[str, int] = {
     "k_posterior_seeds": 1024,
     "cluster_count_seeds": 1024,
     "reads_gaps": 1,
+    "summary_cells": 1 << 20,
 }
 
 _SHOWN = reprlib.Repr()
@@ -330,7 +342,7 @@ def reading_from_preset(name: str, **overrides: Any) -> ReadingConfig:
     --------
     >>> from transformer_gmm.nn import reading_from_preset
     >>> reading_from_preset("tiny", noise_directions=1)
-    ReadingConfig(context_size=64, noise_directions=1)
+    ReadingConfig(context_size=64, noise_directions=1, summary_cells=0)
     """
     return _from_preset(ReadingConfig, name, overrides)
 

@@ -63,7 +63,11 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.d_model, config.d_model)
 
     def forward(self, x_q: Tensor, x_kv: Tensor, key_mask: Tensor | None) -> Tensor:
-        """Attend from ``x_q`` (B, L, D) over ``x_kv`` (B, N, D); returns (B, L, D)."""
+        """Attend from ``x_q`` (B, L, D) over ``x_kv`` (B, N, D); returns (B, L, D).
+
+        ``key_mask`` (B, N) is bool (True: the key takes part) or float: each key's log
+        multiplicity, added to its logits (-inf: no part), so a key of weight w counts as w
+        copies of itself (see :meth:`MixtureTransformer.forward`)."""
         B, L, D = x_q.shape
         N = x_kv.shape[1]
         H = self.n_head
@@ -71,8 +75,13 @@ class Attention(nn.Module):
         k, v = self.kv(x_kv).split(D, dim=-1)  # (B, N, D) each
         k = k.view(B, N, H, D // H).transpose(1, 2)  # (B, H, N, hd)
         v = v.view(B, N, H, D // H).transpose(1, 2)  # (B, H, N, hd)
-        # Bool attn_mask: True = this key takes part. Broadcast over heads and queries.
-        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, N)
+        # Bool: True = this key takes part; float: added to the logits. Broadcast over heads
+        # and queries.
+        attn_mask = None
+        if key_mask is not None:
+            attn_mask = key_mask[:, None, None, :]  # (B, 1, 1, N)
+            if attn_mask.is_floating_point():
+                attn_mask = attn_mask.to(q.dtype)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (B, H, L, hd)
         y = y.transpose(1, 2).reshape(B, L, D)  # (B, L, D)
         return self.proj(y)
@@ -304,7 +313,12 @@ class MixtureTransformer(nn.Module):
         return is_int and n_components in self.supported_n_components
 
     def forward(
-        self, x: Tensor, n_components: int, mask: Tensor | None = None, gaps: Tensor | None = None
+        self,
+        x: Tensor,
+        n_components: int,
+        mask: Tensor | None = None,
+        gaps: Tensor | None = None,
+        weights: Tensor | None = None,
     ) -> MixtureOutput:
         """Mixture estimate for each dataset in the batch.
 
@@ -319,6 +333,13 @@ class MixtureTransformer(nn.Module):
         gaps : Tensor of shape (B, N, d_max), optional
             For a model that reads gaps (``config.reads_gaps``): each point's share, in
             [0, 1], of each coordinate that was missing (filled) in the data; None: none.
+        weights : Tensor of shape (B, N), optional
+            Each point's multiplicity (non-negative; zero: not read): the set is read as
+            if a point of weight w were there w times. Softmax attention over w copies of
+            a key is attention over the key with log w added to its logits, and every other
+            step is per point, so this is exact, and a weighted summary of many rows
+            (centres with counts) reads as the rows it summarizes. Scaling every weight of
+            a dataset by one constant changes nothing.
 
         Returns
         -------
@@ -340,9 +361,9 @@ class MixtureTransformer(nn.Module):
         >>> torch.allclose(out.weights.sum(-1), torch.ones(2))
         True
         """
-        self._check_inputs(x, n_components, mask, gaps)
+        self._check_inputs(x, n_components, mask, gaps, weights)
         k_embedding = self.k_embedding.weight[n_components - self.config.k_min]  # (D,)
-        h, mask = self._tokens(x, k_embedding, mask, gaps)  # (B, N, D)
+        h, mask = self._tokens(x, k_embedding, mask, gaps, weights)  # (B, N, D)
         return self.read_out(h, n_components, mask)
 
     def read_out(
@@ -353,6 +374,8 @@ class MixtureTransformer(nn.Module):
         :meth:`forward` reads the tokens of K's own embedding; the tokens of the "K
         unknown" embedding (:meth:`k_unknown_tokens`) read as well, so one pass gives
         P(K | X) and the estimate of any K (what ``n_components="auto"`` fits from).
+        ``mask`` is the one those methods return with the tokens: bool, or, for weighted
+        points, float log multiplicities.
 
         Examples
         --------
@@ -368,7 +391,11 @@ class MixtureTransformer(nn.Module):
         return _parse(raw, point_logits, self.config.d_max, self.config.scale_type)
 
     def k_log_posterior(
-        self, x: Tensor, mask: Tensor | None = None, gaps: Tensor | None = None
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        gaps: Tensor | None = None,
+        weights: Tensor | None = None,
     ) -> Tensor:
         """log P(K | X) for K = 1..k_max, one pass under the "K unknown" embedding.
 
@@ -378,6 +405,8 @@ class MixtureTransformer(nn.Module):
             Standardized points, zero-padded, projected as for ``n_components=k_max``.
         mask : bool Tensor of shape (B, N), optional
             True for real points.
+        gaps, weights : Tensor, optional
+            As for :meth:`forward`.
 
         Returns
         -------
@@ -393,11 +422,15 @@ class MixtureTransformer(nn.Module):
         >>> log_p.shape, torch.allclose(log_p.exp().sum(-1), torch.ones(3))
         (torch.Size([3, 4]), True)
         """
-        tokens, mask = self.k_unknown_tokens(x, mask, gaps)  # (B, N, D); checks the head is there
+        tokens, mask = self.k_unknown_tokens(x, mask, gaps, weights)  # (B, N, D); checks the head
         return self.k_posterior_head(tokens, mask)
 
     def cluster_count_log_posterior(
-        self, x: Tensor, mask: Tensor | None = None, gaps: Tensor | None = None
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        gaps: Tensor | None = None,
+        weights: Tensor | None = None,
     ) -> Tensor:
         """log P(C | X) for C = 1..k_max clusters, from the same pass as
         :meth:`k_log_posterior` (its arguments, its shapes); a cluster may be any shape, so
@@ -413,29 +446,47 @@ class MixtureTransformer(nn.Module):
         """
         if not self.has_cluster_count:
             raise ValueError("This model has no cluster-count head (cluster_count_seeds=0).")
-        tokens, mask = self.k_unknown_tokens(x, mask, gaps)
+        tokens, mask = self.k_unknown_tokens(x, mask, gaps, weights)
         return self.cluster_count_head(tokens, mask)
 
     def k_unknown_tokens(
-        self, x: Tensor, mask: Tensor | None = None, gaps: Tensor | None = None
+        self,
+        x: Tensor,
+        mask: Tensor | None = None,
+        gaps: Tensor | None = None,
+        weights: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """The backbone's tokens (B, N, D) under the "K unknown" embedding, and the mask
         the K-posterior head reads them with; arguments as :meth:`k_log_posterior`."""
         if not self.has_k_posterior:
             raise ValueError("This model has no K-posterior head (k_posterior_seeds=0).")
-        self._check_inputs(x, self.config.k_max, mask, gaps)
-        return self._tokens(x, self.k_unknown, mask, gaps)
+        self._check_inputs(x, self.config.k_max, mask, gaps, weights)
+        return self._tokens(x, self.k_unknown, mask, gaps, weights)
 
     def _tokens(
-        self, x: Tensor, task_embedding: Tensor, mask: Tensor | None, gaps: Tensor | None = None
+        self,
+        x: Tensor,
+        task_embedding: Tensor,
+        mask: Tensor | None,
+        gaps: Tensor | None = None,
+        weights: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """The backbone: point tokens (B, N, D) under one task embedding (D,), and the mask."""
+        """The backbone: point tokens (B, N, D) under one task embedding (D,), and the mask
+        the heads read them with (float log multiplicities where ``weights`` are given)."""
+        if weights is not None:
+            real = weights > 0
+            mask = real if mask is None else mask & real
         if mask is not None:
             # Padding rows are never keys, but 0 * NaN is NaN inside attention: zero them.
             x = x.masked_fill(~mask[..., None], 0.0)
             # A dataset with no real points would give all -inf attention rows, hence NaN.
             # Let it attend over its padding instead: finite, meaningless outputs.
             mask = mask | ~mask.any(dim=-1, keepdim=True)  # (B, N)
+        if weights is not None:
+            # Log multiplicities, -inf where a point is not read (a mask that reads every
+            # point where none is real, as above): what attention adds to its logits.
+            log_weights = torch.where(weights > 0, weights, 1.0).to(x.dtype).log()
+            mask = torch.where(mask, log_weights, -torch.inf)  # (B, N) float
         h = self.readin(x) + task_embedding  # (B, N, D): every token knows the task
         if gaps is not None:
             h = h + self.readin_gaps(gaps)  # (B, N, D): and how much of its point was filled
@@ -444,7 +495,12 @@ class MixtureTransformer(nn.Module):
         return self.ln_f(h), mask
 
     def _check_inputs(
-        self, x: Tensor, n_components: int, mask: Tensor | None, gaps: Tensor | None = None
+        self,
+        x: Tensor,
+        n_components: int,
+        mask: Tensor | None,
+        gaps: Tensor | None = None,
+        weights: Tensor | None = None,
     ) -> None:
         self._check_n_components(n_components)
         if x.dim() != 3 or x.shape[-1] != self.config.d_max:
@@ -455,6 +511,11 @@ class MixtureTransformer(nn.Module):
             raise ValueError(
                 f"mask must be a bool tensor of shape {tuple(x.shape[:2])}, "
                 f"got {mask.dtype} of shape {tuple(mask.shape)}."
+            )
+        if weights is not None and (weights.shape != x.shape[:2] or bool((weights < 0).any())):
+            raise ValueError(
+                f"weights must be non-negative, of shape {tuple(x.shape[:2])}, got shape "
+                f"{tuple(weights.shape)}."
             )
         if gaps is not None and not self.config.reads_gaps:
             raise ValueError("This model does not read gaps (reads_gaps=0): pass gaps=None.")
