@@ -489,6 +489,9 @@ def test_merged_reads_quick_runs_and_merging_undoes_relabelling(tmp_path):
     assert {"TGMM n_init=1", "TGMM checkpoint=None n_init=1", "TGMM merged of 2 reads",
             "TGMM likeliest of 2 reads"} <= {row["method"] for row in rows}
     assert all(np.isfinite(row["ll"]) and row["n_iter"] >= 1 for row in rows)
+    rows = script.main(["--quick", "--ways", "summary", "--results", str(tmp_path)])
+    summary = [row for row in rows if row["method"] == "TGMM a weighted summary"]
+    assert len(summary) == 1 and np.isfinite(summary[0]["ll"]) and summary[0]["n_iter"] >= 1
 
 
 @pytest.mark.slow  # eight fresh processes that import torch: about 15 s

@@ -232,8 +232,12 @@ def test_rows_are_grouped_by_pattern():
 
 
 def test_the_transformer_starts_from_the_imputed_rows():
+    # The bundled (trained) checkpoint: EM on the observed entries runs from its reading
+    # alone, and the random-weight test checkpoint's reading of these rows reaches a
+    # collapsed optimum at some seeds (which rows multivariate_normal draws depends on
+    # numpy's version).
     _, X = mixture_with_gaps()
-    gmm = TransformerGMM(3, checkpoint=TINY_CHECKPOINT, random_state=0).fit(X)
+    gmm = TransformerGMM(3, random_state=0).fit(X)
     assert gmm.init_method_ in ("transformer", "k-means++")
     assert matched_error(gmm.means_) < 0.25
     assert_lower_bound_of_the_last_e_step(gmm, X)
