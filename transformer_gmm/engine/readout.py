@@ -188,7 +188,8 @@ class ReadViews(NamedTuple):
     token_of_row: Tensor | None = None  # (V * B, N) each row's cell; None: row i is token i
 
     def rows(self, x: Tensor) -> Tensor:
-        """The rows of ``x`` (B, N, d) each view read, in the user's space: (V * B, C, d)."""
+        """The rows of ``x`` (B, N, d) each view read, in the user's space: (V * B, C, d),
+        or every row, (V * B, N, d), where views read cells or all rows fit."""
         if self.rows_index is None:
             return x.repeat(self.signs.shape[0], 1, 1)
         return _take_each_view(x, self.rows_index)

@@ -473,8 +473,8 @@ class MixtureTransformer(nn.Module):
     ) -> tuple[Tensor, Tensor | None]:
         """The backbone: point tokens (B, N, D) under one task embedding (D,), and the mask
         the heads read them with (float log multiplicities where ``weights`` are given)."""
-        if weights is not None:
-            real = weights > 0
+        real = None if weights is None else weights > 0  # (B, N): the points read
+        if real is not None:
             mask = real if mask is None else mask & real
         if mask is not None:
             # Padding rows are never keys, but 0 * NaN is NaN inside attention: zero them.
@@ -482,10 +482,10 @@ class MixtureTransformer(nn.Module):
             # A dataset with no real points would give all -inf attention rows, hence NaN.
             # Let it attend over its padding instead: finite, meaningless outputs.
             mask = mask | ~mask.any(dim=-1, keepdim=True)  # (B, N)
-        if weights is not None:
+        if real is not None:
             # Log multiplicities, -inf where a point is not read (a mask that reads every
             # point where none is real, as above): what attention adds to its logits.
-            log_weights = torch.where(weights > 0, weights, 1.0).to(x.dtype).log()
+            log_weights = torch.where(real, weights, 1.0).to(x.dtype).log()
             mask = torch.where(mask, log_weights, -torch.inf)  # (B, N) float
         h = self.readin(x) + task_embedding  # (B, N, D): every token knows the task
         if gaps is not None:
@@ -512,11 +512,12 @@ class MixtureTransformer(nn.Module):
                 f"mask must be a bool tensor of shape {tuple(x.shape[:2])}, "
                 f"got {mask.dtype} of shape {tuple(mask.shape)}."
             )
-        if weights is not None and (weights.shape != x.shape[:2] or bool((weights < 0).any())):
+        if weights is not None and weights.shape != x.shape[:2]:
             raise ValueError(
-                f"weights must be non-negative, of shape {tuple(x.shape[:2])}, got shape "
-                f"{tuple(weights.shape)}."
+                f"weights must have shape {tuple(x.shape[:2])}, got {tuple(weights.shape)}."
             )
+        if weights is not None and bool((weights < 0).any()):
+            raise ValueError("weights must be non-negative: a weight is a point's multiplicity.")
         if gaps is not None and not self.config.reads_gaps:
             raise ValueError("This model does not read gaps (reads_gaps=0): pass gaps=None.")
         if gaps is not None and gaps.shape != x.shape:
