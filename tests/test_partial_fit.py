@@ -14,7 +14,7 @@ from sklearn.base import clone
 from sklearn.cluster import KMeans, MiniBatchKMeans
 from sklearn.utils._param_validation import InvalidParameterError
 
-from transformer_gmm import TransformerClusterer, TransformerGMM
+from transformer_gmm import TransformerClusterer, TransformerGMM, _streaming
 from transformer_gmm._fitting import STREAM_VIEWS
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
@@ -136,6 +136,38 @@ def test_a_batch_with_other_features_is_an_error():
     with pytest.raises(ValueError, match="X has 1 features, but TransformerGMM is expecting 2"):
         streamed.partial_fit(X[100:, :1])
     assert streamed.n_steps_ == 1  # the refused batch is not counted
+
+
+@pytest.mark.parametrize("estimator", ["gmm", "clusterer"])
+def test_later_batches_meet_scikit_learn_checks(estimator):
+    """A later batch that is a plain finite float array skips validate_data; every other
+    one still gets its errors and warnings, and the same step as its array."""
+    import pandas as pd
+
+    X = stationary_mixture(300)
+    make = gmm if estimator == "gmm" else clusterer
+    plain, listed = make().partial_fit(X[:100]), make().partial_fit(X[:100])
+    plain.partial_fit(X[100:200])
+    listed.partial_fit(X[100:200].tolist())  # validate_data's path
+    np.testing.assert_array_equal(_centers(plain), _centers(listed))
+    np.testing.assert_array_equal(plain.predict(X), listed.predict(X))
+    for bad, message in [
+        (np.full((5, 2), np.inf), "Input X contains infinity"),
+        (np.full((5, 2), np.nan), "does not take missing values"),
+        (np.zeros((0, 2)), "0 sample"),
+        (np.zeros(2), "Expected 2D array"),
+        (np.zeros((5, 3)), "X has 3 features"),
+        (np.zeros((5, 2), dtype=complex), "Complex data not supported"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            plain.partial_fit(bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # finite rows whose sum overflows: validate_data's
+        assert not _streaming._is_plain_batch(plain, np.full((5, 2), 1e308))
+    assert _streaming._is_plain_batch(plain, X[200:])
+    named = make().partial_fit(pd.DataFrame(X[:100], columns=["a", "b"]))
+    with pytest.warns(UserWarning, match="X does not have valid feature names"):
+        named.partial_fit(X[100:200])
 
 
 @pytest.mark.parametrize("sample_weight", [[-1.0] * 50, [0.0] * 50, [1.0] * 49])

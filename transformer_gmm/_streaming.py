@@ -37,11 +37,32 @@ def validate_batch(estimator, X, sample_weight, accept_sparse=False):
     """A later batch, checked against the first (its number of features and their names,
     as scikit-learn's ``validate_data`` reads them off ``estimator``), and its weights or
     None."""
-    X = validate_data(
-        estimator, X, accept_sparse=accept_sparse, dtype=[np.float64, np.float32], reset=False
-    )
+    if not _is_plain_batch(estimator, X):
+        X = validate_data(
+            estimator, X, accept_sparse=accept_sparse, dtype=[np.float64, np.float32],
+            reset=False,
+        )
     if sparse.issparse(X):
         X = densified(X)
     if sample_weight is not None:
         sample_weight = checked_sample_weight(sample_weight, X.shape[0], 1)
     return X, sample_weight
+
+
+def _is_plain_batch(estimator, X) -> bool:
+    """Whether ``X`` is a batch that ``validate_data`` would return as it is: a finite
+    float ndarray of the first batch's width, for an estimator fitted without feature
+    names. A stream's step costs about as much as scikit-learn's checks of its batch, so
+    this common case skips them; any other input (and any doubt, such as a sum that
+    overflows) takes ``validate_data``, with its errors and warnings."""
+    if not (
+        type(X) is np.ndarray
+        and X.dtype in (np.float64, np.float32)
+        and X.ndim == 2
+        and X.shape[0] > 0
+        and X.shape[1] == getattr(estimator, "n_features_in_", None)
+        and not hasattr(estimator, "feature_names_in_")
+    ):
+        return False
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(X.sum()))  # NaN and inf make the sum non-finite

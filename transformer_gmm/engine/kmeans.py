@@ -228,10 +228,11 @@ def first_minimum(scores: Tensor) -> Tensor:
     return n_clusters - (hit * rank[:, None]).amax(1).long()  # (B, N)
 
 
-def inertia_of(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor) -> Tensor:
+def inertia_of(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor | None) -> Tensor:
     """Sum of squared distances of real points to their centre, (B,), from differences
     rather than the expanded form (which loses digits), in row chunks so that no
-    (B, N, d) temporary is ever made."""
+    (B, N, d) temporary is ever made. ``weights`` (B|1, N, 1) weigh the points; None
+    counts each once (one reduction fewer, for the stream's step)."""
     n_batch, n_points, n_features = labels.shape[0], X.shape[1], X.shape[2]
     n_clusters = centers.shape[1]
     inertia = X.new_zeros(n_batch)
@@ -243,8 +244,11 @@ def inertia_of(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor) -> T
         rows = slice(start, start + _INERTIA_CHUNK_ROWS)
         index = (labels[:, rows] + first).reshape(-1)  # (B * n,)
         nearest = stacked.index_select(0, index).view(n_batch, -1, n_features)  # (B, n, d)
-        squared = (X[:, rows] - nearest).square_().sum(-1)  # (B, n)
-        inertia += (squared * weights[:, rows, 0]).sum(-1)
+        squared = (X[:, rows] - nearest).square_()  # (B, n, d)
+        if weights is None:
+            inertia += squared.sum((1, 2))
+        else:
+            inertia += (squared.sum(-1) * weights[:, rows, 0]).sum(-1)
     return inertia
 
 

@@ -262,13 +262,13 @@ def minibatch_kmeans_step(
     >>> labels.tolist(), inertia.tolist()  # 0.5 ** 2 + 1.5 ** 2
     ([[0, 0, 1]], [2.5])
     """
-    # The batch centred on its own weighted mean, as Lloyd centres its data: distances are
-    # then taken between numbers of the data's spread, not of its offset. Both passes
-    # read the same centred slices (one copy of the batch).
-    if sample_weight is None:
+    # The batch centred, as Lloyd centres its data: distances are then taken between
+    # numbers of the data's spread, not of its offset. The offset is the mean of every row
+    # taken so far (the centres weighed by their counts), which needs no pass over the
+    # batch; both passes read the same centred slices (one copy of the batch).
+    offset = (counts[..., None] * centers).sum(1, keepdim=True) / counts.sum()  # (1, 1, d)
+    if not bool(counts.sum() > 0):  # nothing taken yet: the batch's own mean
         offset = X.mean(1, keepdim=True)
-    else:
-        offset = (X * sample_weight[..., None]).sum(1, keepdim=True) / sample_weight.sum()
     slices = [(rows - offset, w) for rows, w in _slices(X, sample_weight, _LLOYD_SLICE_ROWS)]
     old = centers - offset
     batch = None
@@ -291,9 +291,10 @@ def minibatch_kmeans_step(
     labels, inertia, centred = [], X.new_zeros(1), new - offset
     for rows, weights in slices:
         labels.append(assign(rows, centred))  # (1, n)
-        weights = rows.new_ones(1, rows.shape[1], 1) if weights is None else weights[..., None]
+        weights = None if weights is None else weights[..., None]
         inertia += inertia_of(rows, centred, labels[-1], weights)
-    return new, total[..., 0], torch.cat(labels, dim=1), inertia
+    labels = labels[0] if len(labels) == 1 else torch.cat(labels, dim=1)
+    return new, total[..., 0], labels, inertia
 
 
 def _weights_of(rows: Tensor, X: Tensor, sample_weight: Tensor) -> Tensor:

@@ -600,15 +600,19 @@ def centred_lloyd_statistics(
     """:func:`lloyd_statistics` of rows ``x`` (1, n, d) and ``centers`` (B, K, d) both
     already less the offset, for callers that read the same centred rows more than once."""
     labels = assign(x, centers)  # (B, n)
-    one_hot = x.new_zeros(*labels.shape, centers.shape[1]).scatter_(2, labels[..., None], 1.0)
-    weights = x.new_ones(1, x.shape[1], 1)
+    # K before the rows: the counts reduce the contiguous axis and the sums are one
+    # plain batched product (the same bits as the (B, n, K) one-hot, in less time).
+    clusters = torch.arange(centers.shape[1], device=x.device)[:, None]  # (K, 1)
+    one_hot = (labels[:, None, :] == clusters).to(x.dtype)  # (B, K, n)
+    weights = None
     if sample_weight is not None:
-        weights = sample_weight[..., None].to(x.dtype)
-        one_hot = one_hot * weights
+        weights = sample_weight[..., None].to(x.dtype)  # (1, n, 1)
+        one_hot = one_hot * weights.mT
     inertia = x.new_zeros(labels.shape[:1])
     if with_inertia:
         inertia = inertia_of(x, centers, labels, weights)
-    return LloydStatistics(one_hot.sum(1), one_hot.mT @ x, inertia)
+    sums = torch.bmm(one_hot, x.expand(len(labels), -1, -1))  # (B, K, d)
+    return LloydStatistics(one_hot.sum(-1), sums, inertia)
 
 
 def farthest(X: Tensor, centers: Tensor, offset: Tensor, n: int) -> Tensor:
