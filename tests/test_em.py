@@ -522,6 +522,27 @@ def test_first_minimum_is_min_indices_on_many_rows(n_clusters):
     np.testing.assert_array_equal(kmeans.first_minimum(finite), finite.argmin(1))
 
 
+@pytest.mark.parametrize("n_clusters, n_features", [(3, 6), (6, 6), (32, 9), (1, 2)])
+@pytest.mark.parametrize("shared_rows", [True, False])
+def test_cluster_totals_are_the_sums_by_label(n_clusters, n_features, shared_rows):
+    # Both layouts (fewer clusters than features, and more) give each cluster its weight
+    # and its rows' sum; an empty cluster gets zeros.
+    rng = np.random.default_rng(n_clusters)
+    n_runs, n_rows = 3, 500
+    X = torch.from_numpy(rng.normal(size=(1 if shared_rows else n_runs, n_rows, n_features)))
+    weights = torch.from_numpy(rng.uniform(0, 2, size=(1, n_rows, 1)))
+    labels = torch.from_numpy(rng.integers(0, max(n_clusters - 1, 1), size=(n_runs, n_rows)))
+    counts, sums = kmeans.cluster_totals(labels, n_clusters, X, weights)
+    assert counts.shape == (n_runs, n_clusters, 1)
+    assert sums.shape == (n_runs, n_clusters, n_features)
+    rows = X.expand(n_runs, -1, -1)
+    for run in range(n_runs):
+        for k in range(n_clusters):
+            taken = labels[run] == k
+            torch.testing.assert_close(counts[run, k, 0], weights[0, taken, 0].sum())
+            torch.testing.assert_close(sums[run, k], rows[run, taken].sum(0))
+
+
 def test_lloyd_batched_with_padding_equals_one_at_a_time():
     datasets = [gaussian_blobs(*spec)[0] for spec in (SEPARATED, OVERLAPPING)]
     datasets[1] = datasets[1][:150]

@@ -10,7 +10,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from transformer_gmm import TransformerClusterer, TransformerGMM, fit_many
 from transformer_gmm.engine import readout
-from transformer_gmm.engine.summary import SUMMARY_ROWS, summarize
+from transformer_gmm.engine.summary import SUMMARY_ROWS, summarize, summarize_views
 from transformer_gmm.storage import load_model
 
 
@@ -40,6 +40,27 @@ def test_cells_tile_every_real_row():
     # Ten rows, sixteen cells: each row is a cell of its own, read once.
     ten = cells.counts[2][cells.counts[2] > 0]
     assert ten.tolist() == [1.0] * 10
+
+
+@pytest.mark.parametrize("n_datasets", [1, 3])
+def test_the_views_summaries_are_each_views_own(n_datasets):
+    # One batched Lloyd for every view gives each view the cells its own call would give,
+    # from the same draws in the same order.
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(n_datasets, 150, 4, generator=g)
+    mask = None
+    if n_datasets > 1:
+        mask = torch.ones(n_datasets, 150, dtype=torch.bool)
+        mask[1, 60:] = False
+        z = z * mask[..., None]
+    alone, together = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    expected = [summarize(z, mask, 16, alone) for _ in range(4)]
+    views = summarize_views(z, mask, 16, together, 4)
+    assert len(views) == 4
+    for view, own in zip(views, expected, strict=True):
+        for got, want in zip(view, own, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(alone.get_state(), together.get_state())
 
 
 def test_no_summary_of_no_more_rows_than_cells_nor_of_large_data():

@@ -26,6 +26,7 @@ __all__ = [
     "LloydStep",
     "assign",
     "centers_from_sums",
+    "cluster_totals",
     "inertia_of",
     "kmeans_plusplus",
     "kmeans_plusplus_indices",
@@ -207,6 +208,25 @@ def assign(X: Tensor, centers: Tensor) -> Tensor:
     return first_minimum(scores)
 
 
+def cluster_totals(
+    labels: Tensor, n_clusters: int, X: Tensor, weights: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Each cluster's weight (A, K, 1) and sum (A, K, d) of the rows ``X`` (A|1, N, d),
+    weighed by ``weights`` (A|1, N, 1) in the counts alone (``X`` is already weighted where
+    the sums need it), from the one-hot matrix of ``labels`` (A, N).
+
+    Matmuls rather than scatter_add: deterministic on CUDA too. The layout follows the
+    shape: CPU matrix products are several times faster when their output has the wider
+    side last, so with more clusters than features the one-hot keeps K last.
+    """
+    n_batch, n_rows = labels.shape
+    if n_clusters > X.shape[-1]:
+        one_hot = X.new_zeros(n_batch, n_rows, n_clusters).scatter_(2, labels[..., None], 1.0)
+        return (weights.mT @ one_hot).mT, (X.mT @ one_hot).mT
+    one_hot = X.new_zeros(n_batch, n_clusters, n_rows).scatter_(1, labels[:, None, :], 1.0)
+    return one_hot @ weights, one_hot @ X
+
+
 def first_minimum(scores: Tensor) -> Tensor:
     """``scores.min(1).indices`` of ``scores`` (B, K, N): for each (b, n), the first k of the
     smallest score, or of the first NaN where there is one, as argmin picks.
@@ -340,11 +360,9 @@ class LloydRows:
         n_clusters = centers.shape[1]
         centered = centers - offset
         labels = assign(X, centered)  # (A, N)
-        one_hot = X.new_zeros(*labels.shape, n_clusters).scatter_(2, labels[..., None], 1.0)
-        # Matmuls rather than scatter_add: deterministic on CUDA too. Padded rows of X
-        # are zero, so only the counts need the weights.
-        counts = one_hot.mT @ weights  # (A, K, 1)
-        sums = one_hot.mT @ (X if self.weighted_X is None else self.weighted_X)  # (A, K, d)
+        # Padded rows of X are zero, so only the counts need the weights.
+        weighted_X = X if self.weighted_X is None else self.weighted_X
+        counts, sums = cluster_totals(labels, n_clusters, weighted_X, weights)
         if bool((counts == 0).any()):
             counts, sums = _relocate_empty(
                 X, weights, centered, labels, counts, sums, self.padded

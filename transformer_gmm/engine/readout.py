@@ -23,7 +23,7 @@ from torch import Tensor
 from ..nn.model import MixtureOutput
 from . import e_step, m_step
 from .standardize import Standardization, fit_standardization, subsample_rows, take_rows
-from .summary import summarize
+from .summary import summarize_views
 
 __all__ = [
     "MixtureInit",
@@ -247,8 +247,8 @@ def read_views(
     z = standardization.transform(x)  # (B, N, d_max) float32
     signs = reflections(n_views, z.shape[-1]).to(z)  # (V, d_max)
     if reads.summary_cells and summary and gaps is None:
-        summaries = [summarize(z, mask, reads.summary_cells, generator) for _ in range(n_views)]
-        if summaries[0] is not None:
+        summaries = summarize_views(z, mask, reads.summary_cells, generator, n_views)
+        if summaries is not None:
             return _summary_views(standardization, z, mask, signs, summaries)
     # View by view, so that view 0's draw is the same for any number of views.
     draws = [subsample_rows(shape, mask, reads.context_size, generator) for _ in range(n_views)]

@@ -41,7 +41,14 @@ from .em import (
     run_em,
 )
 from .gaussian import PARAM_SHAPES, lookup, try_precision_cholesky
-from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty, run_lloyd
+from .kmeans import (
+    assign,
+    centers_from_sums,
+    cluster_totals,
+    inertia_of,
+    relocate_empty,
+    run_lloyd,
+)
 from .m_step import COVARIANCE_ESTIMATORS, MixtureParams
 from .squarem import Accelerated
 
@@ -600,19 +607,15 @@ def centred_lloyd_statistics(
     """:func:`lloyd_statistics` of rows ``x`` (1, n, d) and ``centers`` (B, K, d) both
     already less the offset, for callers that read the same centred rows more than once."""
     labels = assign(x, centers)  # (B, n)
-    # K before the rows: the counts reduce the contiguous axis and the sums are one
-    # plain batched product (the same bits as the (B, n, K) one-hot, in less time).
-    clusters = torch.arange(centers.shape[1], device=x.device)[:, None]  # (K, 1)
-    one_hot = (labels[:, None, :] == clusters).to(x.dtype)  # (B, K, n)
-    weights = None
+    weights, weighted_x, counted = None, x, x.new_ones(1, x.shape[1], 1)
     if sample_weight is not None:
-        weights = sample_weight[..., None].to(x.dtype)  # (1, n, 1)
-        one_hot = one_hot * weights.mT
+        weights = counted = sample_weight[..., None].to(x.dtype)  # (1, n, 1)
+        weighted_x = x * weights
+    counts, sums = cluster_totals(labels, centers.shape[1], weighted_x, counted)
     inertia = x.new_zeros(labels.shape[:1])
     if with_inertia:
         inertia = inertia_of(x, centers, labels, weights)
-    sums = torch.bmm(one_hot, x.expand(len(labels), -1, -1))  # (B, K, d)
-    return LloydStatistics(one_hot.sum(-1), sums, inertia)
+    return LloydStatistics(counts[..., 0], sums, inertia)
 
 
 def farthest(X: Tensor, centers: Tensor, offset: Tensor, n: int) -> Tensor:

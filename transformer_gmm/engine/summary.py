@@ -20,7 +20,7 @@ from torch import Tensor
 from .kmeans import lloyd
 from .standardize import subsample_rows, take_rows
 
-__all__ = ["Cells", "SUMMARY_ROWS", "LLOYD_ITERATIONS", "summarize"]
+__all__ = ["Cells", "SUMMARY_ROWS", "LLOYD_ITERATIONS", "summarize", "summarize_views"]
 
 # The most rows a summary is cut from: the size above which the fit already screens its
 # starts on a subsample (``engine.fit.SELECTION_ROWS``). There the forward pass is a small
@@ -54,18 +54,45 @@ def summarize(
     >>> sorted(cells.counts[0].tolist()), sorted(cells.centres[0, :, 0].tolist())
     ([10.0, 30.0], [0.0, 1.0])
     """
+    views = summarize_views(z, mask, n_cells, generator, 1)
+    return None if views is None else views[0]
+
+
+def summarize_views(
+    z: Tensor, mask: Tensor | None, n_cells: int, generator: torch.Generator, n_views: int
+) -> list[Cells] | None:
+    """:func:`summarize` ``n_views`` times, each view from its own draw (in view order, as
+    that many calls draw them), in one batched Lloyd: on small data its iterations are a
+    few dozen small operations each, which the views then share."""
     if z.shape[1] > SUMMARY_ROWS:
         return None
-    first, first_mask = subsample_rows(tuple(z.shape[:2]), mask, n_cells, generator)
-    if first is None:  # no more rows than cells
+    draws = [subsample_rows(tuple(z.shape[:2]), mask, n_cells, generator) for _ in range(n_views)]
+    if draws[0][0] is None:  # no more rows than cells
         return None
-    centres = take_rows(z, first)  # (B, C, d_max): real rows first
-    if first_mask is not None:
-        # A dataset with fewer rows than cells: its spare cells start on its first row
-        # (Lloyd relocates the empty ones), never on padding.
-        centres = torch.where(first_mask[..., None], centres, centres[:, :1])
-    result = lloyd(z, centres, max_iter=LLOYD_ITERATIONS, mask=mask, with_inertia=False)
-    cell_of_row = result.labels.clamp_min(0)  # (B, N); padding (-1) weighs nothing below
-    real = z.new_ones(z.shape[:2]) if mask is None else mask.to(z.dtype)
-    counts = z.new_zeros(centres.shape[:2]).scatter_add_(1, cell_of_row, real)  # (B, C)
-    return Cells(result.centers, counts, cell_of_row)
+    starts = []
+    for first, first_mask in draws:
+        centres = take_rows(z, first)  # (B, C, d_max): real rows first
+        if first_mask is not None:
+            # A dataset with fewer rows than cells: its spare cells start on its first row
+            # (Lloyd relocates the empty ones), never on padding.
+            centres = torch.where(first_mask[..., None], centres, centres[:, :1])
+        starts.append(centres)
+    n_datasets = z.shape[0]
+    if n_datasets > 1:  # Lloyd's runs read one dataset each, or all the same one
+        z = z.repeat(n_views, 1, 1)  # (V * B, N, d_max), view-major
+        mask = None if mask is None else mask.repeat(n_views, 1)
+    result = lloyd(z, torch.cat(starts), max_iter=LLOYD_ITERATIONS, mask=mask, with_inertia=False)
+    cell_of_row = result.labels.clamp_min(0)  # (V * B, N); padding (-1) weighs nothing below
+    real = z.new_ones(cell_of_row.shape)
+    if mask is not None:
+        real = mask.to(z.dtype).expand_as(cell_of_row)
+    counts = z.new_zeros(result.centers.shape[:2]).scatter_add_(1, cell_of_row, real)
+    return [
+        Cells(*parts)
+        for parts in zip(
+            result.centers.split(n_datasets),
+            counts.split(n_datasets),
+            cell_of_row.split(n_datasets),
+            strict=True,
+        )
+    ]
