@@ -45,12 +45,13 @@ from large_datasets import LARGE_DATASETS  # noqa: E402
 
 from transformer_gmm import TransformerGMM  # noqa: E402
 from transformer_gmm.engine import readout  # noqa: E402
+from transformer_gmm.engine.fit import SELECTION_ROWS  # noqa: E402
 from transformer_gmm.engine.standardize import (  # noqa: E402
     fit_standardization,
     subsample_rows,
     take_rows,
 )
-from transformer_gmm.engine.summary import SUMMARY_ROWS, summarize  # noqa: E402
+from transformer_gmm.engine.summary import summarize  # noqa: E402
 from transformer_gmm.storage import load_model  # noqa: E402
 
 REG_COVAR = 1e-6  # TransformerGMM's default
@@ -107,7 +108,7 @@ def summary_responsibilities(X: np.ndarray, n_components: int, seed: int) -> np.
                                           reads.noise_directions)
     z = standardization.transform(x)  # (1, N, d_max)
     generator = torch.Generator().manual_seed(seed)
-    index, _ = subsample_rows(tuple(z.shape[:2]), None, SUMMARY_ROWS, generator)
+    index, _ = subsample_rows(tuple(z.shape[:2]), None, SELECTION_ROWS, generator)
     cells = summarize(z if index is None else take_rows(z, index), None, reads.context_size,
                       generator)
     with torch.inference_mode():

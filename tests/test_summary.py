@@ -10,6 +10,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from transformer_gmm import TransformerClusterer, TransformerGMM, fit_many
 from transformer_gmm.engine import readout
+from transformer_gmm.engine.fit import SELECTION_ROWS
 from transformer_gmm.engine.summary import SUMMARY_ROWS, summarize, summarize_views
 from transformer_gmm.storage import load_model
 
@@ -63,11 +64,20 @@ def test_the_views_summaries_are_each_views_own(n_datasets):
     assert torch.equal(alone.get_state(), together.get_state())
 
 
-def test_no_summary_of_no_more_rows_than_cells_nor_of_large_data():
+def test_no_summary_of_no_more_rows_than_cells_nor_of_large_data(cells_checkpoint):
     g = torch.Generator().manual_seed(0)
     assert summarize(torch.randn(1, 16, 3), None, 16, g) is None
-    assert summarize(torch.randn(1, SUMMARY_ROWS, 3), None, 16, g) is not None
-    assert summarize(torch.randn(1, SUMMARY_ROWS + 1, 3), None, 16, g) is None
+    assert summarize(torch.randn(1, 17, 3), None, 16, g) is not None
+    # Fits read cells of datasets up to SUMMARY_ROWS rows, and rows beyond: so the
+    # subsample a large fit builds its starts on is read as rows too.
+    assert SUMMARY_ROWS < SELECTION_ROWS
+    model = load_model(cells_checkpoint)
+    context = model.reading_config.context_size
+    for n_rows, read_as in [(SUMMARY_ROWS, 16), (SUMMARY_ROWS + 1, context)]:
+        x = torch.randn(1, n_rows, 3, generator=g, dtype=torch.float64)
+        read = readout.read_views(model, x, None, 2, g, n_views=1)
+        assert read.views.shape[1] == read_as
+        assert (read.views_weights is None) == (read_as == context)
 
 
 def test_the_start_reads_the_cells_as_their_copies(cells_checkpoint):

@@ -23,7 +23,7 @@ from torch import Tensor
 from ..nn.model import MixtureOutput
 from . import e_step, m_step
 from .standardize import Standardization, fit_standardization, subsample_rows, take_rows
-from .summary import summarize_views
+from .summary import SUMMARY_ROWS, summarize_views
 
 __all__ = [
     "MixtureInit",
@@ -246,7 +246,7 @@ def read_views(
     shape = tuple(x.shape[:2])
     z = standardization.transform(x)  # (B, N, d_max) float32
     signs = reflections(n_views, z.shape[-1]).to(z)  # (V, d_max)
-    if reads.summary_cells and summary and gaps is None:
+    if reads.summary_cells and summary and gaps is None and z.shape[1] <= SUMMARY_ROWS:
         summaries = summarize_views(z, mask, reads.summary_cells, generator, n_views)
         if summaries is not None:
             return _summary_views(standardization, z, mask, signs, summaries)

@@ -22,11 +22,13 @@ from .standardize import subsample_rows, take_rows
 
 __all__ = ["Cells", "SUMMARY_ROWS", "LLOYD_ITERATIONS", "summarize", "summarize_views"]
 
-# The most rows a summary is cut from: the size above which the fit already screens its
-# starts on a subsample (``engine.fit.SELECTION_ROWS``). There the forward pass is a small
-# share of a fit, and 128 drawn rows led EM at least as far as 32 or 128 cells of many
-# rows (docs/benchmarks.md, "Reading cells"), so larger datasets are read as rows.
-SUMMARY_ROWS = 8192
+# The most rows of a dataset that fits read as a summary: the small data where cells were
+# measured against rows (the real-data benchmark's tables have at most 1,797 rows), and
+# below the subsample of ``engine.fit.SELECTION_ROWS`` rows that larger fits build their
+# starts on, so those read rows: there 128 drawn rows led EM at least as far as 32 or 128
+# cells of many rows (docs/benchmarks.md, "Reading cells"), and Lloyd's cells of 8,192
+# rows cost tens of milliseconds.
+SUMMARY_ROWS = 2048
 # Lloyd's iterations from the drawn rows: the cells need only tile the data.
 LLOYD_ITERATIONS = 8
 
@@ -43,8 +45,9 @@ def summarize(
     z: Tensor, mask: Tensor | None, n_cells: int, generator: torch.Generator
 ) -> Cells | None:
     """Lloyd's ``n_cells`` cells of the rows ``z`` (B, N, d_max) in model space, from as many
-    drawn rows; None where the rows are no more than the cells or more than
-    ``SUMMARY_ROWS`` (a batch by its largest dataset): those are read as rows.
+    drawn rows; None where the rows are no more than the cells (a batch by its largest
+    dataset): those are read as rows, as are datasets of more than ``SUMMARY_ROWS`` rows
+    (:func:`readout.read_views` decides).
 
     Examples
     --------
@@ -64,8 +67,6 @@ def summarize_views(
     """:func:`summarize` ``n_views`` times, each view from its own draw (in view order, as
     that many calls draw them), in one batched Lloyd: on small data its iterations are a
     few dozen small operations each, which the views then share."""
-    if z.shape[1] > SUMMARY_ROWS:
-        return None
     draws = [subsample_rows(tuple(z.shape[:2]), mask, n_cells, generator) for _ in range(n_views)]
     if draws[0][0] is None:  # no more rows than cells
         return None

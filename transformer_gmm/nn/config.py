@@ -145,10 +145,10 @@ class ReadingConfig:
         components are.
     summary_cells : int, default=0
         Where a dataset has more rows than this, the model reads it as this many weighted
-        cells instead of rows (0: never): Lloyd's cells of the rows in model space (of a
-        uniform draw of ``engine.summary.SUMMARY_ROWS`` where there are more), each read
-        as its centre with its count as its weight, which the model reads exactly as that
-        many copies (:meth:`MixtureTransformer.forward`). Fewer tokens than rows cost a
+        cells instead of rows (0: never), up to ``engine.summary.SUMMARY_ROWS`` rows:
+        Lloyd's cells of the rows in model space, each read as its centre with its count
+        as its weight, which the model reads exactly as that many copies
+        (:meth:`MixtureTransformer.forward`). Fewer tokens than rows cost a
         shorter forward pass, and the cells summarize every row rather than a draw.
         Training reads rows (the same model reads both).
 
