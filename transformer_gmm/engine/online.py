@@ -266,8 +266,10 @@ def minibatch_kmeans_step(
     # numbers of the data's spread, not of its offset. The offset is the mean of every row
     # taken so far (the centres weighed by their counts), which needs no pass over the
     # batch; both passes read the same centred slices (one copy of the batch).
-    offset = (counts[..., None] * centers).sum(1, keepdim=True) / counts.sum()  # (1, 1, d)
-    if not bool(counts.sum() > 0):  # nothing taken yet: the batch's own mean
+    taken = counts.sum()
+    if bool(taken > 0):
+        offset = (counts[..., None] * centers).sum(1, keepdim=True) / taken  # (1, 1, d)
+    else:  # nothing taken yet: the batch's own mean
         offset = X.mean(1, keepdim=True)
     slices = [(rows - offset, w) for rows, w in _slices(X, sample_weight, _LLOYD_SLICE_ROWS)]
     old = centers - offset
