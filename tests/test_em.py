@@ -543,6 +543,34 @@ def test_cluster_totals_are_the_sums_by_label(n_clusters, n_features, shared_row
             torch.testing.assert_close(sums[run, k], rows[run, taken].sum(0))
 
 
+def test_nearest_one_hot_marks_the_first_nearest_centre():
+    # The one-hot from the scores' minimum is that of the labels, also where two centres
+    # coincide (a tie: the first wins) and where a score is NaN (argmin's first NaN).
+    rng = np.random.default_rng(4)
+    X = torch.from_numpy(rng.normal(size=(1, 300, 3)))
+    centers = torch.from_numpy(rng.normal(size=(2, 4, 3)))
+    centers[1, 2] = centers[1, 0]  # run 1: clusters 0 and 2 coincide
+    for scores in (kmeans.nearest_scores(X, centers), torch.tensor([[[1.0, 0.0], [np.nan, 2.0]]])):
+        labels = scores.min(1).indices
+        expected = torch.nn.functional.one_hot(labels, scores.shape[1]).mT.to(scores.dtype)
+        assert torch.equal(kmeans.nearest_one_hot(scores), expected)
+    assert kmeans.nearest_one_hot(kmeans.nearest_scores(X, centers))[1, 2].sum() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_nearest_scores_read_offset_rows_without_centring_them(dtype):
+    # Rows far from the origin are labelled as their centred copies are, when the centres
+    # come less the offset: the offset costs digits only on the centres' side.
+    rng = np.random.default_rng(5)
+    spread = rng.normal(size=(1, 2000, 4)) + 6.0 * rng.integers(0, 3, size=(1, 2000, 1))
+    offset = np.full((1, 1, 4), 1e4 if dtype == torch.float32 else 1e9)
+    centers = torch.from_numpy(6.0 * np.arange(3.0)[None, :, None] + 0.3 * rng.normal(size=(1, 3, 4)))
+    X, o = torch.from_numpy(spread + offset).to(dtype), torch.from_numpy(offset).to(dtype)
+    centred = kmeans.assign(torch.from_numpy(spread), centers)
+    assert torch.equal(kmeans.assign(X, centers.to(dtype), o), centred)
+    assert not torch.equal(kmeans.assign(X, (centers + o.double()).to(dtype)), centred)
+
+
 def test_lloyd_batched_with_padding_equals_one_at_a_time():
     datasets = [gaussian_blobs(*spec)[0] for spec in (SEPARATED, OVERLAPPING)]
     datasets[1] = datasets[1][:150]

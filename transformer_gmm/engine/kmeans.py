@@ -31,6 +31,8 @@ __all__ = [
     "kmeans_plusplus",
     "kmeans_plusplus_indices",
     "lloyd",
+    "nearest_one_hot",
+    "nearest_scores",
     "relocate_empty",
     "run_lloyd",
 ]
@@ -195,17 +197,45 @@ def _kmeans_plusplus(
 # --- Lloyd -----------------------------------------------------------------------------
 
 
-def assign(X: Tensor, centers: Tensor) -> Tensor:
-    """Index (B, N) of the closest centre, by ``||c||^2 - 2 x.c`` in one fused matmul-and-add
-    (``||x||^2`` is the same for every centre), as scikit-learn's Lloyd step.
+def nearest_scores(X: Tensor, centers: Tensor, offset: Tensor | None = None) -> Tensor:
+    """Scores (B, K, N) whose smallest over K is each row's nearest centre:
+    ``||x - c||^2 - ||x - o||^2``, by ``||c'||^2 + 2 o.c' - 2 x.c'`` in one fused
+    matmul-and-add, as scikit-learn's Lloyd step (``||x - o||^2`` is the same for every
+    centre).
+
+    ``centers`` (B, K, d) come less ``offset`` (1, 1, d), as ``c' = c - o``; the rows
+    ``X`` (B|1, N, d) as they are, or already less the offset where ``offset`` is None. A
+    caller that reads its rows once need not copy them to centre them: the products
+    ``x.c'`` then lose digits to the offset only linearly (about eps ``|o| |c'|``), not as
+    with uncentred centres (eps ``|o|^2``).
     """
-    scores = torch.baddbmm(
-        centers.square().sum(-1)[..., None],  # (B, K, 1)
-        centers,
-        X.mT.expand(centers.shape[0], -1, -1),
-        alpha=-2.0,
+    norms = centers.square().sum(-1, keepdim=True)  # (B, K, 1)
+    if offset is not None:
+        norms = norms + 2.0 * (centers @ offset.mT)
+    return torch.baddbmm(
+        norms, centers, X.mT.expand(centers.shape[0], -1, -1), alpha=-2.0
     )  # (B, K, N)
-    return first_minimum(scores)
+
+
+def assign(X: Tensor, centers: Tensor, offset: Tensor | None = None) -> Tensor:
+    """Index (B, N) of the closest of ``centers`` (B, K, d) to each row of ``X``, by
+    :func:`nearest_scores` (``centers`` less ``offset`` where one is given)."""
+    return first_minimum(nearest_scores(X, centers, offset))
+
+
+def nearest_one_hot(scores: Tensor) -> Tensor:
+    """The one-hot matrix (B, K, N) of each row's nearest centre from :func:`nearest_scores`,
+    in the scores' dtype: what cluster sums multiply, as :func:`cluster_totals` builds it.
+
+    One index-free reduction (``amin``) and a comparison, without the labels: on CPU,
+    ``min``'s index-tracking reduction and the scatter into zeros take three times as long.
+    Where a row's smallest score is not unique (centres that coincide) or NaN, the labels
+    of :func:`first_minimum` decide, as everywhere else.
+    """
+    hit = scores == scores.amin(1, keepdim=True)  # (B, K, N)
+    if bool((hit.sum(1) != 1).any()):
+        return torch.zeros_like(scores).scatter_(1, first_minimum(scores)[:, None, :], 1.0)
+    return hit.to(scores.dtype)
 
 
 def cluster_totals(
@@ -264,11 +294,12 @@ def inertia_of(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor | Non
         rows = slice(start, start + _INERTIA_CHUNK_ROWS)
         index = (labels[:, rows] + first).reshape(-1)  # (B * n,)
         nearest = stacked.index_select(0, index).view(n_batch, -1, n_features)  # (B, n, d)
-        squared = (X[:, rows] - nearest).square_()  # (B, n, d)
-        if weights is None:
-            inertia += squared.sum((1, 2))
+        difference = X[:, rows] - nearest  # (B, n, d)
+        if weights is None:  # each run's dot of its differences: one fused BLAS pass
+            flat = difference.reshape(n_batch, 1, -1)
+            inertia += (flat @ flat.mT)[:, 0, 0]
         else:
-            inertia += (squared.sum(-1) * weights[:, rows, 0]).sum(-1)
+            inertia += (difference.square_().sum(-1) * weights[:, rows, 0]).sum(-1)
     return inertia
 
 

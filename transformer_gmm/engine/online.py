@@ -37,8 +37,8 @@ from .m_step import MixtureParams
 from .sufficient_stats import (  # the M-step's divisors of the scatter, multiplied back here
     SCATTER_SCALE,
     MixtureStatistics,
-    centred_lloyd_statistics,
     farthest,
+    lloyd_statistics,
     mixture_statistics,
     parameters_from_statistics,
     worst_explained,
@@ -262,23 +262,23 @@ def minibatch_kmeans_step(
     >>> labels.tolist(), inertia.tolist()  # 0.5 ** 2 + 1.5 ** 2
     ([[0, 0, 1]], [2.5])
     """
-    # The batch centred, as Lloyd centres its data: distances are then taken between
-    # numbers of the data's spread, not of its offset. The offset is the mean of every row
+    # Distances relative to an offset, as Lloyd centres its data, so that they are taken
+    # between numbers of the data's spread more than of its offset: the mean of every row
     # taken so far (the centres weighed by their counts), which needs no pass over the
-    # batch; both passes read the same centred slices (one copy of the batch).
+    # batch. Only the centres are moved by it (kmeans.nearest_scores): the batch is read
+    # as it is, never copied.
     taken = counts.sum()
     if bool(taken > 0):
         offset = (counts[..., None] * centers).sum(1, keepdim=True) / taken  # (1, 1, d)
     else:  # nothing taken yet: the batch's own mean
         offset = X.mean(1, keepdim=True)
-    slices = [(rows - offset, w) for rows, w in _slices(X, sample_weight, _LLOYD_SLICE_ROWS)]
-    old = centers - offset
+    slices = list(_slices(X, sample_weight, _LLOYD_SLICE_ROWS))
     batch = None
     for rows, weights in slices:
-        part = centred_lloyd_statistics(rows, old, sample_weight=weights)
+        part = lloyd_statistics(rows, centers, offset, sample_weight=weights)
         batch = part if batch is None else batch + part
     total = (counts + batch.counts)[..., None]  # (1, K, 1)
-    sums = counts[..., None] * old + batch.sums  # every row taken, less offset
+    sums = counts[..., None] * (centers - offset) + batch.sums  # every row taken, less offset
     if bool((total == 0).any()):
         candidates = X if sample_weight is None else X[:, sample_weight[0] > 0]
         n_far = min(centers.shape[1], candidates.shape[1])
@@ -292,9 +292,9 @@ def minibatch_kmeans_step(
     new = centers_from_sums(total, sums, offset)
     labels, inertia, centred = [], X.new_zeros(1), new - offset
     for rows, weights in slices:
-        labels.append(assign(rows, centred))  # (1, n)
+        labels.append(assign(rows, centred, offset))  # (1, n)
         weights = None if weights is None else weights[..., None]
-        inertia += inertia_of(rows, centred, labels[-1], weights)
+        inertia += inertia_of(rows, new, labels[-1], weights)
     labels = labels[0] if len(labels) == 1 else torch.cat(labels, dim=1)
     return new, total[..., 0], labels, inertia
 

@@ -44,8 +44,10 @@ from .gaussian import PARAM_SHAPES, lookup, try_precision_cholesky
 from .kmeans import (
     assign,
     centers_from_sums,
-    cluster_totals,
+    first_minimum,
     inertia_of,
+    nearest_one_hot,
+    nearest_scores,
     relocate_empty,
     run_lloyd,
 )
@@ -57,7 +59,6 @@ __all__ = [
     "LloydStatistics",
     "MixtureStatistics",
     "RowsByStatistics",
-    "centred_lloyd_statistics",
     "farthest",
     "fit_em_from_statistics",
     "lloyd_from_statistics",
@@ -575,8 +576,10 @@ def lloyd_statistics(
 ) -> LloydStatistics:
     """Assign rows ``X`` (1, n, d) to the nearest of each run's ``centers`` (B, K, d).
 
-    As :func:`~transformer_gmm.engine.kmeans.lloyd`, the rows are centred on ``offset`` (1, 1, d),
-    the mean of all the data, before the distances are taken. The inertia, from
+    Distances are taken relative to ``offset`` (1, 1, d), the mean of all the data, as
+    :func:`~transformer_gmm.engine.kmeans.lloyd` centres its rows; here only the centres
+    are moved by it (:func:`~transformer_gmm.engine.kmeans.nearest_scores`), so the rows
+    are read once and never copied, and the sums are less ``offset`` each. The inertia, from
     differences as the in-memory one, is left at zero unless ``with_inertia``: the
     iterations do not need it. ``sample_weight`` (1, n), optional, weighs the rows in the
     counts, sums and inertia, as :func:`~transformer_gmm.engine.kmeans.lloyd` does.
@@ -592,29 +595,19 @@ def lloyd_statistics(
     >>> stats.counts.tolist(), stats.inertia.tolist()
     ([[2.0, 2.0]], [2.0])
     """
-    return centred_lloyd_statistics(
-        X - offset, centers - offset, with_inertia=with_inertia, sample_weight=sample_weight
-    )
-
-
-def centred_lloyd_statistics(
-    x: Tensor,
-    centers: Tensor,
-    *,
-    with_inertia: bool = False,
-    sample_weight: Tensor | None = None,
-) -> LloydStatistics:
-    """:func:`lloyd_statistics` of rows ``x`` (1, n, d) and ``centers`` (B, K, d) both
-    already less the offset, for callers that read the same centred rows more than once."""
-    labels = assign(x, centers)  # (B, n)
-    weights, weighted_x, counted = None, x, x.new_ones(1, x.shape[1], 1)
-    if sample_weight is not None:
-        weights = counted = sample_weight[..., None].to(x.dtype)  # (1, n, 1)
-        weighted_x = x * weights
-    counts, sums = cluster_totals(labels, centers.shape[1], weighted_x, counted)
-    inertia = x.new_zeros(labels.shape[:1])
+    n_runs = centers.shape[0]
+    scores = nearest_scores(X, centers - offset, offset)  # (B, K, n); X is read, not copied
+    one_hot = nearest_one_hot(scores)  # (B, K, n)
+    weights, weighted_x = None, X
+    if sample_weight is None:
+        counts = one_hot.sum(-1, keepdim=True)  # (B, K, 1)
+    else:
+        weights = sample_weight[..., None].to(X.dtype)  # (1, n, 1)
+        counts, weighted_x = one_hot @ weights, X * weights
+    sums = one_hot @ weighted_x - counts * offset  # (B, K, d)
+    inertia = X.new_zeros(n_runs)
     if with_inertia:
-        inertia = inertia_of(x, centers, labels, weights)
+        inertia = inertia_of(X, centers, first_minimum(scores), weights)
     return LloydStatistics(counts[..., 0], sums, inertia)
 
 
