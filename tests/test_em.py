@@ -550,7 +550,8 @@ def test_nearest_one_hot_marks_the_first_nearest_centre():
     X = torch.from_numpy(rng.normal(size=(1, 300, 3)))
     centers = torch.from_numpy(rng.normal(size=(2, 4, 3)))
     centers[1, 2] = centers[1, 0]  # run 1: clusters 0 and 2 coincide
-    for scores in (kmeans.nearest_scores(X, centers), torch.tensor([[[1.0, 0.0], [np.nan, 2.0]]])):
+    with_nan = torch.tensor([[[1.0, 0.0], [np.nan, 2.0]]])
+    for scores in (kmeans.nearest_scores(X, centers), with_nan):
         labels = scores.min(1).indices
         expected = torch.nn.functional.one_hot(labels, scores.shape[1]).mT.to(scores.dtype)
         assert torch.equal(kmeans.nearest_one_hot(scores), expected)
@@ -564,7 +565,8 @@ def test_nearest_scores_read_offset_rows_without_centring_them(dtype):
     rng = np.random.default_rng(5)
     spread = rng.normal(size=(1, 2000, 4)) + 6.0 * rng.integers(0, 3, size=(1, 2000, 1))
     offset = np.full((1, 1, 4), 1e4 if dtype == torch.float32 else 1e9)
-    centers = torch.from_numpy(6.0 * np.arange(3.0)[None, :, None] + 0.3 * rng.normal(size=(1, 3, 4)))
+    centers = 6.0 * np.arange(3.0)[None, :, None] + 0.3 * rng.normal(size=(1, 3, 4))
+    centers = torch.from_numpy(centers)
     X, o = torch.from_numpy(spread + offset).to(dtype), torch.from_numpy(offset).to(dtype)
     centred = kmeans.assign(torch.from_numpy(spread), centers)
     assert torch.equal(kmeans.assign(X, centers.to(dtype), o), centred)

@@ -22,7 +22,7 @@ import torch
 __all__ = [
     "DeviceMemoryError",
     "dtype_for",
-    "explain_out_of_memory",
+    "entry_point",
     "seeded_generator",
     "pad",
     "resolve_device",
@@ -44,13 +44,21 @@ class DeviceMemoryError(MemoryError):
     """
 
 
-def explain_out_of_memory(function: _Function) -> _Function:
-    """Re-raise a device out-of-memory error as a DeviceMemoryError that says what to do."""
+def entry_point(function: _Function) -> _Function:
+    """An engine function that the estimators call, numpy in and numpy out: it runs in
+    ``torch.inference_mode`` (no autograd bookkeeping on any operation: a small fit is
+    thousands of small operations, whose dispatch is much of its time on CPU), and a device
+    out-of-memory error is re-raised as a DeviceMemoryError that says what to do.
+
+    Nothing it makes may leave it as a tensor: an inference-mode tensor refuses autograd
+    and in-place updates outside inference mode.
+    """
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
-            return function(*args, **kwargs)
+            with torch.inference_mode():
+                return function(*args, **kwargs)
         except RuntimeError as error:  # torch.cuda.OutOfMemoryError is a RuntimeError
             if not isinstance(error, torch.cuda.OutOfMemoryError) and (
                 "out of memory" not in str(error)

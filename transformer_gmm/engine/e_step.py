@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .batching import check_batch, compact, zero_padding
-from .device import explain_out_of_memory, tensor, to_numpy
+from .device import entry_point, tensor, to_numpy
 from .gaussian import PARAM_SHAPES, estimate_log_gaussian_prob, lookup, needs_grad
 from .m_step import MixtureParams
 
@@ -185,7 +185,7 @@ def e_step(
     return e_step_unchecked(X, params, covariance_type, mask, compact(sample_weight))
 
 
-@explain_out_of_memory
+@entry_point
 def weighted_log_prob_of_fitted(
     X: np.ndarray,
     weights: np.ndarray,

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import blocks, e_step, em, kmeans, m_step, row_order, runs, screening, starts
-from .device import dtype_for, explain_out_of_memory, pad, seeded_generator, tensor, to_numpy
+from .device import dtype_for, entry_point, pad, seeded_generator, tensor, to_numpy
 from .gaussian import ONE_MATRIX_AT_A_TIME, IllDefinedCovariance, all_components_at_once
 from .input_range import check_magnitude, check_range
 from .plan import FitPlan, KMeansPlan, MixturePlan
@@ -79,7 +79,7 @@ def hash_on_device(device: str) -> bool:
     return device.startswith("cuda")
 
 
-@explain_out_of_memory
+@entry_point
 def fit(
     plan: FitPlan,
     Xs: list[np.ndarray] | np.ndarray,

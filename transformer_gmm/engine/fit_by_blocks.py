@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from . import blocks, fit, gaussian, m_step, row_order, runs, starts
-from .device import explain_out_of_memory, seeded_generator, tensor, to_numpy
+from .device import entry_point, seeded_generator, tensor, to_numpy
 from .plan import KMeansPlan, MixturePlan
 
 
@@ -29,7 +29,7 @@ def _on_cpu(weights, means, covariances, covariance_type: str) -> m_step.Mixture
     return m_step.MixtureParams(weights, means, covariances, precisions_cholesky)
 
 
-@explain_out_of_memory
+@entry_point
 def fit_mixtures_by_blocks(
     reduce_blocks: blocks.BlockReducer,
     sample: np.ndarray,
@@ -75,7 +75,7 @@ def fit_mixtures_by_blocks(
     )
 
 
-@explain_out_of_memory
+@entry_point
 def fit_kmeans_by_blocks(
     reduce_blocks: blocks.BlockReducer,
     sample: np.ndarray,

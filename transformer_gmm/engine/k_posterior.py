@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from . import model_cache, row_order
-from .device import dtype_for, explain_out_of_memory, pad, seeded_generator, to_numpy
+from .device import dtype_for, entry_point, pad, seeded_generator, to_numpy
 from .input_range import check_magnitude
 from .readout import KUnknownPass, read_views
 from .standardize import weighted_rows
@@ -53,7 +53,7 @@ def k_posteriors(
     return read_k_unknown(backbone, Xs, sample_weight, seed=seed, device=device, n_views=n_views)[0]
 
 
-@explain_out_of_memory
+@entry_point
 def read_k_unknown(
     backbone: MixtureTransformer,
     Xs: list[np.ndarray],

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .device import explain_out_of_memory, shared_tensor, tensor, to_numpy
+from .device import entry_point, shared_tensor, tensor, to_numpy
 from .em import as_tuple, empty_threshold, reseed_means, reseed_weights_and_covariances
 from .gaussian import IllDefinedCovariance
 from .kmeans import assign, centers_from_sums, inertia_of, relocate_empty
@@ -313,7 +313,7 @@ def _on_device(array: np.ndarray | None, device: str) -> Tensor | None:
     return None if array is None else tensor(array, device)[None]
 
 
-@explain_out_of_memory
+@entry_point
 def mixture_step(
     X: np.ndarray,
     sample_weight: np.ndarray | None,
@@ -340,7 +340,7 @@ def mixture_step(
     return tuple(fitted), result.log_likelihood
 
 
-@explain_out_of_memory
+@entry_point
 def kmeans_step(
     X: np.ndarray,
     sample_weight: np.ndarray | None,
