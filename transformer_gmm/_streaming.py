@@ -42,8 +42,8 @@ def validate_batch(estimator, X, sample_weight, accept_sparse=False):
             estimator, X, accept_sparse=accept_sparse, dtype=[np.float64, np.float32],
             reset=False,
         )
-    if sparse.issparse(X):
-        X = densified(X)
+        if sparse.issparse(X):
+            X = densified(X)
     if sample_weight is not None:
         sample_weight = checked_sample_weight(sample_weight, X.shape[0], 1)
     return X, sample_weight
