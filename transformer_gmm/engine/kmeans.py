@@ -5,9 +5,10 @@ The seeding and the Lloyd iterations follow scikit-learn's ``sklearn/cluster/_km
 datasets. ``X`` is (B, N, d), or (1, N, d) shared by all B runs; an optional bool
 ``mask`` (B or 1, N) marks real points, so datasets of different sizes can be padded
 into one batch (:mod:`transformer_gmm.engine.batching`). Padded points take no part in
-anything. :func:`assign`, :func:`inertia_of` and the rules of :func:`relocate_empty` and
-:func:`centers_from_sums` are what Lloyd over blocks of rows
-(:mod:`transformer_gmm.engine.sufficient_stats`) shares.
+anything. :func:`assign`, :func:`nearest_scores`, :func:`nearest_one_hot`,
+:func:`inertia_of` and the rules of :func:`relocate_empty` and :func:`centers_from_sums`
+are what Lloyd over blocks of rows (:mod:`transformer_gmm.engine.sufficient_stats`) and
+the stream's steps share.
 """
 
 from __future__ import annotations
@@ -282,7 +283,7 @@ def inertia_of(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor | Non
     """Sum of squared distances of real points to their centre, (B,), from differences
     rather than the expanded form (which loses digits), in row chunks so that no
     (B, N, d) temporary is ever made. ``weights`` (B|1, N, 1) weigh the points; None
-    counts each once (one reduction fewer, for the stream's step)."""
+    counts each once (each run's differences then summed by one dot product)."""
     n_batch, n_points, n_features = labels.shape[0], X.shape[1], X.shape[2]
     n_clusters = centers.shape[1]
     inertia = X.new_zeros(n_batch)
