@@ -210,12 +210,10 @@ def nearest_scores(X: Tensor, centers: Tensor, offset: Tensor | None = None) -> 
     ``x.c'`` then lose digits to the offset only linearly (about eps ``|o| |c'|``), not as
     with uncentred centres (eps ``|o|^2``).
     """
-    norms = centers.square().sum(-1, keepdim=True)  # (B, K, 1)
-    if offset is not None:
-        norms = norms + 2.0 * (centers @ offset.mT)
-    return torch.baddbmm(
-        norms, centers, X.mT.expand(centers.shape[0], -1, -1), alpha=-2.0
-    )  # (B, K, N)
+    # Few operations: on a stream's batches each costs about as much as the product.
+    norms = (centers * (centers if offset is None else centers + 2.0 * offset)).sum(-1, True)
+    rows = X.mT if X.shape[0] == centers.shape[0] else X.mT.expand(centers.shape[0], -1, -1)
+    return torch.baddbmm(norms, centers, rows, alpha=-2.0)  # (B, K, N)
 
 
 def assign(X: Tensor, centers: Tensor, offset: Tensor | None = None) -> Tensor:
@@ -285,23 +283,22 @@ def inertia_of(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor | Non
     (B, N, d) temporary is ever made. ``weights`` (B|1, N, 1) weigh the points; None
     counts each once (each run's differences then summed by one dot product)."""
     n_batch, n_points, n_features = labels.shape[0], X.shape[1], X.shape[2]
-    n_clusters = centers.shape[1]
-    inertia = X.new_zeros(n_batch)
     # Each run's labels index its own centres in the (B * K, d) stack: one index_select,
-    # several times faster than a gather along K of the same rows.
-    first = torch.arange(n_batch, device=labels.device)[:, None] * n_clusters  # (B, 1)
+    # several times faster than a gather along K of the same rows (one run: its labels).
     stacked = centers.reshape(-1, n_features)  # (B * K, d)
+    if n_batch > 1:
+        labels = labels + torch.arange(n_batch, device=labels.device)[:, None] * centers.shape[1]
+    parts = []
     for start in range(0, n_points, _INERTIA_CHUNK_ROWS):
         rows = slice(start, start + _INERTIA_CHUNK_ROWS)
-        index = (labels[:, rows] + first).reshape(-1)  # (B * n,)
-        nearest = stacked.index_select(0, index).view(n_batch, -1, n_features)  # (B, n, d)
-        difference = X[:, rows] - nearest  # (B, n, d)
-        if weights is None:  # each run's dot of its differences: one fused BLAS pass
-            flat = difference.reshape(n_batch, 1, -1)
-            inertia += (flat @ flat.mT)[:, 0, 0]
+        nearest = stacked.index_select(0, labels[:, rows].reshape(-1))  # (B * n, d)
+        difference = X[:, rows] - nearest.view(n_batch, -1, n_features)  # (B, n, d)
+        if weights is None:  # each run's differences by one dot product: a fused pass
+            flat = difference.reshape(n_batch, -1)
+            parts.append(torch.stack([torch.vdot(run, run) for run in flat]))
         else:
-            inertia += (difference.square_().sum(-1) * weights[:, rows, 0]).sum(-1)
-    return inertia
+            parts.append((difference.square_().sum(-1) * weights[:, rows, 0]).sum(-1))
+    return parts[0] if len(parts) == 1 else torch.stack(parts).sum(0)
 
 
 def relocate_empty(

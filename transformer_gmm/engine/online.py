@@ -269,7 +269,7 @@ def minibatch_kmeans_step(
     # as it is, never copied.
     taken = counts.sum()
     if bool(taken > 0):
-        offset = (counts[..., None] * centers).sum(1, keepdim=True) / taken  # (1, 1, d)
+        offset = counts[:, None, :] @ centers / taken  # (1, 1, d)
     else:  # nothing taken yet: the batch's own mean
         offset = X.mean(1, keepdim=True)
     slices = list(_slices(X, sample_weight, _LLOYD_SLICE_ROWS))
@@ -279,7 +279,8 @@ def minibatch_kmeans_step(
         batch = part if batch is None else batch + part
     total = (counts + batch.counts)[..., None]  # (1, K, 1)
     sums = counts[..., None] * (centers - offset) + batch.sums  # every row taken, less offset
-    if bool((total == 0).any()):
+    empty = bool((total == 0).any())
+    if empty:
         candidates = X if sample_weight is None else X[:, sample_weight[0] > 0]
         n_far = min(centers.shape[1], candidates.shape[1])
         far = farthest(candidates, centers, offset, n_far)  # (1, M, d + 2)
@@ -289,14 +290,16 @@ def minibatch_kmeans_step(
         total, sums = relocate_empty(
             total, sums, far[..., 0], far[..., 1:-1], far[..., -1].long(), far_weights
         )
-    new = centers_from_sums(total, sums, offset)
-    labels, inertia, centred = [], X.new_zeros(1), new - offset
+    # (centers_from_sums's rule for a centre still empty, only where one may be)
+    new = centers_from_sums(total, sums, offset) if empty else sums / total + offset
+    labels, inertia, centred = [], [], new - offset
     for rows, weights in slices:
         labels.append(assign(rows, centred, offset))  # (1, n)
         weights = None if weights is None else weights[..., None]
-        inertia += inertia_of(rows, new, labels[-1], weights)
-    labels = labels[0] if len(labels) == 1 else torch.cat(labels, dim=1)
-    return new, total[..., 0], labels, inertia
+        inertia.append(inertia_of(rows, new, labels[-1], weights))
+    if len(slices) == 1:
+        return new, total[..., 0], labels[0], inertia[0]
+    return new, total[..., 0], torch.cat(labels, dim=1), torch.stack(inertia).sum(0)
 
 
 def _weights_of(rows: Tensor, X: Tensor, sample_weight: Tensor) -> Tensor:
