@@ -396,7 +396,9 @@ class LloydRows:
             counts, sums = _relocate_empty(
                 X, weights, centered, labels, counts, sums, self.padded
             )
-        new_centers = centers_from_sums(counts, sums, offset)
+            new_centers = centers_from_sums(counts, sums, offset)
+        else:  # centers_from_sums without its rule for an empty cluster: fewer operations
+            new_centers = sums / counts + offset
         strict = ((labels == self.labels_old) | self.padded).all(-1)  # (A,)
         self.labels_old = torch.where(active[:, None], labels, self.labels_old)
         if self.traced:  # else the labels would outlive the step
