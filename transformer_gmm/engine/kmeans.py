@@ -357,10 +357,16 @@ def _relocate_empty(
     )
 
 
-def centers_from_sums(counts: Tensor, sums: Tensor, offset: Tensor) -> Tensor:
+def centers_from_sums(
+    counts: Tensor, sums: Tensor, offset: Tensor, *, may_be_empty: bool = True
+) -> Tensor:
     """Lloyd's new centres (A, K, d): each cluster's mean, from its (weighted) ``counts``
     (A, K, 1) and ``sums`` (A, K, d) of points less ``offset``; a cluster still empty sits
-    on the heaviest one, as in scikit-learn."""
+    on the heaviest one, as in scikit-learn. A caller that knows no count is zero says so
+    with ``may_be_empty=False``: one division, without the rule's operations (the same
+    bits)."""
+    if not may_be_empty:
+        return sums / counts + offset
     new_centers = sums / torch.where(counts > 0, counts, 1.0) + offset
     heaviest = counts.argmax(1, keepdim=True).expand(-1, -1, sums.shape[-1])  # (A, 1, d)
     return torch.where(counts > 0, new_centers, new_centers.gather(1, heaviest))
@@ -392,13 +398,12 @@ class LloydRows:
         # Padded rows of X are zero, so only the counts need the weights.
         weighted_X = X if self.weighted_X is None else self.weighted_X
         counts, sums = cluster_totals(labels, n_clusters, weighted_X, weights)
-        if bool((counts == 0).any()):
+        empty = bool((counts == 0).any())
+        if empty:
             counts, sums = _relocate_empty(
                 X, weights, centered, labels, counts, sums, self.padded
             )
-            new_centers = centers_from_sums(counts, sums, offset)
-        else:  # centers_from_sums without its rule for an empty cluster: fewer operations
-            new_centers = sums / counts + offset
+        new_centers = centers_from_sums(counts, sums, offset, may_be_empty=empty)
         strict = ((labels == self.labels_old) | self.padded).all(-1)  # (A,)
         self.labels_old = torch.where(active[:, None], labels, self.labels_old)
         if self.traced:  # else the labels would outlive the step

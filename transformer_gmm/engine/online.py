@@ -290,8 +290,7 @@ def minibatch_kmeans_step(
         total, sums = relocate_empty(
             total, sums, far[..., 0], far[..., 1:-1], far[..., -1].long(), far_weights
         )
-    # (centers_from_sums's rule for a centre still empty, only where one may be)
-    new = centers_from_sums(total, sums, offset) if empty else sums / total + offset
+    new = centers_from_sums(total, sums, offset, may_be_empty=empty)
     labels, inertia, centred = [], [], new - offset
     for rows, weights in slices:
         labels.append(assign(rows, centred, offset))  # (1, n)
