@@ -467,6 +467,11 @@ def print_targets(rows: list[dict], table: list[dict], baseline: bool, bfloat16:
     print("  The default against its engine with four k-means++ starts (paired on the same "
           "fits; likelier / less likely by more than 0.001 nats per point):")
     print_paired(rows, get, [(TGMM, ENGINE)])
+    methods = dict.fromkeys(r["method"] for r in rows)
+    n_inits = [m for m in methods if m.startswith(TGMM + " n_init=")]
+    if n_inits:
+        print("  The default against the same checkpoint with other numbers of starts (paired):")
+        print_paired(rows, get, [(TGMM, m) for m in n_inits])
     if baseline:
         print("  Checkpoint against the baseline (paired on the same fits):")
         print_paired(rows, get, [(m, m + BASELINE) for m in (TGMM, TGMM1, ALONE)])

@@ -1,5 +1,6 @@
 """n_init="auto" on costly EM: k-means++'s starts run only for the datasets whose
-transformer starts ended on different optima (engine.fit.STARTS_AGREE)."""
+transformer starts ended on different optima (engine.fit.STARTS_AGREE); on small data with
+full covariances, only where every transformer run collapsed (tests/test_collapsed.py)."""
 
 import numpy as np
 import pytest
@@ -70,5 +71,35 @@ def test_fit_many_runs_kmeans_only_where_needed(counted_starts, monkeypatch):
 
 def test_small_problems_are_not_gated(counted_starts, monkeypatch):
     monkeypatch.setattr(engine_fit, "GATED_FROM_VALUES", 10**9)
-    TransformerGMM(3, random_state=0).fit(_blobs(3))
+    TransformerGMM(3, covariance_type="diag", random_state=0).fit(_blobs(3))
     assert counted_starts == [(1, 2, 2)]
+
+
+def test_small_full_fits_run_the_transformer_starts_alone(counted_starts, monkeypatch):
+    monkeypatch.setattr(engine_fit, "GATED_FROM_VALUES", 10**9)
+    X = _blobs(4)
+    default = TransformerGMM(3, random_state=0).fit(X)
+    assert counted_starts == [(1, 2, 0)]
+    counted_starts.clear()
+    two = TransformerGMM(3, random_state=0, n_init=2).fit(X)  # the same two starts
+    assert counted_starts == [(1, 2, 0)]
+    for name in ("weights_", "means_", "covariances_", "lower_bounds_"):
+        np.testing.assert_array_equal(getattr(default, name), getattr(two, name))
+    counted_starts.clear()
+    TransformerGMM(3, random_state=0, n_init=4).fit(X)  # an int n_init runs them all
+    assert counted_starts == [(1, 2, 2)]
+
+
+def test_larger_full_fits_keep_the_kmeans_starts(counted_starts, monkeypatch):
+    """Where the starts compete on a subsample, k-means++'s run; fit_many decides by its
+    largest dataset, as one plan serves them all."""
+    monkeypatch.setattr(engine_fit, "GATED_FROM_VALUES", 10**9)
+    monkeypatch.setattr(engine_fit, "SELECTION_ROWS", 250)
+    TransformerGMM(3, random_state=0).fit(_blobs(5, n=300))
+    assert counted_starts == [(1, 2, 2)]
+    counted_starts.clear()
+    fit_many([_blobs(6, n=200), _blobs(7, n=300)], n_components=3, random_state=0)
+    assert counted_starts == [(2, 2, 2)]
+    counted_starts.clear()
+    fit_many([_blobs(6, n=200), _blobs(7, n=240)], n_components=3, random_state=0)
+    assert counted_starts == [(2, 2, 0)]

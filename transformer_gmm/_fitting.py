@@ -151,6 +151,21 @@ def transformer_starts(params: dict, n_components: int, fallback: str, k_unknown
     )
 
 
+def kmeans_only_where_starts_collapse(params: dict, n_samples: int, n_features: int) -> bool:
+    """Whether a mixture fit's k-means++ starts run only where every transformer start's
+    EM ends with a collapsed component: full covariances, on data whose starts compete on
+    every row (at most ``SELECTION_ROWS`` rows) and where EM is cheap (fewer than
+    ``GATED_FROM_VALUES`` values). There the transformer's starts were the likelier, and
+    the k-means++ starts cost a quarter of the fit (docs/benchmarks.md, "The transformer's
+    starts alone on small full fits"). Larger data keep them: where the starts compete on
+    a subsample, k-means++'s win often enough."""
+    return (
+        params["covariance_type"] == "full"
+        and n_samples <= fit.SELECTION_ROWS
+        and n_samples * n_features < fit.GATED_FROM_VALUES
+    )
+
+
 def gated_kmeans(params: dict, starts: dict) -> bool:
     """Whether a mixture fit runs its k-means++ starts only where the transformer's
     disagree: with ``n_init="auto"``, two or more transformer starts and k-means++ ones.
@@ -182,16 +197,17 @@ def _plan(
 
 def mixture_plan(
     params: dict, X, sample_weight, random_state, warm_start: GivenStarts | None = None,
-    k_unknown_pass=None, gaps: np.ndarray | None = None,
+    k_unknown_pass=None, gaps: np.ndarray | None = None, n_samples: int | None = None,
 ) -> MixturePlan:
     """The mixture fit of ``X``, decided once: EM settings and starts (the backbone or None,
     the numbers of the transformer's and of k-means's starts, the other starts and the given
     parameters or None, the name of each run's start). ``warm_start``: the fitted
     parameters a warm start goes on from (the estimator's own); ``k_unknown_pass`` the pass that
     read P(K | X) (see :func:`transformer_starts`); ``gaps`` (n, d) where ``X``'s missing
-    entries were filled, read by a backbone that reads them. The random starts are drawn
-    from ``random_state`` first, as scikit-learn does, then the seed of the fit's
-    generator."""
+    entries were filled, read by a backbone that reads them; ``n_samples`` the rows of the
+    largest dataset the plan fits, where that is not ``X`` (``fit_many``). The random
+    starts are drawn from ``random_state`` first, as scikit-learn does, then the seed of
+    the fit's generator."""
     params = resolved_params(params)
     device = resolve_device(params["device"])
     K = params["n_components"]
@@ -208,9 +224,13 @@ def mixture_plan(
     elif init_params == "transformer":
         starts = transformer_starts(params, K, MIXTURE_FALLBACK, k_unknown_pass)
         backbone = starts["backbone"]
+        gated = gated_kmeans(params, starts) and not given
+        n_rows = X.shape[0] if n_samples is None else n_samples
         fields = dict(
             em, **starts, given=GivenStarts(**given) if given else None,
-            kmeans_if_starts_disagree=gated_kmeans(params, starts) and not given,
+            kmeans_if_starts_disagree=gated,
+            kmeans_if_starts_collapse=gated
+            and kmeans_only_where_starts_collapse(params, n_rows, X.shape[1]),
             gaps=gaps if backbone is not None and backbone.config.reads_gaps else None,
         )
     elif init_params == "kmeans":

@@ -41,6 +41,10 @@ def report(
         if max_iter == 0:
             continue
         bounds = bounds[~np.isnan(bounds)]
+        if not len(bounds) and run != best_run:
+            print('  Not run: n_init="auto" leaves out k-means++ starts the transformer\'s '
+                  "make needless (see n_init).")
+            continue
         changes = _changes(bounds, initial_lower_bound)
         previous_time = 0.0
         for n_iter, change in enumerate(changes, start=1):

@@ -180,8 +180,11 @@ random_state
             f"fit_many needs datasets with the same number of features; got {widths}. "
             "Group the datasets by width and call fit_many once per group."
         )
-    # The plan reads the template's parameters; nothing in it depends on the dataset.
-    plan = _fitting.mixture_plan(params, Xs[0], None, check_random_state(random_state))
+    # The plan reads the template's parameters and the largest dataset's size alone.
+    n_samples = max(X.shape[0] for X in Xs)
+    plan = _fitting.mixture_plan(
+        params, Xs[0], None, check_random_state(random_state), n_samples=n_samples
+    )
     fits = fit.fit(plan, Xs)
     n_failed = int(np.count_nonzero(~fits.converged))
     if n_failed and max_iter > 0:
