@@ -468,7 +468,8 @@ def print_targets(rows: list[dict], table: list[dict], baseline: bool, bfloat16:
           "fits; likelier / less likely by more than 0.001 nats per point):")
     print_paired(rows, get, [(TGMM, ENGINE)])
     methods = dict.fromkeys(r["method"] for r in rows)
-    n_inits = [m for m in methods if m.startswith(TGMM + " n_init=")]
+    n_inits = [m for m in methods if m.startswith(TGMM + " n_init=") and m[-1].isdigit()
+               and " max_iter=" not in m]
     if n_inits:
         print("  The default against the same checkpoint with other numbers of starts (paired):")
         print_paired(rows, get, [(TGMM, m) for m in n_inits])
@@ -496,8 +497,8 @@ def print_paired(rows: list[dict], get, pairs: list[tuple[str, str]]) -> None:
                           f"{np.sum(ll_diffs > AS_LIKELY)} / {np.sum(ll_diffs < -AS_LIKELY)}), "
                           f"at best {get(cov, method, 'at_best'):.0%} vs "
                           f"{get(cov, other, 'at_best'):.0%}; " if len(ll_diffs) else "")
-            print(f"    [{cov}] {method}: {likelihood}ARI {ari:+.3f}+-{ari_se:.3f}; median "
-                  f"time ratio {ms:.2f}")
+            print(f"    [{cov}] {method} vs {other}: {likelihood}ARI {ari:+.3f}+-{ari_se:.3f}; "
+                  f"median time ratio {ms:.2f}")
 
 
 def print_spread(by_dataset: list[dict]) -> None:

@@ -1,6 +1,6 @@
 """n_init="auto" on costly EM: k-means++'s starts run only for the datasets whose
 transformer starts ended on different optima (engine.fit.STARTS_AGREE); on small data with
-full covariances, only where every transformer run collapsed (tests/test_collapsed.py)."""
+full covariances, they do not run at all."""
 
 import numpy as np
 import pytest

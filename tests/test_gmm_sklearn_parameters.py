@@ -230,17 +230,28 @@ def test_verbose_prints_as_scikit_learn(blobs, capsys):
     assert lines[1] == "  Iteration 1"
     assert lines[-1] in ("Initialization converged.", "Initialization did not converge.")
 
-    TransformerGMM(3, verbose=2, verbose_interval=2, random_state=0).fit(blobs)
+    TransformerGMM(3, n_init=4, verbose=2, verbose_interval=2, random_state=0).fit(blobs)
     out = capsys.readouterr().out
     assert out.startswith("4 initializations run as one batch")
     assert [f"Initialization {i}" in out for i in range(4)] == [True] * 4
-    # Two clean transformer runs on a small full fit: the k-means++ starts are left out.
-    assert out.count('  Not run: n_init="auto" leaves out k-means++ starts') == 2
     assert re.search(r"  Iteration 2\t time lapse \d+\.\d{5}s\t ll change -?\d+\.\d{5}", out)
     assert re.search(r"Initialization converged. time lapse \d+\.\d{5}s\t lower bound -", out)
 
     TransformerGMM(3, random_state=0).fit(blobs)  # verbose=0 prints nothing
     assert capsys.readouterr().out == ""
+
+
+def test_verbose_names_the_starts_a_gate_left_out(blobs, capsys, monkeypatch):
+    """Where EM is costly and the transformer's runs agree, "auto" runs no k-means++ start:
+    the report says so of those runs."""
+    from transformer_gmm.engine import fit as engine_fit
+
+    monkeypatch.setattr(engine_fit, "GATED_FROM_VALUES", 1)  # every fit is costly
+    gmm = TransformerGMM(3, covariance_type="diag", verbose=2, random_state=0).fit(blobs)
+    out = capsys.readouterr().out
+    assert out.startswith("4 initializations run as one batch")
+    assert out.count('  Not run: n_init="auto" leaves out k-means++ starts') == 2
+    assert gmm.init_method_ == "transformer"
 
 
 # --- sample_weight ---------------------------------------------------------------------------

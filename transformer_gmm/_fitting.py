@@ -90,17 +90,19 @@ def resolved_params(params: dict, first_batch: bool = False) -> dict:
     return {**params, "n_views": STREAM_VIEWS if first_batch else 1}
 
 
-def n_starts(params: dict, uses_transformer: bool) -> tuple[int, int]:
+def n_starts(params: dict, uses_transformer: bool, with_kmeans: bool = True) -> tuple[int, int]:
     """How many starts to run: (from the transformer, from k-means++). "auto" runs the
     transformer's ``2 * n_views`` and two k-means++ starts (they fail on different datasets;
-    docs/benchmarks.md), one k-means++ start without a transformer, none with ``max_iter=0``.
+    docs/benchmarks.md), one k-means++ start without a transformer; none with ``max_iter=0``
+    or without ``with_kmeans`` (see :func:`transformer_starts_suffice`).
     """
     n_init = params["n_init"]
     if not uses_transformer:
         return 0, 1 if n_init == "auto" else n_init
     from_transformer = 2 * params["n_views"]
     if n_init == "auto":
-        return (from_transformer, 0) if params["max_iter"] == 0 else (from_transformer, 2)
+        alone = params["max_iter"] == 0 or not with_kmeans
+        return (from_transformer, 0) if alone else (from_transformer, 2)
     n_transformer = min(n_init, from_transformer)
     return n_transformer, n_init - n_transformer
 
@@ -135,13 +137,16 @@ def backbone_or_fallback(checkpoint, n_components: int, fallback: str) -> Mixtur
     return backbone
 
 
-def transformer_starts(params: dict, n_components: int, fallback: str, k_unknown_pass=None) -> dict:
+def transformer_starts(
+    params: dict, n_components: int, fallback: str, k_unknown_pass=None, with_kmeans=True
+) -> dict:
     """The plan's starts when the transformer starts the fit: its backbone (None when
-    it falls back), the numbers of the transformer's and of k-means++'s starts, the
-    name of each run's start, and ``k_unknown_pass``, the pass under the "K unknown" embedding
-    that read P(K | X) (its starts read that pass; None: a pass of their own)."""
+    it falls back), the numbers of the transformer's and of k-means++'s starts (none of
+    the latter under ``n_init="auto"`` without ``with_kmeans``), the name of each run's
+    start, and ``k_unknown_pass``, the pass under the "K unknown" embedding that read
+    P(K | X) (its starts read that pass; None: a pass of their own)."""
     backbone = backbone_or_fallback(params["checkpoint"], n_components, fallback)
-    n_transformer, n_kmeans = n_starts(params, backbone is not None)
+    n_transformer, n_kmeans = n_starts(params, backbone is not None, with_kmeans)
     return dict(
         backbone=backbone,
         n_transformer_inits=n_transformer,
@@ -151,14 +156,14 @@ def transformer_starts(params: dict, n_components: int, fallback: str, k_unknown
     )
 
 
-def kmeans_only_where_starts_collapse(params: dict, n_samples: int, n_features: int) -> bool:
-    """Whether a mixture fit's k-means++ starts run only where every transformer start's
-    EM ends with a collapsed component: full covariances, on data whose starts compete on
-    every row (at most ``SELECTION_ROWS`` rows) and where EM is cheap (fewer than
-    ``GATED_FROM_VALUES`` values). There the transformer's starts were the likelier, and
-    the k-means++ starts cost a quarter of the fit (docs/benchmarks.md, "The transformer's
-    starts alone on small full fits"). Larger data keep them: where the starts compete on
-    a subsample, k-means++'s win often enough."""
+def transformer_starts_suffice(params: dict, n_samples: int, n_features: int) -> bool:
+    """Whether ``n_init="auto"`` leaves out a mixture fit's k-means++ starts: full
+    covariances, on data whose starts compete on every row (at most ``SELECTION_ROWS``
+    rows) and where EM is cheap (fewer than ``GATED_FROM_VALUES`` values). There the
+    transformer's starts were the likelier, and the k-means++ starts cost a quarter of
+    the fit (docs/benchmarks.md, "The transformer's starts alone on small full fits").
+    Larger data keep them: where the starts compete on a subsample, k-means++'s win
+    often enough."""
     return (
         params["covariance_type"] == "full"
         and n_samples <= fit.SELECTION_ROWS
@@ -222,15 +227,13 @@ def mixture_plan(
     if len(given) == 3:  # nothing left to initialise
         fields = dict(em, given=GivenStarts(**given), start_names=("user",))
     elif init_params == "transformer":
-        starts = transformer_starts(params, K, MIXTURE_FALLBACK, k_unknown_pass)
-        backbone = starts["backbone"]
-        gated = gated_kmeans(params, starts) and not given
         n_rows = X.shape[0] if n_samples is None else n_samples
+        with_kmeans = not transformer_starts_suffice(params, n_rows, X.shape[1])
+        starts = transformer_starts(params, K, MIXTURE_FALLBACK, k_unknown_pass, with_kmeans)
+        backbone = starts["backbone"]
         fields = dict(
             em, **starts, given=GivenStarts(**given) if given else None,
-            kmeans_if_starts_disagree=gated,
-            kmeans_if_starts_collapse=gated
-            and kmeans_only_where_starts_collapse(params, n_rows, X.shape[1]),
+            kmeans_if_starts_disagree=gated_kmeans(params, starts) and not given,
             gaps=gaps if backbone is not None and backbone.config.reads_gaps else None,
         )
     elif init_params == "kmeans":

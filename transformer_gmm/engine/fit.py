@@ -284,28 +284,20 @@ class _Mixtures:
         return self.plan.max_iter > 0 and x.shape[-1] >= ONE_MATRIX_AT_A_TIME
 
     def run_starts(self, x, mask, weights, generator, index) -> em.EMResult:
-        """EM from every start (:meth:`solve` of :meth:`starts`), or, where the plan says so
-        and the runs fit in memory at once, from the k-means++ starts only of the datasets
-        whose transformer starts all collapsed (``kmeans_if_starts_collapse``) or, where EM
-        is costly (``GATED_FROM_VALUES``), disagree (:meth:`_run_gated`)."""
+        """EM from every start (:meth:`solve` of :meth:`starts`), or, where the plan says so,
+        EM is costly (``GATED_FROM_VALUES``) and the runs fit in memory at once, from the
+        k-means++ starts only of the datasets whose transformer starts disagree
+        (:meth:`_run_gated`)."""
         plan = self.plan
         if _screens(plan, x):
             return self._run_screened(x, mask, weights, generator, index)
-        if runs_per_chunk(x, plan) >= plan.n_runs:
-            if plan.kmeans_if_starts_collapse:
-                return self._run_gated(x, mask, weights, generator, index, self._all_collapsed)
-            if plan.kmeans_if_starts_disagree and x.shape[1] * x.shape[2] >= GATED_FROM_VALUES:
-                return self._run_gated(x, mask, weights, generator, index, _disagree)
+        if (
+            plan.kmeans_if_starts_disagree
+            and x.shape[1] * x.shape[2] >= GATED_FROM_VALUES
+            and runs_per_chunk(x, plan) >= plan.n_runs
+        ):
+            return self._run_gated(x, mask, weights, generator, index)
         return self.solve(x, mask, weights, self.starts(x, mask, weights, generator, index))
-
-    def _all_collapsed(self, first: em.EMResult, x, mask, weights) -> torch.Tensor:
-        """Whether every run of each dataset in ``first`` has a collapsed component (B,)."""
-        plan = self.plan
-        collapsed = runs.collapsed_runs(
-            first.params, x.shape[0], plan.covariance_type, _rows_of(x, mask, weights),
-            plan.reg_covar,
-        )
-        return collapsed.all(dim=1)
 
     def _run_screened(self, x, mask, weights, generator, index) -> em.EMResult:
         """Every start made and run to convergence in the data's leading principal
@@ -398,15 +390,14 @@ class _Mixtures:
             results.append(self._em(x, mask, weights, params_in_chunk, n_in_chunk, **extra))
         return _joined(results, n_datasets)
 
-    def _run_gated(self, x, mask, weights, generator, index, needs_kmeans) -> em.EMResult:
+    def _run_gated(self, x, mask, weights, generator, index) -> em.EMResult:
         """EM from the transformer's starts of every dataset; then k-means++'s starts are
-        built, and EM run from them, only for the datasets where ``needs_kmeans(first, x,
-        mask, weights)`` (B,) says so of the transformer's runs ``first``. Elsewhere their
-        optimum is taken as found: the k-means++ runs stay at a lower bound of -inf (never
-        chosen), holding the best transformer run's parameters. The starts are drawn in the
-        ungated order (the transformer's, then k-means++'s), and each run's iterations are
-        its own whatever the batch, so a single dataset that runs every start gets the
-        ungated fit."""
+        built, and EM run from them, only for the datasets whose transformer runs ended
+        more than ``STARTS_AGREE`` apart. Where they agree, their optimum is taken as
+        found: the k-means++ runs stay at a lower bound of -inf (never chosen), holding the
+        best transformer run's parameters. The starts are drawn in the ungated order (the
+        transformer's, then k-means++'s), and each run's iterations are its own whatever
+        the batch, so a single dataset that runs every start gets the ungated fit."""
         plan, n_datasets = self.plan, x.shape[0]
         n_runs, n_transformer = plan.n_runs, plan.n_transformer_inits
         transformer_plan = dataclasses.replace(plan, n_kmeans_inits=0)
@@ -416,7 +407,8 @@ class _Mixtures:
         )
         first = _Mixtures(transformer_plan, None).solve(x, mask, weights, params)
         bounds = first.lower_bound.view(n_datasets, n_transformer)
-        datasets = needs_kmeans(first, x, mask, weights).nonzero().flatten()
+        spread = bounds.max(1).values - bounds.min(1).values  # NaN where a run broke down
+        datasets = (~(spread <= STARTS_AGREE)).nonzero().flatten()
         every = torch.arange(n_datasets, device=x.device)
         kmeans_runs = range(n_transformer, n_runs)
         second = None
@@ -466,7 +458,9 @@ class _Mixtures:
         )
 
     def choose(self, result: em.EMResult, x, mask, weights) -> torch.Tensor:
-        n_rows = _rows_of(x, mask, weights)  # rows each bound is over
+        n_rows = x.shape[1] if mask is None else mask.sum(dim=1)  # rows each bound is over
+        if weights is not None:  # frequency weights: the bound is over their sum
+            n_rows = weights.sum(dim=1)
         if self.screened_winner is not None:
             return self.screened_winner
         plan, n_datasets = self.plan, x.shape[0]
@@ -536,21 +530,6 @@ STARTS_AGREE = 1e-3
 # EM from two more starts in the same batch costs less than a second batch would (small
 # real datasets: the gated default was no faster), and the fit stays as it was.
 GATED_FROM_VALUES = 1 << 17
-
-
-def _disagree(first: em.EMResult, x, mask, weights) -> torch.Tensor:
-    """Whether the runs of each dataset in ``first`` ended more than ``STARTS_AGREE`` apart,
-    or one broke down (B,)."""
-    bounds = first.lower_bound.view(x.shape[0], -1)
-    spread = bounds.max(1).values - bounds.min(1).values  # NaN where a run broke down
-    return ~(spread <= STARTS_AGREE)
-
-
-def _rows_of(x, mask, weights):
-    """The rows (int) or total weight (B,) of each dataset, over which its bound is."""
-    if weights is not None:  # frequency weights: the bound is over their sum
-        return weights.sum(dim=1)
-    return x.shape[1] if mask is None else mask.sum(dim=1)
 
 
 def _places(datasets: torch.Tensor, run_range, n_runs: int) -> torch.Tensor:

@@ -90,16 +90,14 @@ class MixturePlan(FitPlan):
     ``given``, what the estimator fixed about the starts (its own starts, ``*_init``
     parameters or a warm start), and ``kmeans_if_starts_disagree``: run the k-means++
     starts of a dataset only where EM from the transformer's starts ended on different
-    optima (``n_init="auto"``; see :func:`transformer_gmm.engine.fit.fit`), or, with
-    ``kmeans_if_starts_collapse``, only where each of them ended with a collapsed
-    component (small full fits); and ``gaps``, for one dataset whose missing entries were
-    filled, where they were (n, d), for a backbone that reads them."""
+    optima (``n_init="auto"``; see :func:`transformer_gmm.engine.fit.fit`); and ``gaps``,
+    for one dataset whose missing entries were filled, where they were (n, d), for a
+    backbone that reads them."""
 
     covariance_type: str
     reg_covar: float = 0.0
     given: GivenStarts | None = None
     kmeans_if_starts_disagree: bool = False
-    kmeans_if_starts_collapse: bool = False
     gaps: np.ndarray | None = None  # (n, d) True where the one dataset's entry was filled
 
     @property
