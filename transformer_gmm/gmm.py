@@ -86,10 +86,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         The number of initialisations, run as one batch. With the transformer, the
         first ``2 * n_views`` are its starts and the rest k-means++ starts; ``"auto"``
         runs all of the transformer's and two k-means++ (the transformer's alone with
-        ``max_iter=0``, one k-means++ without a transformer; where EM is costly, the
-        k-means++ starts only if the transformer's end on different optima, and with full
-        covariances on data of at most 8,192 rows and 131,072 values, only if each of
-        the transformer's ends with a collapsed component). With another
+        ``max_iter=0`` and with full covariances on data of at most 8,192 rows and fewer
+        than 131,072 values, one k-means++ without a transformer; where EM is costly, the
+        k-means++ starts only if the transformer's end on different optima). With another
         ``init_params``, ``"auto"`` is 1. Which run is kept: see the User Guide. With NaN
         in ``X``, ``"auto"`` starts EM on the observed entries from the transformer's
         reading alone, and an int runs its starts on the mean-imputed rows first (User
