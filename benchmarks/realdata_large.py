@@ -13,10 +13,15 @@ runs on the same (dataset, K, covariance, seed), one after the other, one thread
 - ``TransformerGMM(checkpoint=None, n_init=4)``: the default's engine, its four starts all
   k-means++'s (the default against it, paired, is what the transformer adds);
 - with ``--checkpoint`` (one or more), ``TransformerGMM(n_init=1)`` and the default with
-  each named checkpoint too, on the same fits;
+  each named checkpoint too, on the same fits, and printed paired with the bundled one's;
+- with ``--n-init`` (one or more N), ``TransformerGMM(n_init=N)``, printed paired with
+  the default;
 - with ``--views`` (one or more V), ``TransformerGMM(n_views=V)`` and
   ``TransformerGMM(n_views=V, n_init=2 * V)`` (the transformer's starts alone): each view
   reads other rows.
+
+With ``--rows N``, each dataset is a uniform draw of N of its rows (seeded by ``--seed``),
+standardized again: data of a mid size, read by the same methods.
 
 Per fit: the mean log-likelihood per point on all rows (LL), the ARI of ``predict``
 against the classes (NaN where there are none), the EM iterations on all rows
@@ -32,6 +37,8 @@ per point below.
     python benchmarks/realdata_large.py --checkpoint runs/new/checkpoint --seed 1
     python benchmarks/realdata_large.py --reads 4 --covariance full   # reading more rows
     python benchmarks/realdata_large.py --views 2 4 --seed 1            # more views
+    python benchmarks/realdata_large.py --rows 1000 --checkpoint /tmp/rows  # mid-size data
+    python benchmarks/realdata_large.py --rows 4000 --n-init 4 --covariance full
 
 Prints the tables and writes realdata_large_fits.csv (one row per fit) and
 realdata_large.csv (per covariance type and method) under benchmarks/results/.
@@ -100,10 +107,12 @@ def best_of(n_fits: int, **params):
     ])
 
 
-def methods(checkpoints: list[str], reads: int = 0, views: tuple[int, ...] = ()) -> dict:
+def methods(checkpoints: list[str], reads: int = 0, views: tuple[int, ...] = (),
+            n_inits: tuple[int, ...] = ()) -> dict:
     """name: make(K, covariance, seed) -> an unfitted estimator; with ``reads``, the best of
     that many independent reads and of as many k-means++ starts too; for each of ``views``,
-    the default and the transformer's starts alone reading that many views."""
+    the default and the transformer's starts alone reading that many views; for each of
+    ``n_inits``, the default with that many starts."""
     found = {
         GMM1: lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, random_state=seed),
         GMM3: lambda k, cov, seed: GaussianMixture(k, covariance_type=cov, n_init=3,
@@ -119,6 +128,9 @@ def methods(checkpoints: list[str], reads: int = 0, views: tuple[int, ...] = ())
     if reads:
         found[f"TGMM best of {reads} reads"] = best_of(reads)
         found[f"k-means++ best of {reads}"] = best_of(reads, checkpoint=None)
+    for n in n_inits:
+        found[f"{TGMM} n_init={n}"] = lambda k, cov, seed, n=n: TransformerGMM(
+            k, covariance_type=cov, n_init=n, random_state=seed)
     for v in views:
         found[f"{TGMM} n_views={v}"] = lambda k, cov, seed, v=v: TransformerGMM(
             k, covariance_type=cov, n_views=v, random_state=seed)
@@ -246,17 +258,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--views", nargs="+", type=int, default=[],
                         help="also the default, and the transformer's starts alone, reading "
                              "this many views (each)")
+    parser.add_argument("--n-init", nargs="+", type=int, default=[],
+                        help="also the default with this many starts (each), paired with it")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="fit a uniform draw of this many rows of each dataset, "
+                             f"standardized again (--quick: {QUICK_ROWS:,}, not standardized "
+                             "again)")
     parser.add_argument("--out", default="realdata_large", help="file stem of the CSVs")
     args = parser.parse_args(argv)
     names = args.datasets or (["cps"] if args.quick else list(LARGE_DATASETS))
     covariances = args.covariance or (["full"] if args.quick else ["full", "diag"])
     components = args.components or ([3] if args.quick else list(COMPONENTS))
     seeds = [1000 * args.seed + i for i in range(args.seeds or (1 if args.quick else 2))]
-    found = methods(args.checkpoint, args.reads, tuple(args.views))
-    rows = fit_every(names, components, covariances, seeds, found, args.quick)
+    found = methods(args.checkpoint, args.reads, tuple(args.views), tuple(args.n_init))
+    rows = fit_every(names, components, covariances, seeds, found, args.quick, args.rows,
+                     args.seed)
     table = summary(rows)
     print_summary(table)
     print_against_engine(rows)
+    print_against_checkpoints(rows, found)
+    print_against_default(rows, [m for m in found if m.startswith(f"{TGMM} n_init=")
+                                 and m != TGMM1])
     write_tables(rows, table, args.results, args.out)
     return rows
 
@@ -284,18 +306,21 @@ def print_against_engine(rows: list[dict]) -> None:
               f"the default kept a transformer start in {kept:.0%}")
 
 
-def fit_every(names, components, covariances, seeds, found: dict, quick: bool) -> list[dict]:
-    """Every method of ``found`` on every (dataset, K, covariance, seed), one thread;
-    ``quick``: QUICK_ROWS rows of each dataset. The rows, with ``at_best``."""
+def fit_every(names, components, covariances, seeds, found: dict, quick: bool,
+              n_rows: int | None = None, seed: int = 0) -> list[dict]:
+    """Every method of ``found`` on every (dataset, K, covariance, seed), one thread, on
+    ``n_rows`` rows of each dataset (all where None), drawn from ``seed`` and standardized
+    again; ``quick``: QUICK_ROWS rows drawn from seed 0, as they are. The rows, with
+    ``at_best``."""
     rows = []
     with single_threaded():
         torch.set_num_threads(1)
         for name in names:
             dataset = LARGE_DATASETS[name]()
-            if quick:
-                keep = np.random.default_rng(0).choice(len(dataset.X), QUICK_ROWS, replace=False)
-                dataset = type(dataset)(dataset.name, dataset.X[keep], None if dataset.labels
-                                        is None else dataset.labels[keep], dataset.n_components)
+            if quick and n_rows is None:
+                dataset = _draw(dataset, QUICK_ROWS, 0, standardize=False)
+            elif n_rows is not None:
+                dataset = _draw(dataset, n_rows, seed, standardize=True)
             print(f"{name}: {dataset.X.shape[0]:,} x {dataset.X.shape[1]}", flush=True)
             for K in components:
                 for covariance in covariances:
@@ -303,6 +328,50 @@ def fit_every(names, components, covariances, seeds, found: dict, quick: bool) -
                         rows += fit_rows(dataset, K, covariance, seed, found)
     add_at_best(rows)
     return rows
+
+
+def _draw(dataset, n_rows: int, seed: int, standardize: bool):
+    """``n_rows`` rows of ``dataset`` drawn uniformly without replacement from ``seed``,
+    standardized again (zero mean, unit variance per feature) where ``standardize``."""
+    keep = np.random.default_rng(seed).choice(len(dataset.X), n_rows, replace=False)
+    X = dataset.X[keep]
+    if standardize:
+        X = (X - X.mean(axis=0)) / X.std(axis=0)
+    labels = None if dataset.labels is None else dataset.labels[keep]
+    return type(dataset)(dataset.name, X, labels, dataset.n_components)
+
+
+def print_against_checkpoints(rows: list[dict], found: dict) -> None:
+    """Each ``--checkpoint``'s default and ``n_init=1`` against the bundled checkpoint's,
+    paired on the same fits."""
+    for method in (m for m in found if m.startswith(f"{TGMM} [") or m.startswith(f"{TGMM1} [")):
+        print_paired(rows, method, method.split(" [")[0])
+
+
+def print_against_default(rows: list[dict], methods: list[str]) -> None:
+    """The default against each of ``methods``, paired on the same fits."""
+    for method in methods:
+        print_paired(rows, TGMM, method)
+
+
+def print_paired(rows: list[dict], method: str, other: str) -> None:
+    """``method`` against ``other`` on the fits both ran, per covariance type: likelier and
+    less likely, the LL's median and mean difference, the ARI's, the at-best rates."""
+    print(f"\n{method} against {other} (paired; likelier / less likely by more than "
+          f"{AS_LIKELY} nats per point):")
+    for covariance in dict.fromkeys(r["covariance"] for r in rows):
+        pairs = _pairs(rows, method, other, covariance)
+        gaps = np.array([a["ll"] - b["ll"] for a, b in pairs])
+        aris = np.array([a["ari"] - b["ari"] for a, b in pairs])
+        aris = aris[np.isfinite(aris)]
+        mean = (f", mean {gaps.mean():+.4f} +- {gaps.std(ddof=1) / np.sqrt(len(gaps)):.4f}"
+                if len(gaps) > 1 else "")
+        ari = (f"; ARI {aris.mean():+.4f} +- {aris.std(ddof=1) / np.sqrt(len(aris)):.4f}"
+               if len(aris) > 1 else "")
+        ours, theirs = ([pair[i]["at_best"] for pair in pairs] for i in (0, 1))
+        print(f"  {covariance}: {np.sum(gaps > AS_LIKELY)} / {np.sum(gaps < -AS_LIKELY)} of "
+              f"{len(pairs)}, dLL median {np.median(gaps):+.4f}{mean}{ari}; at best "
+              f"{np.mean(ours):.0%} vs {np.mean(theirs):.0%}")
 
 
 def write_tables(rows: list[dict], table: list[dict], results: Path, out: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,8 @@ from benchmark_scripts import BENCHMARKS
 from benchmark_scripts import load_benchmark as _load
 from conftest import TINY_CHECKPOINT
 from scipy.stats import multivariate_normal
+
+from transformer_gmm.storage.checkpoints import bundled_checkpoints
 
 
 def _csv(path: Path) -> list[dict]:
@@ -481,6 +484,26 @@ def test_realdata_large_quick_runs(tmp_path):
     transformer = next(r for r in table if r["method"] == "TGMM n_init=1")
     assert 0 <= float(transformer["vs_kmeans_pp_as_likely"]) <= 1
     assert transformer["vs_kmeans_pp_median_iterations"] != ""
+
+
+def test_realdata_large_reads_a_mid_size_draw_and_pairs_methods(tmp_path, capsys):
+    # A copy of the bundled checkpoint under another name: its fits equal the bundled ones,
+    # so the paired print reads no fit likelier or less likely.
+    script = _load("realdata_large")
+    copy = tmp_path / "copy"
+    shutil.copytree(bundled_checkpoints()["default"], copy)
+    rows = script.main(["--quick", "--rows", "600", "--seed", "3", "--checkpoint", str(copy),
+                        "--n-init", "4", "--results", str(tmp_path)])
+    assert all(row["n"] == 600 for row in rows)
+    drawn = script._draw(script.LARGE_DATASETS["cps"](), 600, 3, standardize=True)
+    np.testing.assert_allclose(drawn.X.mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(drawn.X.std(axis=0), 1.0)
+    by_method = {row["method"]: row for row in rows}
+    assert by_method["TGMM [copy]"]["ll"] == by_method["TGMM"]["ll"]
+    printed = capsys.readouterr().out
+    assert "TGMM n_init=1 [copy] against TGMM n_init=1" in printed
+    assert "full: 0 / 0 of 1" in printed
+    assert "TGMM against TGMM n_init=4" in printed
 
 
 def test_merged_reads_quick_runs_and_merging_undoes_relabelling(tmp_path):

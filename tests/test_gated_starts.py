@@ -5,7 +5,7 @@ full covariances, they do not run at all."""
 import numpy as np
 import pytest
 
-from transformer_gmm import TransformerGMM, fit_many
+from transformer_gmm import TransformerGMM, _fitting, fit_many
 from transformer_gmm.engine import fit as engine_fit
 from transformer_gmm.engine import starts
 
@@ -91,10 +91,10 @@ def test_small_full_fits_run_the_transformer_starts_alone(counted_starts, monkey
 
 
 def test_larger_full_fits_keep_the_kmeans_starts(counted_starts, monkeypatch):
-    """Where the starts compete on a subsample, k-means++'s run; fit_many decides by its
-    largest dataset, as one plan serves them all."""
+    """Above STARTS_ALONE_ROWS rows, k-means++'s run; fit_many decides by its largest
+    dataset, as one plan serves them all."""
     monkeypatch.setattr(engine_fit, "GATED_FROM_VALUES", 10**9)
-    monkeypatch.setattr(engine_fit, "SELECTION_ROWS", 250)
+    monkeypatch.setattr(_fitting, "STARTS_ALONE_ROWS", 250)
     TransformerGMM(3, random_state=0).fit(_blobs(5, n=300))
     assert counted_starts == [(1, 2, 2)]
     counted_starts.clear()
@@ -103,3 +103,12 @@ def test_larger_full_fits_keep_the_kmeans_starts(counted_starts, monkeypatch):
     counted_starts.clear()
     fit_many([_blobs(6, n=200), _blobs(7, n=240)], n_components=3, random_state=0)
     assert counted_starts == [(2, 2, 0)]
+
+
+def test_mid_size_full_fits_keep_the_kmeans_starts(counted_starts, monkeypatch):
+    monkeypatch.setattr(engine_fit, "GATED_FROM_VALUES", 10**9)
+    TransformerGMM(3, random_state=0).fit(_blobs(8, n=_fitting.STARTS_ALONE_ROWS + 1))
+    assert counted_starts == [(1, 2, 2)]
+    counted_starts.clear()
+    TransformerGMM(3, random_state=0).fit(_blobs(8, n=_fitting.STARTS_ALONE_ROWS))
+    assert counted_starts == [(1, 2, 0)]

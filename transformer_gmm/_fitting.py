@@ -156,17 +156,24 @@ def transformer_starts(
     )
 
 
+# The most rows of a full-covariance fit that n_init="auto" starts from the transformer's
+# starts alone. On small tables the two k-means++ starts cost a quarter of the fit and
+# rarely find a likelier optimum; on draws of 700 to 8,192 rows of the large tables they
+# find one in a third of the fits, and the fit with them stays within
+# GaussianMixture(n_init=3)'s time (docs/benchmarks.md, "The transformer's starts alone on
+# small full fits").
+STARTS_ALONE_ROWS = 512
+
+
 def transformer_starts_suffice(params: dict, n_samples: int, n_features: int) -> bool:
     """Whether ``n_init="auto"`` leaves out a mixture fit's k-means++ starts: full
-    covariances, on data whose starts compete on every row (at most ``SELECTION_ROWS``
-    rows) and where EM is cheap (fewer than ``GATED_FROM_VALUES`` values). There the
-    transformer's starts were the likelier, and the k-means++ starts cost a quarter of
-    the fit (docs/benchmarks.md, "The transformer's starts alone on small full fits").
-    Larger data keep them: where the starts compete on a subsample, k-means++'s win
-    often enough."""
+    covariances, on small data (at most ``STARTS_ALONE_ROWS`` rows and fewer than
+    ``GATED_FROM_VALUES`` values), where EM is cheap and the fit's fixed cost decides its
+    time. Larger data keep them: there they find likelier optima often enough, for a
+    small share of the fit's time."""
     return (
         params["covariance_type"] == "full"
-        and n_samples <= fit.SELECTION_ROWS
+        and n_samples <= STARTS_ALONE_ROWS
         and n_samples * n_features < fit.GATED_FROM_VALUES
     )
 

@@ -86,7 +86,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         The number of initialisations, run as one batch. With the transformer, the
         first ``2 * n_views`` are its starts and the rest k-means++ starts; ``"auto"``
         runs all of the transformer's and two k-means++ (the transformer's alone with
-        ``max_iter=0`` and with full covariances on data of at most 8,192 rows and fewer
+        ``max_iter=0`` and with full covariances on data of at most 512 rows and fewer
         than 131,072 values, one k-means++ without a transformer; where EM is costly, the
         k-means++ starts only if the transformer's end on different optima). With another
         ``init_params``, ``"auto"`` is 1. Which run is kept: see the User Guide. With NaN
