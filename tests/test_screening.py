@@ -69,7 +69,7 @@ def test_on_a_subsample_the_winner_runs_once_on_every_row(screened, monkeypatch)
     monkeypatch.setattr(engine_fit, "SELECTION_ROWS", 200)
     monkeypatch.setattr(engine_fit, "SCREENED_ON_EVERY_ROW", 400)  # 500 rows: subsampled
     X, labels = _wide_blobs(2, n=500)
-    gmm = TransformerGMM(3, random_state=0).fit(X)
+    gmm = TransformerGMM(3, random_state=0, n_init=4).fit(X)  # four starts at any size
     # The starts compete in the projection on 200 rows; EM at full width runs on all 500.
     assert screened == [(5, 4), (40, 1)]
     assert adjusted_rand_score(labels, gmm.predict(X)) == 1.0
@@ -162,6 +162,6 @@ def test_up_to_twice_the_subsample_screened_starts_compete_on_every_row(screened
     monkeypatch.setattr(engine_fit, "_selection_rows", spy)
     monkeypatch.setattr(engine_fit, "SCREENED_ON_EVERY_ROW", 400)
     X, labels = _wide_blobs(8, n=300)
-    gmm = TransformerGMM(3, random_state=0).fit(X)
+    gmm = TransformerGMM(3, random_state=0, n_init=4).fit(X)  # four starts at any size
     assert drawn == [1]  # no subsample drawn: one run's worth of rows, all of them
     assert screened == [(5, 4), (40, 1)] and adjusted_rand_score(labels, gmm.predict(X)) == 1.0
