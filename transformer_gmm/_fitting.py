@@ -158,8 +158,8 @@ def transformer_starts(
 
 # The most rows of a full-covariance fit that n_init="auto" starts from the transformer's
 # starts alone. On small tables the two k-means++ starts cost a quarter of the fit and
-# rarely find a likelier optimum; on draws of 700 to 8,192 rows of the large tables they
-# find one in a third of the fits, and the fit with them stays within
+# rarely find a likelier optimum; on draws of 500 to 8,000 rows of the large tables they
+# find one in a sixth to a half of the fits, and the fit with them stays within
 # GaussianMixture(n_init=3)'s time (docs/benchmarks.md, "The transformer's starts alone on
 # small full fits").
 STARTS_ALONE_ROWS = 512
