@@ -58,7 +58,7 @@ from sklearn.metrics import adjusted_rand_score
 from sklearn.mixture import GaussianMixture
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import shared_parser, single_threaded, write_csv  # noqa: E402
+from common import shared_parser, single_threaded, summarise, write_csv  # noqa: E402
 from large_datasets import LARGE_DATASETS  # noqa: E402
 
 from transformer_gmm import CollapsedComponentWarning, FallbackWarning, TransformerGMM  # noqa: E402
@@ -277,8 +277,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print_summary(table)
     print_against_engine(rows)
     print_against_checkpoints(rows, found)
-    print_against_default(rows, [m for m in found if m.startswith(f"{TGMM} n_init=")
-                                 and m != TGMM1])
+    print_against_default(rows, [f"{TGMM} n_init={n}" for n in args.n_init])
     write_tables(rows, table, args.results, args.out)
     return rows
 
@@ -292,11 +291,8 @@ def print_against_engine(rows: list[dict]) -> None:
         pairs = _pairs(rows, TGMM, ENGINE, covariance)
         if not pairs:
             continue
-        gaps = np.array([a["ll"] - b["ll"] for a, b in pairs])
-        aris = np.array([a["ari"] - b["ari"] for a, b in pairs])
-        aris = aris[np.isfinite(aris)]
-        ari = (f"ARI {aris.mean():+.4f} +- {aris.std(ddof=1) / np.sqrt(len(aris)):.4f}; "
-               if len(aris) > 1 else "")
+        gaps, aris = _differences(pairs)
+        ari = f"ARI {_mean_se(aris)}; " if len(aris) > 1 else ""
         times = np.median([a["seconds"] / b["seconds"] for a, b in pairs])
         kept = np.mean([a["init"] == "transformer" for a, _ in pairs])
         print(f"  {covariance}: {np.sum(gaps > AS_LIKELY)} / {np.sum(gaps < -AS_LIKELY)} of "
@@ -361,17 +357,28 @@ def print_paired(rows: list[dict], method: str, other: str) -> None:
           f"{AS_LIKELY} nats per point):")
     for covariance in dict.fromkeys(r["covariance"] for r in rows):
         pairs = _pairs(rows, method, other, covariance)
-        gaps = np.array([a["ll"] - b["ll"] for a, b in pairs])
-        aris = np.array([a["ari"] - b["ari"] for a, b in pairs])
-        aris = aris[np.isfinite(aris)]
-        mean = (f", mean {gaps.mean():+.4f} +- {gaps.std(ddof=1) / np.sqrt(len(gaps)):.4f}"
-                if len(gaps) > 1 else "")
-        ari = (f"; ARI {aris.mean():+.4f} +- {aris.std(ddof=1) / np.sqrt(len(aris)):.4f}"
-               if len(aris) > 1 else "")
+        if not pairs:
+            continue
+        gaps, aris = _differences(pairs)
+        mean = f", mean {_mean_se(gaps)}" if len(gaps) > 1 else ""
+        ari = f"; ARI {_mean_se(aris)}" if len(aris) > 1 else ""
         ours, theirs = ([pair[i]["at_best"] for pair in pairs] for i in (0, 1))
         print(f"  {covariance}: {np.sum(gaps > AS_LIKELY)} / {np.sum(gaps < -AS_LIKELY)} of "
               f"{len(pairs)}, dLL median {np.median(gaps):+.4f}{mean}{ari}; at best "
               f"{np.mean(ours):.0%} vs {np.mean(theirs):.0%}")
+
+
+def _differences(pairs: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """The LL differences of the pairs (first minus second), and their ARI differences
+    where both have classes."""
+    gaps = np.array([a["ll"] - b["ll"] for a, b in pairs])
+    aris = np.array([a["ari"] - b["ari"] for a, b in pairs])
+    return gaps, aris[np.isfinite(aris)]
+
+
+def _mean_se(values: np.ndarray) -> str:
+    mean, se = summarise(values)
+    return f"{mean:+.4f} +- {se:.4f}"
 
 
 def write_tables(rows: list[dict], table: list[dict], results: Path, out: str) -> None:
