@@ -467,6 +467,21 @@ def test_embeddings_quick_runs(tmp_path):
     assert len(_csv(tmp_path / "embeddings.csv")) == len(rows)
 
 
+def test_wide_rows_quick_runs(tmp_path):
+    from transformer_gmm.engine import screening
+
+    rule = screening.SCREEN_FROM_FEATURES, screening.SCREEN_DIAG_FROM_VALUES
+    rows = _load("wide_rows").main(["--quick", "--results", str(tmp_path)])
+    assert (screening.SCREEN_FROM_FEATURES, screening.SCREEN_DIAG_FROM_VALUES) == rule
+    assert [row["estimator"] for row in rows] == ["diag", "spherical", "clusterer"] * 2
+    for row in rows:
+        assert row["features"] >= 200 and row["rows"] >= 40
+        for way in ("full_width", "screened"):
+            assert np.isfinite(row[f"{way}_quality"]) and row[f"{way}_ms"] > 0
+            assert -1 <= row[f"{way}_ari"] <= 1
+    assert len(_csv(tmp_path / "wide_rows.csv")) == len(rows)
+
+
 def test_realdata_large_quick_runs(tmp_path):
     rows = _load("realdata_large").main(["--quick", "--reads", "2", "--results", str(tmp_path)])
     methods = {row["method"] for row in rows}

@@ -23,6 +23,7 @@ def screened(monkeypatch):
     """40 features count as wide; the starts compete in K + 2 directions. Records the
     width of every EM batch."""
     monkeypatch.setattr(screening, "SCREEN_FROM_FEATURES", 32)
+    monkeypatch.setattr(screening, "SCREEN_DIAG_FROM_VALUES", 0)
     monkeypatch.setattr(screening, "EXTRA_DIMS", 2)
     widths = []
     original = em.fit_em
@@ -54,6 +55,29 @@ def test_starts_compete_in_a_projection_and_one_runs_at_full_width(screened, cov
     screening.SCREEN_FROM_FEATURES = 10**9
     reference = unscreened.fit(X)
     assert gmm.score(X) >= reference.score(X) - 1e-6
+
+
+@pytest.mark.parametrize("covariance_type", ["diag", "spherical", "full", "tied"])
+def test_diagonal_fits_of_few_values_run_every_start_at_full_width(
+    monkeypatch, covariance_type
+):
+    """A diagonal model is not the same model in a projection: on few values (200 x 40
+    here) its starts compete at full width. Rotation-invariant ones (and Lloyd) screen."""
+    assert not screening.screens(50, 2000, 2, "diag")
+    assert screening.screens(1000, 1024, 2, "diag")  # 2^20 values: screened
+    assert screening.screens(50, 2000, 2, "spherical") and screening.screens(50, 2000, 2, None)
+    monkeypatch.setattr(screening, "SCREEN_FROM_FEATURES", 32)
+    widths = []
+    original = em.fit_em
+
+    def spy(X, params, **kwargs):
+        widths.append(X.shape[-1])
+        return original(X, params, **kwargs)
+
+    monkeypatch.setattr(em, "fit_em", spy)
+    X, _ = _wide_blobs(3, n=200)
+    TransformerGMM(3, covariance_type=covariance_type, n_init=4, random_state=0).fit(X)
+    assert (min(widths) < 40) == (covariance_type != "diag")
 
 
 def test_a_screened_fit_ignores_row_order_and_is_deterministic(screened):

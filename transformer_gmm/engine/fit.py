@@ -171,7 +171,10 @@ def _screens(plan: FitPlan, x: torch.Tensor) -> bool:
         and plan.given is None
         and plan.max_iter > 0
         and not (isinstance(plan, KMeansPlan) and plan.trace)
-        and screening.screens(x.shape[-1], plan.n_components)
+        and screening.screens(
+            x.shape[1], x.shape[-1], plan.n_components,
+            None if isinstance(plan, KMeansPlan) else plan.covariance_type,
+        )
     )
 
 

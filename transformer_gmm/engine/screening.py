@@ -1,14 +1,15 @@
 """Starts that compete in a few principal directions before one runs at full width.
 
-On wide data (``SCREEN_FROM_FEATURES`` features or more) EM at full width from every start
-is most of a fit's time. There, each start is made in the span of the data's leading
-``screening_dims`` principal directions (the transformer's responsibilities and k-means++,
-as at full width, in that space), EM runs from every start there, and the runs compete as
-they do at full width (:func:`transformer_gmm.engine.runs.choose`). The winner's
-responsibilities give one full-width M-step, and EM at full width runs from it alone.
-The means of K clusters span K - 1 directions, which lead the data's variance where the
-clusters are apart; the likelihood there orders the starts' optima as the full one does,
-at a fraction of the cost (docs/benchmarks.md, "High-dimensional data").
+On wide data (``SCREEN_FROM_FEATURES`` features or more; with diagonal covariances, many
+values as well) EM at full width from every start is most of a fit's time. There, each
+start is made in the span of the data's leading ``screening_dims`` principal directions
+(the transformer's responsibilities and k-means++, as at full width, in that space), EM
+runs from every start there, and the runs compete as they do at full width
+(:func:`transformer_gmm.engine.runs.choose`). The winner's responsibilities give one
+full-width M-step, and EM at full width runs from it alone. The means of K clusters span
+K - 1 directions, which lead the data's variance where the clusters are apart; the
+likelihood there orders the starts' optima as the full one does, at a fraction of the
+cost (docs/benchmarks.md, "High-dimensional data").
 """
 
 from __future__ import annotations
@@ -23,6 +24,16 @@ from .standardize import AXES_ROWS, leading_axes
 # Screening runs where the data have at least this many features (and more than the
 # directions screening reads); narrower data run every start at full width.
 SCREEN_FROM_FEATURES = 64
+# Diagonal covariances screen only from this many values (rows x features) of the rows the
+# starts run on. A diagonal model in the principal directions is not the model in the
+# features (it is not rotation invariant), so the projection can rank its starts wrongly;
+# below this size every start runs at full width, where they compete on the likelihood
+# itself, for less time than the projection and the second run at full width (few rows of
+# many features, benchmarks/wide_rows.py: likelier in 27 and less likely in 7 of 39 fits,
+# at 0.88 of the time; docs/benchmarks.md, "Few rows of many features"). Full, tied and
+# spherical models, and Lloyd, are the same model in the projection, and screen from
+# SCREEN_FROM_FEATURES on.
+SCREEN_DIAG_FROM_VALUES = 1 << 18
 # Directions read beyond K: the means' K - 1, and some of the spread around them.
 EXTRA_DIMS = 10
 
@@ -32,11 +43,16 @@ def screening_dims(n_features: int, n_components: int) -> int:
     return min(n_features, n_components + EXTRA_DIMS)
 
 
-def screens(n_features: int, n_components: int) -> bool:
-    """Whether starts on data of ``n_features`` compete in a projection first."""
+def screens(
+    n_rows: int, n_features: int, n_components: int, covariance_type: str | None
+) -> bool:
+    """Whether starts on ``n_rows`` rows of ``n_features`` compete in a projection first:
+    EM's with ``covariance_type``, or Lloyd's where None."""
+    from_values = SCREEN_DIAG_FROM_VALUES if covariance_type == "diag" else 0
     return (
         n_features >= SCREEN_FROM_FEATURES
         and screening_dims(n_features, n_components) < n_features
+        and n_rows * n_features >= from_values
     )
 
 
