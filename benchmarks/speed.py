@@ -20,6 +20,7 @@ scikit-learn measured in the same run (machines here are noisy; ratios travel be
     python benchmarks/speed.py --device cuda --only throughput --batches 1000 10000 100000
     python benchmarks/speed.py --only throughput --batches 1000 10000 --checkpoint none
     python benchmarks/speed.py --only wide       # n = 50, d = 2,000: diag and full
+    python benchmarks/speed.py --only threads    # fits at the process's own threads
 
 Prints a table and writes benchmarks/results/speed.csv.
 """
@@ -128,6 +129,53 @@ def wide(checkpoint, device, repeats, seed=0):
             rows.append(dict(measure=f"wide n=50 d=2000 K=2 {covariance}", method=name,
                              value=float(np.median(values)), unit="ms", error=np.nan,
                              mfu=np.nan))
+    return rows
+
+
+def default_threads(checkpoint, device, repeats, seed=0):
+    """Fits one after another with the threads the process starts with (torch's, and
+    numpy's BLAS), not one: what a user's loop of fits gets. 200 and 2,000 rows of 100
+    features in three clusters, K = 3, full and diagonal covariances: the median of
+    ``repeats`` fits of ours in a row, of as many GaussianMixture fits in a row, and of
+    ours each right after a GaussianMixture fit. A BLAS call of many threads leaves them
+    spinning for milliseconds, against torch's threads (``transformer_gmm/_blas.py``);
+    and the pairs again with numpy's BLAS limited to one thread."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(seed + 4)
+    rows = []
+    for n_rows in (200, 2000):
+        centres = rng.normal(scale=0.5, size=(3, 100))
+        X = centres[rng.integers(3, size=n_rows)] + rng.normal(size=(n_rows, 100))
+        for covariance in ("full", "diag"):
+            def ours(cov=covariance, X=X):
+                return TransformerGMM(3, covariance_type=cov, checkpoint=checkpoint,
+                                      device=device, random_state=0).fit(X)
+
+            def theirs(cov=covariance, X=X):
+                return GaussianMixture(3, covariance_type=cov, random_state=0).fit(X)
+
+            def timed_ms(fit):
+                start = time.perf_counter()
+                fit()
+                return 1e3 * (time.perf_counter() - start)
+
+            ours(), theirs()  # warm-up
+            times = {
+                "TransformerGMM": [timed_ms(ours) for _ in range(repeats)],
+                "GMM n_init=1": [timed_ms(theirs) for _ in range(repeats)],
+                "TransformerGMM after GMM": [(theirs(), timed_ms(ours))[1]
+                                             for _ in range(repeats)],
+            }
+            # The remedy for a loop that mixes them: numpy's BLAS on one thread.
+            with threadpool_limits(limits=1, user_api="blas"):
+                pairs = [(timed_ms(theirs), timed_ms(ours)) for _ in range(repeats)]
+            times["GMM, one BLAS thread"] = [gmm for gmm, _ in pairs]
+            times["TransformerGMM after GMM, one BLAS thread"] = [tgmm for _, tgmm in pairs]
+            for name, values in times.items():
+                rows.append(dict(
+                    measure=f"threads n={n_rows} d=100 K=3 {covariance}", method=name,
+                    value=float(np.median(values)), unit="ms", error=np.nan, mfu=np.nan))
     return rows
 
 
@@ -244,6 +292,8 @@ def large_n_in_fresh_processes(checkpoint, device, n_samples, seed=0):
 
 
 MEASUREMENTS = ("latency", "throughput", "large_n", "wide")
+# Asked for by name (--only threads): the others run on one thread.
+DEFAULT_THREADS = "threads"
 
 
 def main(argv=None):
@@ -252,7 +302,8 @@ def main(argv=None):
     parser.add_argument("--checkpoint", default="default",
                         help="a checkpoint name, or 'none' for the EM fallback")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--only", nargs="+", choices=MEASUREMENTS, default=MEASUREMENTS,
+    parser.add_argument("--only", nargs="+", choices=(*MEASUREMENTS, DEFAULT_THREADS),
+                        default=MEASUREMENTS,
                         help="run only these measurements")
     parser.add_argument("--batches", nargs="+", type=int,
                         help="fit_many batch sizes (default: 100 1000 10000; --quick: 10 100)")
@@ -282,14 +333,20 @@ def main(argv=None):
         if "large_n" in args.only:
             n_samples = 100_000 if args.quick else 1_000_000
             rows += large_n_in_fresh_processes(checkpoint, args.device, n_samples, args.seed)
-    print(f"{'measure':<34} {'method':<31} {'value':>12} {'unit':<11} {'error':>8} {'MFU':>8}")
+    if DEFAULT_THREADS in args.only:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # convergence: not what is measured
+            rows += default_threads(checkpoint, args.device, 5 if args.quick else 21, args.seed)
+    print(f"{'measure':<34} {'method':<42} {'value':>12} {'unit':<11} {'error':>8} {'MFU':>8}")
     for row in rows:
         mfu = "" if np.isnan(row["mfu"]) else f"{100 * row['mfu']:.3f}%"
-        print(f"{row['measure']:<34} {row['method']:<31} {row['value']:>12.2f} "
+        print(f"{row['measure']:<34} {row['method']:<42} {row['value']:>12.2f} "
               f"{row['unit']:<11} {row['error']:>8.4f} {mfu:>8}")
     for ours, theirs in [("TransformerGMM", "GMM n_init=1"),
                          ("TransformerGMM n_init=1", "GMM n_init=1"),
                          ("TransformerGMM checkpoint=None", "GMM n_init=1"),
+                         ("TransformerGMM after GMM", "GMM n_init=1"),
+                         ("TransformerGMM after GMM, one BLAS thread", "GMM, one BLAS thread"),
                          ("TransformerClusterer", "KMeans n_init=1")]:
         ours_by = {r["measure"]: r["value"] for r in rows if r["method"] == ours}
         theirs_by = {r["measure"]: r["value"] for r in rows if r["method"] == theirs}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ._blas import one_blas_thread
 from ._warnings import warn_user
 from .engine.collapse import FLOOR_FACTOR, RELATIVE_FLOOR, collapsed, points_needed
 
@@ -105,6 +106,7 @@ def warn_collapsed(collapsed: np.ndarray, covariance_type: str, n_features: int)
 IDENTICAL = 1e-3
 
 
+@one_blas_thread
 def identical_components(
     means: np.ndarray,
     covariances: np.ndarray,

@@ -16,6 +16,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from . import _array_api, _initialization
+from ._blas import one_blas_thread
 from ._collapsed import collapsed_components
 from ._warnings import warn_user
 from .engine import e_step, missing
@@ -30,6 +31,7 @@ _N_COVARIANCE_PARAMETERS = {
 }
 
 
+@one_blas_thread
 def precisions_from_cholesky(precisions_cholesky: np.ndarray, covariance_type: str) -> np.ndarray:
     """The precisions (``precisions_``, by covariance type) that ``precisions_cholesky``
     factors, as scikit-learn computes them."""
