@@ -30,9 +30,10 @@ SCREEN_FROM_FEATURES = 64
 # below this size every start runs at full width, where they compete on the likelihood
 # itself, for less time than the projection and the second run at full width (few rows of
 # many features, benchmarks/wide_rows.py: likelier in 27 and less likely in 7 of 39 fits,
-# at 0.88 of the time; docs/benchmarks.md, "Few rows of many features"). Full, tied and
-# spherical models, and Lloyd, are the same model in the projection, and screen from
-# SCREEN_FROM_FEATURES on.
+# in a median 0.79 of the time; docs/benchmarks.md, "Few rows of many features"). Full,
+# tied and spherical models, and Lloyd, are rotation invariant and keep their form in the
+# projection (where spherical and Lloyd's runs found the better optima in that table):
+# they screen from SCREEN_FROM_FEATURES on.
 SCREEN_DIAG_FROM_VALUES = 1 << 18
 # Directions read beyond K: the means' K - 1, and some of the spread around them.
 EXTRA_DIMS = 10
