@@ -1,6 +1,8 @@
 """The fitted attributes' host products run numpy's BLAS on one thread (_blas.py): a
 many-threaded call leaves its threads spinning against torch's."""
 
+import threading
+
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
@@ -36,3 +38,23 @@ def test_the_fitted_attributes_products_run_on_one_blas_thread(monkeypatch):
     TransformerGMM(2, covariance_type="full", random_state=0).fit(X)
     assert set(seen) == {"swapaxes", "tri"}
     assert all(n == 1 for calls in seen.values() for threads in calls for n in threads)
+
+
+def test_limited_calls_in_several_python_threads_leave_the_threads_as_they_were():
+    """OpenBLAS's thread count is the process's: overlapping calls from two threads must
+    not leave it at one."""
+    before = _blas_threads()
+    inside, leave = threading.Barrier(2), threading.Event()
+
+    @one_blas_thread
+    def hold():
+        inside.wait(timeout=30)
+        leave.wait(timeout=30)
+
+    workers = [threading.Thread(target=hold) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    leave.set()
+    for worker in workers:
+        worker.join(timeout=30)
+    assert _blas_threads() == before

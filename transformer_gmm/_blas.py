@@ -33,7 +33,9 @@ def _threadpools() -> ThreadpoolController:
 
 def one_blas_thread(function: F) -> F:
     """``function`` with numpy's and scipy's BLAS limited to one thread while it runs (the
-    limit before it is restored after; torch's own BLAS is not affected)."""
+    limit before it is restored after; torch's own BLAS is not affected). An OpenBLAS
+    thread pool is the process's: threadpoolctl lets one Python thread at a time set it,
+    so calls from several threads cannot leave each other's limit in place."""
 
     @functools.wraps(function)
     def limited(*args, **kwargs):
