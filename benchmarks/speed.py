@@ -16,6 +16,10 @@ scikit-learn measured in the same run (machines here are noisy; ratios travel be
    ``KMeans(n_init=1)`` on the same points: time, mean error, and peak memory growth
    over the memory resident before the fit, each method in a fresh process.
 
+Two more: ``wide`` (50 rows of 2,000 features, diagonal and full covariances; in the
+default set) and ``threads`` (asked for by name: fits at the threads the process starts
+with rather than one, in a row and right after scikit-learn's; see :func:`default_threads`).
+
     python benchmarks/speed.py --quick      # small batches, 100,000 points: about a minute
     python benchmarks/speed.py --device cuda --only throughput --batches 1000 10000 100000
     python benchmarks/speed.py --only throughput --batches 1000 10000 --checkpoint none
