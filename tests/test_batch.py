@@ -84,8 +84,14 @@ def test_bad_batches_raise_clear_errors():
         )
     with pytest.raises(ValueError, match="n_components"):
         fit_many(_datasets([5]), 0, checkpoint=None)
-    with pytest.raises(ValueError, match="Input X contains NaN"):
-        fit_many([np.full((10, 2), np.nan)], 2, checkpoint=None)
+    # TransformerGMM.fit takes gaps; fit_many says so, and which dataset has them.
+    gaps = [X.copy() for X in _datasets([5, 5])]
+    gaps[1][3, 1] = np.nan
+    for bad, which in ((gaps, r"\(dataset 1\)"), (np.stack(gaps), r"\(dataset 1\)"),
+                       ([gaps[0], gaps[1][:12]], r"\(dataset 1\)")):
+        with pytest.raises(ValueError, match=r"fit_many takes no missing values.*" + which
+                           + r".*TransformerGMM\(...\)\.fit"):
+            fit_many(bad, 2, checkpoint=None)
 
 
 def test_datasets_of_one_shape_are_validated_as_fit_validates_them():

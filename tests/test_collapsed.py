@@ -54,6 +54,55 @@ def test_data_whose_variances_are_near_reg_covar_have_nothing_collapsed():
         False, True]
 
 
+def test_a_direction_the_data_do_not_vary_in_is_no_collapse():
+    """A constant feature, or a feature that totals others, puts every component at the
+    floor along it: that is the data's; a component at the floor along a direction the
+    data vary in still collapsed."""
+    weights = np.array([0.5, 0.45, 0.05])  # of 100 points: 50, 45 and 5
+    means = np.array([[0.0, 0.0, 1.0], [4.0, 0.0, 1.0], [0.0, 4.0, 1.0]])  # feature 2 constant
+    flat = np.stack([np.diag([1.0, 1.0, 1e-6])] * 3)
+    for covariance_type, covariances in [
+        ("full", flat), ("tied", flat[0]), ("diag", flat.diagonal(axis1=1, axis2=2)),
+    ]:
+        assert not collapsed_components(
+            weights, means, covariances, covariance_type, 100, 1e-6).any(), covariance_type
+    thin = flat.copy()
+    thin[1, 1, 1] = 5e-6  # component 1 at the floor along feature 1, which the data vary in
+    assert collapsed_components(weights, means, thin, "full", 100, 1e-6).tolist() == [
+        False, True, False]
+    assert collapsed_components(
+        weights, means, thin.diagonal(axis1=1, axis2=2), "diag", 100, 1e-6).tolist() == [
+        False, True, False]
+    # Feature 2 = feature 0 + feature 1 in every component: a direction of no variance.
+    total = np.array([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 2.0]]) + 1e-6 * np.eye(3)
+    summed = means.copy()
+    summed[:, 2] = summed[:, 0] + summed[:, 1]
+    assert not collapsed_components(weights, summed, np.stack([total] * 3), "full", 100,
+                                    1e-6).any()
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "tied", "diag", "spherical"])
+def test_a_constant_feature_fits_without_a_collapse_warning(covariance_type):
+    X = np.random.default_rng(0).normal(size=(200, 3))
+    X[:100] += 4.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CollapsedComponentWarning)
+        gmm = TransformerGMM(2, covariance_type=covariance_type, random_state=0)
+        gmm.fit(np.c_[X, np.ones(200)])
+    assert not gmm.collapsed_components_.any()
+    assert np.bincount(gmm.predict(np.c_[X, np.ones(200)])).tolist() == [100, 100]
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag", "spherical"])
+def test_the_warning_offers_another_covariance_type(covariance_type):
+    X = np.r_[np.random.default_rng(0).normal(size=(200, 3)), [[30.0, 30.0, 30.0]]]
+    with pytest.warns(CollapsedComponentWarning) as record:
+        TransformerGMM(3, covariance_type=covariance_type, random_state=0).fit(X)
+    (message,) = [str(w.message) for w in record if w.category is CollapsedComponentWarning]
+    offer = message.split("Use ")[1]
+    assert f"'{covariance_type}'" not in offer and "'tied'" in offer
+
+
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
 def test_the_same_collapse_at_every_scale(wine, scale):
     """wine with K = 5 from one start: one component holds 13 points or fewer in 13

@@ -108,3 +108,27 @@ def test_float32_data_within_range_fit_in_float32(blobs):
     gmm = TransformerGMM(3, random_state=0).fit(X)
     assert gmm.covariances_.dtype == np.float32 and np.isfinite(gmm.covariances_).all()
     assert np.isfinite(gmm.sample(10)[0]).all()
+
+
+# --- data far from the origin -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_rows_far_from_the_origin_are_predicted_as_fitted(blobs, merge):
+    """Rows 1e9 from the origin: scikit-learn's expanded distances lose the unit
+    distances there (KMeans's predict then disagrees with its own labels_); the
+    clusterer's predict, transform and score, with and without gaps, agree with its fit."""
+    far = blobs + 1e9
+    kwargs = dict(n_clusters="auto", merge=True) if merge else dict(n_clusters=3)
+    km = TransformerClusterer(**kwargs, random_state=0).fit(far)
+    np.testing.assert_array_equal(km.predict(far), km.labels_)
+    if not merge:
+        nearest = km.cluster_centers_[km.labels_]
+        np.testing.assert_allclose(km.transform(far).min(axis=1) ** 2,
+                                   ((far - nearest) ** 2).sum(axis=1), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(km.score(far), -km.inertia_, rtol=1e-9)
+        gaps = far.copy()
+        gaps[::7, 1] = np.nan
+        fitted = TransformerClusterer(3, random_state=0).fit(blobs)
+        np.testing.assert_array_equal(km.predict(gaps) == km.labels_,
+                                      fitted.predict(gaps - 1e9) == fitted.labels_)

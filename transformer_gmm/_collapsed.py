@@ -23,6 +23,7 @@ __all__ = [
     "collapsed_components",
     "identical_components",
     "points_needed",
+    "remedy",
     "warn_collapsed",
     "warn_identical",
 ]
@@ -93,10 +94,25 @@ def warn_collapsed(collapsed: np.ndarray, covariance_type: str, n_features: int)
     warn_user(
         f"{len(which)} of {collapsed.size} mixture components collapsed (components "
         f"{which}): each {why}has a variance at the reg_covar floor, so it fits a handful "
-        "of points and inflates the likelihood. Use covariance_type='diag' or 'tied', a "
-        "larger reg_covar, or fewer components; collapsed_components_ marks them.",
+        f"of points and inflates the likelihood. {remedy(covariance_type)}; "
+        "collapsed_components_ marks them.",
         CollapsedComponentWarning,
     )
+
+
+# Covariances that need fewer points per component than each type: what a collapse
+# warning offers instead (a tied covariance is shared, so it needs none).
+_FEWER_POINTS = {
+    "full": "covariance_type='diag' or 'tied', ",
+    "diag": "covariance_type='tied', ",
+    "spherical": "covariance_type='tied', ",
+    "tied": "",
+}
+
+
+def remedy(covariance_type: str) -> str:
+    """What a fit of ``covariance_type`` with collapsed components can do instead."""
+    return f"Use {_FEWER_POINTS[covariance_type]}a larger reg_covar, or fewer components"
 
 
 # Two components are copies of one another when their means are closer than this many of

@@ -72,9 +72,13 @@ def observed_distances(X, centers: np.ndarray) -> np.ndarray:
     if sparse.issparse(X):
         X = X.toarray()
     missing.check_rows(X)
+    # Both less the centres' mean: the expanded squared distances then keep the digits
+    # an offset of the data would take (the differences do not depend on it).
+    c = torch.as_tensor(centers, dtype=torch.float64)
+    offset = c.mean(0)
     x = torch.as_tensor(X, dtype=torch.float64)
     observed = ~torch.isnan(x)
     squared = kpod.observed_squared_distances(
-        torch.where(observed, x, 0.0), observed, torch.as_tensor(centers, dtype=torch.float64)
+        torch.where(observed, x - offset, 0.0), observed, c - offset
     )
     return squared.sqrt_().numpy().astype(X.dtype, copy=False)

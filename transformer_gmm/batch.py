@@ -14,7 +14,12 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
 from . import _array_api, _fitting
-from ._collapsed import CollapsedComponentWarning, collapsed_components, identical_components
+from ._collapsed import (
+    CollapsedComponentWarning,
+    collapsed_components,
+    identical_components,
+    remedy,
+)
 from ._warnings import warn_user
 from .engine import fit
 from .gmm import TransformerGMM
@@ -202,8 +207,8 @@ random_state
         warn_user(
             f"{n_collapsed} of {len(collapsed)} mixtures have collapsed components: each "
             "holds too few points for its covariance or has a variance at the reg_covar "
-            "floor (collapsed_components_, or FittedMixtures.collapsed, marks them). Use "
-            "covariance_type='diag' or 'tied', a larger reg_covar, or fewer components.",
+            "floor (collapsed_components_, or FittedMixtures.collapsed, marks them). "
+            f"{remedy(covariance_type)}.",
             CollapsedComponentWarning,
         )
     identical = identical_components(
@@ -284,15 +289,31 @@ def _validate(
     if stacked is not None and stacked.shape[1] >= max(2, n_components):
         rows = stacked.reshape(-1, stacked.shape[2])
         try:
-            rows = _fitting.validate_fit_data(estimators[0], rows, n_components)
+            rows = _without_gaps(_fitting.validate_fit_data(
+                estimators[0], rows, n_components, allow_nan=True))
         except (TypeError, ValueError):
             rows = None
         if rows is not None:  # the others learn n_features_in_ from their fit (_store_fit)
             return rows.reshape(stacked.shape)
     return [
-        _fitting.validate_fit_data(estimator, X, n_components)
-        for estimator, X in zip(estimators, datasets, strict=True)
+        _without_gaps(
+            _fitting.validate_fit_data(estimator, X, n_components, allow_nan=True), index
+        )
+        for index, (estimator, X) in enumerate(zip(estimators, datasets, strict=True))
     ]
+
+
+def _without_gaps(X: np.ndarray, index: int | None = None) -> np.ndarray:
+    """``X``, where it has no missing values (NaN): ``fit_many`` batches complete datasets
+    alone, where ``TransformerGMM.fit`` takes gaps."""
+    if np.isnan(X).any():
+        which = "" if index is None else f" (dataset {index})"
+        raise ValueError(
+            f"fit_many takes no missing values (NaN), and a dataset has some{which}. Fit "
+            "datasets with gaps one at a time with TransformerGMM(...).fit(X), which "
+            "fits over the observed entries, or fill them first (sklearn.impute)."
+        )
+    return X
 
 
 def _stack_floats(datasets) -> np.ndarray | None:

@@ -7,6 +7,7 @@ import warnings
 from numbers import Integral
 
 import numpy as np
+from scipy.sparse import issparse
 from sklearn.base import (
     ClassNamePrefixFeaturesOutMixin,
     ClusterMixin,
@@ -45,9 +46,21 @@ def _too_few_samples_message(n_clusters: int, n_samples: int) -> str:
     )
 
 
+def _distances(X, points: np.ndarray) -> np.ndarray:
+    """Euclidean distances (n, m) from the rows of ``X`` to ``points`` (m, d), both less
+    the points' mean. ``euclidean_distances`` expands ``||x||^2 - 2 x.p + ||p||^2``, which
+    loses the digits an offset takes (rows 1e9 from the origin lose unit distances
+    altogether) where the differences do not; distances do not depend on the offset.
+    Sparse rows are read as they are: less an offset, they would be dense."""
+    if issparse(X):
+        return euclidean_distances(X, points)
+    offset = points.mean(axis=0)
+    return euclidean_distances(X - offset, points - offset)
+
+
 def _nearest_center(X: np.ndarray, centers: np.ndarray) -> np.ndarray:
     """The nearest of ``centers`` to each row, as ``predict`` gives it."""
-    return euclidean_distances(X, centers).argmin(axis=1).astype(np.int32)
+    return _distances(X, centers).argmin(axis=1).astype(np.int32)
 
 
 def _nearest_row_group(X: np.ndarray, rows: np.ndarray, groups: np.ndarray) -> np.ndarray:
@@ -56,7 +69,7 @@ def _nearest_row_group(X: np.ndarray, rows: np.ndarray, groups: np.ndarray) -> n
     # thread pool costs tens of milliseconds a call on small data.
     nearest = np.empty(len(X), dtype=np.int64)
     for block in gen_batches(len(X), max(1, 2**19 // max(len(rows), 1))):
-        nearest[block] = euclidean_distances(X[block], rows).argmin(axis=1)
+        nearest[block] = _distances(X[block], rows).argmin(axis=1)
     return groups[nearest].astype(np.int32)
 
 
@@ -800,7 +813,7 @@ default="transformer"
         centers = _array_api.to_numpy(self.cluster_centers_)
         if not rows.chunked and _missing.has_missing(rows.X):
             return _missing.observed_distances(rows.X, centers)
-        return rows.apply(euclidean_distances, centers, n_columns=centers.shape[0])
+        return rows.apply(_distances, centers, n_columns=centers.shape[0])
 
     def score(self, X, y=None, sample_weight=None):
         """Minus the inertia of ``X`` with respect to the fitted centres (higher is better).

@@ -40,9 +40,13 @@ def collapsed(
     True where a component holds fewer points than :func:`points_needed`, or where its
     smallest variance is within ``FLOOR_FACTOR`` of ``reg_covar`` and below
     ``RELATIVE_FLOOR`` times the mixture's mean variance per feature (the data's, as the
-    fitted mixture describes it: no pass over the data). ``covariances`` are shaped as
-    ``GaussianMixture.covariances_`` with the leading axes of ``weights``; ``n_samples``
-    (float or (...)) is the points, or the total weight, each mixture was fitted on.
+    fitted mixture describes it: no pass over the data), along a direction in which the
+    mixture itself varies above that floor. Along a constant feature, or a combination of
+    features that is constant (a total of others), every component sits at the floor:
+    that is the data's, not a collapse onto a handful of points. ``covariances`` are
+    shaped as ``GaussianMixture.covariances_`` with the leading axes of ``weights``;
+    ``n_samples`` (float or (...)) is the points, or the total weight, each mixture was
+    fitted on.
     """
     weights, means, covariances = (t.to(torch.float64) for t in (weights, means, covariances))
     n_features = means.shape[-1]
@@ -57,15 +61,56 @@ def collapsed(
     spread = variances + (means - center[..., None, :]) ** 2  # (..., K, d)
     data_variance = torch.einsum("...k,...kd->...", weights, spread) / n_features  # (...)
     floor = torch.clamp(RELATIVE_FLOOR * data_variance, max=FLOOR_FACTOR * reg_covar)  # (...)
-    if covariance_type == "full":
-        at_floor = _reaches(covariances, floor[..., None])  # (..., K)
-    elif covariance_type == "tied":  # one covariance for all: each component shares it
-        at_floor = _reaches(covariances, floor)[..., None].expand_as(weights)
-    else:
+    if covariance_type in ("full", "tied"):
+        at_floor = _matrices_at_floor(weights, means, center, covariances, covariance_type, floor)
+    elif covariance_type == "diag":
+        # Features along which the mixture varies no more than the floor are left out.
+        feature_variance = torch.einsum("...k,...kd->...d", weights, spread)  # (..., d)
+        varies = (feature_variance > floor[..., None])[..., None, :]  # (..., 1, d)
+        smallest = torch.where(varies, variances, torch.inf).amin(dim=-1)  # (..., K)
+        at_floor = smallest <= floor[..., None]
+    else:  # one variance over every feature: a constant feature alone cannot floor it
         at_floor = variances.amin(dim=-1) <= floor[..., None]
     n_samples = torch.as_tensor(n_samples, dtype=torch.float64, device=weights.device)
     points = weights * n_samples[..., None]
     return at_floor | (points < points_needed(covariance_type, n_features))
+
+
+def _matrices_at_floor(
+    weights: Tensor, means: Tensor, center: Tensor, covariances: Tensor,
+    covariance_type: str, floor: Tensor,
+) -> Tensor:
+    """Whether each component's full (or the shared tied) covariance has an eigenvalue at
+    its mixture's ``floor`` (...), bool (..., K), in the directions in which the mixture's
+    own covariance (within components plus between their means) is above it."""
+    offsets = means - center[..., None, :]  # (..., K, d)
+    between = torch.einsum("...k,...ki,...kj->...ij", weights, offsets, offsets)
+    if covariance_type == "full":
+        total = torch.einsum("...k,...kij->...ij", weights, covariances) + between
+        at_floor = _reaches(covariances, floor[..., None])  # (..., K)
+    else:
+        total = covariances + between
+        at_floor = _reaches(covariances, floor)[..., None].expand_as(weights).clone()
+    flat = total.shape[:-2].numel()
+    data_at_floor = _reaches(total, floor).reshape(flat)  # (B,)
+    if not bool(data_at_floor.any()):  # the usual case: the data vary in every direction
+        return at_floor
+    # Where the data themselves do not vary in some direction, every component sits at the
+    # floor there: test each component in the directions they do vary in (a basis of the
+    # total's eigenvectors above the floor), one mixture at a time (this is rare).
+    at_floor_flat = at_floor.reshape(flat, -1)
+    per_mixture = covariances.shape[-3:] if covariance_type == "full" else covariances.shape[-2:]
+    covariances_flat = covariances.reshape(flat, *per_mixture)
+    totals, floors = total.reshape(flat, *total.shape[-2:]), floor.reshape(flat)
+    for b in torch.nonzero(data_at_floor).flatten().tolist():
+        values, vectors = torch.linalg.eigh(totals[b])
+        basis = vectors[:, values > floors[b]]  # (d, r)
+        if basis.shape[1] == 0:  # the data are one point: nothing collapsed onto a few
+            at_floor_flat[b] = False
+            continue
+        projected = basis.mT @ covariances_flat[b] @ basis  # (K, r, r) or (r, r)
+        at_floor_flat[b] = _reaches(projected, floors[b])
+    return at_floor_flat.reshape(at_floor.shape)
 
 
 def _reaches(matrices: Tensor, floor: Tensor) -> Tensor:
