@@ -35,6 +35,8 @@ The targets, checked and printed (and written to ``streaming_targets.csv``):
 
     python benchmarks/streaming.py --quick --datasets synthetic flights  # 10^5 rows
     python benchmarks/streaming.py --datasets synthetic flights   # 10^7 rows, 10^3 to 10^5
+    python benchmarks/streaming.py --gaps 0.2 --n-rows 1000000 --datasets synthetic flights \
+        --out streaming_gaps   # a fifth of the entries missing: our estimators alone
 
 Prints a table and writes benchmarks/results/streaming.csv, streaming_targets.csv and
 streaming.png. Linux only (memory).
@@ -129,12 +131,32 @@ class Resampled(Stream):
         return self.X[rng.integers(0, len(self.X), BLOCK)]
 
 
-def make_stream(name: str, seed: int) -> Stream:
-    if name == "synthetic":
-        return Mixture(seed)
-    from large_datasets import LARGE_DATASETS
+class WithGaps(Stream):
+    """Another stream's rows with a share of their entries missing at random (NaN), each
+    row keeping one: block ``j``'s gaps drawn from the seed and ``j`` alone."""
 
-    return Resampled(LARGE_DATASETS[name](), seed)
+    def __init__(self, source: Stream, share: float):
+        self.source, self.share = source, share
+        self.name, self.seed = f"{source.name} {share:.0%} gaps", source.seed
+        self.n_components, self.n_features = source.n_components, source.n_features
+
+    def block(self, j: int) -> np.ndarray:
+        rows = self.source.block(j).astype(np.float64)
+        rng = np.random.default_rng([self.seed, 2, j])
+        gaps = rng.random(rows.shape) < self.share
+        gaps[gaps.all(axis=1), 0] = False
+        rows[gaps] = np.nan
+        return rows
+
+
+def make_stream(name: str, seed: int, gaps: float = 0.0) -> Stream:
+    if name == "synthetic":
+        source = Mixture(seed)
+    else:
+        from large_datasets import LARGE_DATASETS
+
+        source = Resampled(LARGE_DATASETS[name](), seed)
+    return WithGaps(source, gaps) if gaps else source
 
 
 def every_row(source: Stream, n_rows: int) -> np.ndarray:
@@ -203,6 +225,9 @@ def run_size(source: Stream, X: np.ndarray, size: int, checkpoint, seed: int) ->
         ("clustering", "MiniBatchKMeans.partial_fit"): lambda c: streamed(
             MiniBatchKMeans(k, random_state=seed, n_init=1), source, n_rows, size, c),
     }
+    if isinstance(source, WithGaps):  # of these, only our streams take NaN
+        methods = {key: make for key, make in methods.items()
+                   if key[1].startswith("Transformer")}
     rows = []
     for (kind, method), make in methods.items():
         clock = []
@@ -272,9 +297,12 @@ def check_targets(rows: list[dict]) -> list[dict]:
         if row["method"] != "TransformerClusterer.partial_fit":
             continue
         ours = row
-        theirs = next(r for r in rows if r["method"] == "MiniBatchKMeans.partial_fit"
-                      and r["dataset"] == row["dataset"] and r["batch_size"] == row["batch_size"]
-                      and r["n_rows"] == row["n_rows"])
+        theirs = next((r for r in rows if r["method"] == "MiniBatchKMeans.partial_fit"
+                       and r["dataset"] == row["dataset"]
+                       and r["batch_size"] == row["batch_size"]
+                       and r["n_rows"] == row["n_rows"]), None)
+        if theirs is None:  # a stream with gaps, which MiniBatchKMeans does not take
+            continue
         tolerance = 1e-9 * abs(theirs["metric"])  # the same centres, to rounding
         add(ours, "clusterer inertia per row (<= MiniBatchKMeans)", ours["metric"],
             theirs["metric"], ours["metric"] <= theirs["metric"] + tolerance)
@@ -396,6 +424,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--checkpoint", default="default",
                         help="the transformer that starts the fits ('none': k-means++)")
     parser.add_argument("--out", default="streaming", help="file stem of the CSV and PNG")
+    parser.add_argument("--gaps", type=float, default=0.0,
+                        help="a share of every stream's entries missing at random (NaN, each "
+                             "row keeping one): our streams and the fit on all rows alone, the "
+                             "only methods that take them")
     parser.add_argument("--replot", action="store_true",
                         help="redraw the PNG and the targets from the CSV already written")
     args = parser.parse_args(argv)
@@ -420,7 +452,7 @@ def main(argv=None) -> list[dict]:
         warnings.simplefilter("ignore")  # convergence warnings of the small fits
         warm_up(checkpoint, args.seed)
         for name in args.datasets:
-            source = make_stream(name, args.seed)
+            source = make_stream(name, args.seed, args.gaps)
             X, part = every_row(source, n_rows), []
             if not args.no_full_fit:
                 part.append(run_full_fit(source, X, checkpoint, args.seed))

@@ -151,9 +151,10 @@ def test_later_batches_meet_scikit_learn_checks(estimator):
     listed.partial_fit(X[100:200].tolist())  # validate_data's path
     np.testing.assert_array_equal(_centers(plain), _centers(listed))
     np.testing.assert_array_equal(plain.predict(X), listed.predict(X))
+    # A batch may have gaps, but no row without an observed entry.
     for bad, message in [
         (np.full((5, 2), np.inf), "Input X contains infinity"),
-        (np.full((5, 2), np.nan), "does not take missing values"),
+        (np.full((5, 2), np.nan), "every feature missing"),
         (np.zeros((0, 2)), "0 sample"),
         (np.zeros(2), "Expected 2D array"),
         (np.zeros((5, 3)), "X has 3 features"),
@@ -251,6 +252,125 @@ def test_partial_fit_with_the_number_of_components_chosen():
     streamed.partial_fit(X[:300]).partial_fit(X[300:])
     assert streamed.n_components_ == len(streamed.weights_) == streamed.means_.shape[0]
     assert streamed.n_steps_ == 2
+
+
+# --- TransformerGMM on batches with gaps (NaN) ---------------------------------------------
+
+
+def with_gaps(X: np.ndarray, share: float = 0.2, seed: int = 0) -> np.ndarray:
+    """``X`` with a ``share`` of its entries missing at random, each row keeping one."""
+    rng = np.random.default_rng(seed)
+    gaps = X.copy()
+    gaps[rng.random(X.shape) < share] = np.nan
+    empty = np.isnan(gaps).all(axis=1)
+    gaps[empty, 0] = X[empty, 0]
+    return gaps
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_step_size_one_on_rows_with_gaps_is_an_iteration_of_their_em(covariance_type):
+    # With learning_decay=0 a step on the whole data is one iteration of fit's EM for
+    # missing values (without its covariance prior), from the fitted mixture.
+    from transformer_gmm.engine.missing import fit_em_missing
+
+    X = with_gaps(stationary_mixture(400, seed=7))
+    streamed = gmm(covariance_type, learning_decay=0.0, missing_covariance_prior=0)
+    streamed.partial_fit(X)
+    start = [getattr(streamed, name).copy() for name in ("weights_", "means_", "covariances_")]
+    streamed.partial_fit(X)
+    iteration = fit_em_missing(
+        X, *start, covariance_type=covariance_type, reg_covar=streamed.reg_covar,
+        max_iter=1, tol=0.0, accelerate=False,
+    )
+    np.testing.assert_allclose(streamed.means_, iteration.means, rtol=1e-10)
+    np.testing.assert_allclose(streamed.covariances_, iteration.covariances, rtol=1e-10)
+    np.testing.assert_allclose(streamed.weights_, iteration.weights, rtol=1e-10)
+    assert streamed.lower_bound_ == pytest.approx(iteration.lower_bounds[0], rel=1e-10)
+
+
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_a_stream_with_gaps_nears_the_fit_on_all_rows(covariance_type):
+    X = with_gaps(stationary_mixture(6_000, seed=8), seed=1)
+    streamed = gmm(covariance_type)
+    for batch in batches(X, 300):
+        streamed.partial_fit(batch)
+    fitted = gmm(covariance_type).fit(X)
+    assert streamed.n_steps_ == 20 and np.isfinite(streamed.covariances_).all()
+    assert streamed.score(X) == pytest.approx(fitted.score(X), abs=0.01)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag"])
+def test_a_batch_with_gaps_steps_alike_in_any_row_order_and_as_repeated_rows(covariance_type):
+    X = with_gaps(stationary_mixture(400, seed=9), seed=2)
+    first, batch = X[:200], X[200:]
+    permuted = batch[np.random.default_rng(0).permutation(len(batch))]
+    a = gmm(covariance_type).partial_fit(first).partial_fit(batch)
+    b = gmm(covariance_type).partial_fit(first).partial_fit(permuted)
+    assert_same_mixture(a, b, rtol=1e-10)
+    counts = np.random.default_rng(1).integers(0, 4, len(batch))
+    weighted = gmm(covariance_type).partial_fit(first).partial_fit(batch, sample_weight=counts)
+    repeated = gmm(covariance_type).partial_fit(first).partial_fit(np.repeat(batch, counts, 0))
+    assert_same_mixture(weighted, repeated, rtol=1e-10)
+
+
+def test_a_batch_that_observes_a_feature_nowhere_still_steps():
+    X = stationary_mixture(600, seed=10)
+    streamed = gmm().partial_fit(X[:300])
+    batch = X[300:].copy()
+    batch[:, 1] = np.nan  # feature 1 missing from the whole batch: the first batch had it
+    streamed.partial_fit(batch)
+    assert streamed.n_steps_ == 2 and np.isfinite(streamed.means_).all()
+    assert np.isfinite(streamed.covariances_).all() and np.isfinite(streamed.lower_bound_)
+
+
+def test_an_emptied_component_is_reseeded_onto_a_row_with_gaps():
+    X = stationary_mixture(600, seed=5)
+    streamed = gmm("full").partial_fit(X[:300])
+    streamed.weights_[0] = 1e-300
+    streamed.weights_ /= streamed.weights_.sum()
+    streamed.means_[0] = [1e3, 1e3]
+    batch = with_gaps(X[300:], seed=3)
+    streamed.partial_fit(batch)
+    assert np.isfinite(streamed.covariances_).all() and (streamed.weights_ > 0).all()
+    # Moved onto a row of the batch, over its observed entries.
+    observed = ~np.isnan(batch)
+    assert ((batch == streamed.means_[0]) | ~observed).all(1).any()
+
+
+def test_a_clusterer_step_with_gaps_fills_them_from_the_nearest_centres():
+    # k-POD's step: each missing entry takes its row's nearest centre's coordinate (over
+    # the observed ones), and the mini-batch step runs on the filled rows; the batch's
+    # labels and inertia are then over its observed entries, as predict and score read it.
+    X = stationary_mixture(600, seed=11)
+    streamed = clusterer().partial_fit(X[:300])
+    centers, counts = streamed.cluster_centers_.copy(), streamed._counts.copy()
+    batch = with_gaps(X[300:], seed=4)
+    nearest = clusterer().fit(X[:300])  # the same centres, to predict over observed entries
+    nearest.cluster_centers_ = centers
+    filled = np.where(np.isnan(batch), centers[nearest.predict(batch)], batch)
+    streamed.partial_fit(batch)
+    reference = clusterer().partial_fit(X[:300]).partial_fit(filled)
+    np.testing.assert_allclose(streamed.cluster_centers_, reference.cluster_centers_,
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(streamed._counts, counts + np.bincount(
+        nearest.predict(batch), minlength=3))
+    np.testing.assert_array_equal(streamed.labels_, streamed.predict(batch))
+    assert streamed.inertia_ == pytest.approx(-streamed.score(batch), rel=1e-12)
+
+
+def test_a_clusterer_stream_with_gaps_nears_k_pod_on_all_rows():
+    X = with_gaps(stationary_mixture(6_000, seed=12), seed=5)
+    streamed = clusterer()
+    for batch in batches(X, 300):
+        streamed.partial_fit(batch)
+    fitted = clusterer().fit(X)
+    assert streamed.n_steps_ == 20
+    assert -streamed.score(X) <= 1.01 * -fitted.score(X)
+    counts = np.random.default_rng(2).integers(0, 4, 300)
+    weighted = clusterer().partial_fit(X[:300]).partial_fit(X[300:600], sample_weight=counts)
+    repeated = clusterer().partial_fit(X[:300]).partial_fit(np.repeat(X[300:600], counts, 0))
+    np.testing.assert_allclose(weighted.cluster_centers_, repeated.cluster_centers_,
+                               rtol=1e-10)
 
 
 # --- TransformerClusterer ---------------------------------------------------------------
@@ -372,6 +492,19 @@ def test_streaming_benchmark_runs(tmp_path):
     assert all(
         np.isfinite([r["metric"], r["memory_mib"], r["rows_per_second"]]).all() for r in rows
     )
+
+
+def test_streaming_benchmark_with_gaps_runs_our_streams_alone(tmp_path):
+    rows = load_benchmark("streaming").main(
+        ["--n-rows", "4000", "--batch-sizes", "2000", "--gaps", "0.2", "--checkpoint", "none",
+         "--results", str(tmp_path), "--out", "gaps"]
+    )
+    assert [r["method"] for r in rows] == [
+        "TransformerGMM.fit (all rows)", "TransformerGMM.partial_fit",
+        "TransformerClusterer.partial_fit"]
+    assert rows[0]["dataset"] == "synthetic 20% gaps"
+    assert all(np.isfinite(r["metric"]) for r in rows)
+    assert np.isfinite(rows[1]["gap_to_full_fit"])
 
 
 def test_streaming_seeds_benchmark_pairs_the_seeds(tmp_path):

@@ -89,7 +89,7 @@ class TransformerMixtureBase(BaseEstimator):
     # The error of a fit on a Dask array that needs X in memory (_needs_X_in_memory).
     _in_memory_message: str = ""
 
-    def _fit(self, X, sample_weight, allow_nan: bool = True) -> Rows:
+    def _fit(self, X, sample_weight) -> Rows:
         """Every fit, in scikit-learn's manner (``BaseMixture.fit_predict``): read the
         input, validate it, choose K where asked, fit K (on the observed entries where X
         holds NaN, which the starts and the choice of K read mean-imputed), set the fitted
@@ -113,7 +113,7 @@ class TransformerMixtureBase(BaseEstimator):
         _array_api.attributes_to_numpy(self)
         X = _fitting.validate_fit_data(
             self, X, 1 if auto else K, self._accept_sparse, self._too_few_samples,
-            allow_nan=allow_nan,
+            allow_nan=True,
         )
         has_missing = _missing.has_missing(X)
         start_rows = X  # what the starts and the choice of K read: with NaN, the imputed rows
@@ -176,7 +176,7 @@ class TransformerMixtureBase(BaseEstimator):
         reads ``STREAM_VIEWS`` views (the stream shares that fit's cost)."""
         self._reading_first_batch = True
         try:
-            return self._fit(X, sample_weight, allow_nan=False)
+            return self._fit(X, sample_weight)
         finally:
             del self._reading_first_batch
 

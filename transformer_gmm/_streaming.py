@@ -2,11 +2,9 @@
 is fitted as ``fit`` fits it, each later one is a step of
 :mod:`transformer_gmm.engine.online` from the fitted attributes, which each estimator
 takes and sets itself (``TransformerMixtureBase._start_stream`` and the estimators'
-``_partial_fit``). No torch here."""
+``_partial_fit``)."""
 
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 import numpy as np
 from scipy import sparse
@@ -14,36 +12,21 @@ from sklearn.utils.validation import validate_data
 
 from ._fitting import densified
 from ._initialization import checked_sample_weight
-
-
-@contextmanager
-def missing_values_refused(estimator_name: str):
-    """scikit-learn's NaN error of a ``partial_fit`` batch, reworded: ``fit`` takes NaN,
-    a stream does not (its steps have no estimate of the missing entries)."""
-    try:
-        yield
-    except ValueError as error:
-        if not str(error).startswith("Input X contains NaN"):
-            raise
-        raise ValueError(
-            f"Input X contains NaN. {estimator_name}.partial_fit does not take missing "
-            "values: impute the batch first (e.g. sklearn.impute.SimpleImputer fitted on "
-            "an earlier batch), or fit all the rows at once with fit, which takes NaN as "
-            "a missing entry."
-        ) from error
+from .engine.missing import check_rows
 
 
 def validate_batch(estimator, X, sample_weight, accept_sparse=False):
     """A later batch, checked against the first (its number of features and their names,
-    as scikit-learn's ``validate_data`` reads them off ``estimator``), and its weights or
-    None."""
+    as scikit-learn's ``validate_data`` reads them off ``estimator``; NaN, a missing entry,
+    in rows with an observed feature), and its weights or None."""
     if not _is_plain_batch(estimator, X):
         X = validate_data(
             estimator, X, accept_sparse=accept_sparse, dtype=[np.float64, np.float32],
-            reset=False,
+            reset=False, ensure_all_finite="allow-nan",
         )
         if sparse.issparse(X):
             X = densified(X)
+        check_rows(X)
     if sample_weight is not None:
         sample_weight = checked_sample_weight(sample_weight, X.shape[0], 1)
     return X, sample_weight

@@ -442,15 +442,18 @@ default="transformer"
         the batch as :meth:`fit` does (with four views of it under ``n_views="auto"``);
         each later call is a step of :class:`~sklearn.cluster.MiniBatchKMeans`: each
         centre moves to the mean of all the samples it has taken. ``labels_`` and
-        ``inertia_`` are then the latest batch's.
+        ``inertia_`` are then the latest batch's. A batch's missing entries (NaN) take
+        their row's nearest centre's coordinates for the step, as k-POD fills them in
+        :meth:`fit`, and its labels and inertia are over the observed entries.
 
         Read more in the :ref:`User Guide <user-guide-partial-fit>`.
 
         Parameters
         ----------
         X : array-like or sparse matrix of shape (n_samples, n_features)
-            A batch of training data (densified if sparse). The first needs at least
-            ``n_clusters`` rows; later ones at least one, with the first's features.
+            A batch of training data (densified if sparse); NaN marks a missing entry
+            (every row needs an observed one). The first needs at least ``n_clusters``
+            rows; later ones at least one, with the first's features.
         y : Ignored
             Not used, present for API consistency.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -478,11 +481,10 @@ default="transformer"
         """
         self._check_batch(X)
         _array_api.check_numpy_stream(type(self).__name__, X)
-        with _streaming.missing_values_refused(type(self).__name__):
-            return self._partial_fit(X, sample_weight)
+        return self._partial_fit(X, sample_weight)
 
     def _partial_fit(self, X, sample_weight):
-        """:meth:`partial_fit` on a numpy batch without NaN."""
+        """:meth:`partial_fit` on a numpy batch."""
         if not self._is_streaming():
             self._fit_first_batch(X, sample_weight)
             if sample_weight is not None:
@@ -501,7 +503,8 @@ default="transformer"
         )
         self._count_batch(X.shape[0])
         centers, self._counts, self.labels_, self.inertia_ = online.kmeans_step(
-            X, sample_weight, self.cluster_centers_, self._counts, device=self.device_
+            X, sample_weight, self.cluster_centers_, self._counts, device=self.device_,
+            gaps=_missing.has_missing(X),
         )
         self.cluster_centers_ = centers.astype(self.cluster_centers_.dtype, copy=False)
         self._mark_stream()

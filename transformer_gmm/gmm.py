@@ -19,6 +19,7 @@ from . import (
     _fitting,
     _initialization,
     _merge,
+    _missing,
     _streaming,
     _verbose,
 )
@@ -445,15 +446,19 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         later call is one step of stepwise EM (Cappé and Moulines, 2009), whose running
         average of the sufficient statistics forgets as ``learning_decay`` and
         ``learning_offset`` say. ``lower_bound_`` is then the latest batch's mean
-        log-likelihood.
+        log-likelihood. Batches may have missing entries (NaN): a step then reads the
+        statistics expected given each row's observed entries, as :meth:`fit`'s EM for
+        missing values does (whose ``missing_covariance_prior`` is the first batch's fit's
+        alone: later steps are maximum likelihood).
 
         Read more in the :ref:`User Guide <user-guide-partial-fit>`.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features)
-            A batch of training data. The first needs at least two and
-            ``n_components`` rows; later ones at least one, with the first's features.
+            A batch of training data; NaN marks a missing entry (every row needs an
+            observed one). The first needs at least two and ``n_components`` rows; later
+            ones at least one, with the first's features.
         y : Ignored
             Not used, present for API consistency.
         sample_weight : array-like of shape (n_samples,), default=None
@@ -483,11 +488,10 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         """
         self._check_batch(X)
         _array_api.check_numpy_stream(type(self).__name__, X)
-        with _streaming.missing_values_refused(type(self).__name__):
-            return self._partial_fit(X, sample_weight)
+        return self._partial_fit(X, sample_weight)
 
     def _partial_fit(self, X, sample_weight):
-        """:meth:`partial_fit` on a numpy batch without NaN."""
+        """:meth:`partial_fit` on a numpy batch."""
         if not self._is_streaming():
             X = self._fit_first_batch(X, sample_weight).X
             self._start_stream(X.shape[0])
@@ -504,6 +508,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             covariance_type=self.covariance_type,
             reg_covar=self.reg_covar,
             device=self.device_,
+            gaps=_missing.has_missing(X),
         )
         self._set_parameters(*fitted, self.means_.dtype)  # the first batch's dtype, kept
         self.lower_bound_ = log_likelihood

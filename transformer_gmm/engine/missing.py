@@ -46,6 +46,7 @@ __all__ = [
     "fit_em_missing",
     "missing_statistics",
     "weighted_log_prob",
+    "worst_explained",
 ]
 
 
@@ -349,7 +350,7 @@ def _as_type(scatter: Tensor, covariance_type: str) -> Tensor:
     return diagonal if covariance_type == "diag" else diagonal.mean(-1)
 
 
-def _worst_explained(
+def worst_explained(
     runs: list[_Run],
     filled: Tensor,
     points: Tensor,
@@ -462,7 +463,7 @@ def fit_em_missing(
     result = fit_em_from_statistics(
         start,
         lambda params: missing_statistics(runs, params, covariance_type, row_weight),
-        lambda params, empty: _worst_explained(
+        lambda params, empty: worst_explained(
             runs, filled, points, params, empty, covariance_type
         ),
         n_points,

@@ -14,7 +14,10 @@ read (the weights the counts, the means the sums, the covariances less ``reg_cov
 scatter). So the running average needs no state of its own: it is rebuilt from the
 current parameters (:func:`statistics_of_parameters`), which is also what lets a stream go
 on from a pickled or re-seeded mixture. With ``rho = 1`` a step is one EM iteration of
-``fit`` on the batch.
+``fit`` on the batch. A batch with missing entries (NaN) enters by its expected statistics
+given each row's observed entries (:func:`stepwise_em_step_missing`), the same average and
+M-step; a clustering's, by its rows filled from their nearest centres, as k-POD fills them
+(:func:`minibatch_kmeans_step_missing`).
 
 Mini-batch k-means (Sculley, 2010, as :class:`sklearn.cluster.MiniBatchKMeans`) moves
 each centre to the mean of every row it has taken so far: a per-centre learning rate of
@@ -23,12 +26,14 @@ each centre to the mean of every row it has taken so far: a per-centre learning 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from . import kpod, missing
 from .device import entry_point, shared_tensor, tensor, to_numpy
 from .em import as_tuple, empty_threshold, reseed_means, reseed_weights_and_covariances
 from .gaussian import IllDefinedCovariance
@@ -48,10 +53,12 @@ __all__ = [
     "StepResult",
     "kmeans_step",
     "minibatch_kmeans_step",
+    "minibatch_kmeans_step_missing",
     "mixture_step",
     "statistics_of_parameters",
     "step_size",
     "stepwise_em_step",
+    "stepwise_em_step_missing",
 ]
 
 # Rows of a batch read at once: the E-step's (rows, K, d) temporaries stay near 32 MB in
@@ -205,30 +212,109 @@ def stepwise_em_step(
     for rows, weights in _slices(X, sample_weight, n_rows):
         part = mixture_statistics(rows, params, covariance_type, weights)
         batch = part if batch is None else batch + part
+    total, n_points, unit = _batch_weight(
+        X.shape[1], None if sample_weight is None else sample_weight[0]
+    )
+
+    def worst(new: MixtureParams, empty: Tensor) -> Tensor:  # (1, min(K, n_points), d)
+        candidates = X if sample_weight is None else X[:, sample_weight[0] > 0]
+        n_worst = min(n_components, n_points)
+        return worst_explained(candidates, new, empty, covariance_type, n_worst)[..., 1:]
+
+    return _update(
+        batch, worst, params, rho, total, n_points, unit, covariance_type, reg_covar, X.dtype
+    )
+
+
+def stepwise_em_step_missing(
+    X: np.ndarray,
+    params: MixtureParams,
+    rho: float,
+    *,
+    covariance_type: str,
+    reg_covar: float,
+    sample_weight: np.ndarray | None = None,
+    device: str | torch.device = "cpu",
+) -> StepResult:
+    """:func:`stepwise_em_step` on a batch ``X`` (n, d) with missing entries (NaN, missing
+    at random; every row with an observed feature), from ``params`` (float64, of batch 1,
+    with covariances) on ``device``.
+
+    The batch's statistics are the expected ones given each row's observed entries
+    (:func:`~transformer_gmm.engine.missing.missing_statistics`, those of ``fit``'s EM for
+    missing values), so with ``rho = 1`` a step is an iteration of that EM (without its
+    covariance prior) on ``X``; the M-step and the re-seeding of an emptied component are
+    :func:`stepwise_em_step`'s, a re-seeded mean going to the row the others explain worst
+    over its observed features, its missing entries at the batch's observed means (the
+    mixture's mean where the batch observes a feature nowhere).
+    """
+    dtype = torch.float64
+    x = torch.as_tensor(X, dtype=dtype, device=device)
+    is_missing = torch.isnan(x)
+    x = torch.where(is_missing, 0.0, x)
+    row_weight = (
+        torch.ones(len(X), dtype=dtype, device=device)
+        if sample_weight is None
+        else torch.as_tensor(sample_weight, dtype=dtype, device=device)
+    )
+    n_components = params.means.shape[1]
+    runs = missing.Patterns.of(X, device).runs(x, n_components, row_weight)
+    batch = missing.missing_statistics(runs, params, covariance_type, row_weight)
+    total, n_points, unit = _batch_weight(len(X), None if sample_weight is None else row_weight)
+
+    def worst(new: MixtureParams, empty: Tensor) -> Tensor:  # (1, min(K, n), d)
+        observed = (~is_missing).sum(0)  # (d,)
+        mixture_mean = params.weights[0] @ params.means[0]  # (d,)
+        column_means = torch.where(observed > 0, x.sum(0) / observed.clamp_min(1), mixture_mean)
+        filled = torch.where(is_missing, column_means, x)
+        return missing.worst_explained(
+            runs, filled, row_weight > 0, new, empty, covariance_type
+        )
+
+    return _update(
+        batch, worst, params, rho, total, n_points, unit, covariance_type, reg_covar, dtype
+    )
+
+
+def _batch_weight(n_rows: int, sample_weight: Tensor | None) -> tuple[float, int, float]:
+    """A batch's total weight, its rows of positive weight, and an average such row's
+    weight (fit_em's unit)."""
     if sample_weight is None:
-        total, n_points, unit = float(X.shape[1]), X.shape[1], 1.0
-    else:
-        positive = sample_weight > 0
-        total, n_points = float(sample_weight.sum()), int(positive.sum())
-        unit = total / n_points  # an average row's weight, as fit_em's
+        return float(n_rows), n_rows, 1.0
+    total, n_points = float(sample_weight.sum()), int((sample_weight > 0).sum())
+    return total, n_points, total / n_points
+
+
+def _update(
+    batch: MixtureStatistics,
+    worst: Callable[[MixtureParams, Tensor], Tensor],
+    params: MixtureParams,
+    rho: float,
+    total: float,
+    n_points: int,
+    unit: float,
+    covariance_type: str,
+    reg_covar: float,
+    dtype: torch.dtype,
+) -> StepResult:
+    """The step from a batch's statistics: averaged with those ``params`` stand for, the
+    M-step, and the re-seeding of emptied components onto the rows ``worst(new, empty)``
+    gives (those the others explain worst, worst first), in the batch's ``dtype``."""
     running = statistics_of_parameters(params, total, covariance_type, reg_covar)
     averaged = _blend(running, batch, rho)
     new, failed = parameters_from_statistics(averaged, params.means, covariance_type, reg_covar)
     # fit_em's rule for an emptied component: the M-step's counts below the bound.
-    counts = averaged.nk + 10 * torch.finfo(X.dtype).eps
-    empty = counts < empty_threshold(unit, X.dtype)  # (1, K)
+    counts = averaged.nk + 10 * torch.finfo(dtype).eps
+    empty = counts < empty_threshold(unit, dtype)  # (1, K)
     reseeded = int(empty.sum())
     if bool(failed.any()) and not reseeded:
-        raise IllDefinedCovariance(X.dtype)
+        raise IllDefinedCovariance(dtype)
     if reseeded:
         new, failed = reseed_weights_and_covariances(new, counts, empty, unit, covariance_type)
         if bool(failed.any()):
-            raise IllDefinedCovariance(X.dtype)
-        candidates = X if sample_weight is None else X[:, sample_weight[0] > 0]
-        n_worst = min(n_components, n_points)
-        worst = worst_explained(candidates, new, empty, covariance_type, n_worst)[..., 1:]
-        n_rows = torch.full((1, 1), n_points, device=X.device)
-        new.means = reseed_means(new.means, empty, worst, n_rows)
+            raise IllDefinedCovariance(dtype)
+        n_rows = torch.full((1, 1), n_points, device=counts.device)
+        new.means = reseed_means(new.means, empty, worst(new, empty), n_rows)
     return StepResult(new, float(batch.log_likelihood[0]) / total, reseeded)
 
 
@@ -301,6 +387,44 @@ def minibatch_kmeans_step(
     return new, total[..., 0], torch.cat(labels, dim=1), torch.stack(inertia).sum(0)
 
 
+def minibatch_kmeans_step_missing(
+    X: np.ndarray,
+    centers: Tensor,
+    counts: Tensor,
+    *,
+    sample_weight: np.ndarray | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """:func:`minibatch_kmeans_step` on a batch ``X`` (n, d) with missing entries (NaN;
+    every row with an observed feature), from ``centers`` (1, K, d) and ``counts`` (1, K)
+    in float64, as k-POD (:mod:`~transformer_gmm.engine.kpod`) steps on complete data:
+    each row's missing entries take its nearest centre's (over its observed coordinates)
+    coordinates, and the step runs on the filled rows, whose nearest centres are those
+    same ones. The batch's labels and inertia under the new centres are over each row's
+    observed coordinates, as ``fit`` reports them."""
+    x = torch.as_tensor(X, dtype=torch.float64, device=centers.device)
+    observed = ~torch.isnan(x)
+
+    def nearest(c: Tensor) -> tuple[Tensor, Tensor]:  # labels (n,), squared distances (n,)
+        # Less the centres' mean, as every distance to the centres is taken.
+        offset = c.mean(0)
+        squared = kpod.observed_squared_distances(
+            torch.where(observed, x - offset, 0.0), observed, c - offset
+        )
+        labels = squared.argmin(1)
+        return labels, squared.gather(1, labels[:, None])[:, 0]
+
+    labels, _ = nearest(centers[0])
+    filled = torch.where(observed, x, centers[0][labels])[None]  # (1, n, d)
+    weights = (
+        None if sample_weight is None
+        else torch.as_tensor(sample_weight, dtype=torch.float64, device=x.device)[None]
+    )
+    new, total, _, _ = minibatch_kmeans_step(filled, centers, counts, sample_weight=weights)
+    labels, squared = nearest(new[0])
+    inertia = squared.sum() if weights is None else (squared * weights[0]).sum()
+    return new, total, labels[None], inertia[None]
+
+
 def _weights_of(rows: Tensor, X: Tensor, sample_weight: Tensor) -> Tensor:
     """The weights (1, M) of ``rows`` (1, M, d), rows of ``X`` (1, m, d) of positive weight."""
     positive = sample_weight[:, sample_weight[0] > 0]  # (1, m)
@@ -325,19 +449,28 @@ def mixture_step(
     covariance_type: str,
     reg_covar: float,
     device: str,
+    gaps: bool = False,
 ) -> tuple[tuple[np.ndarray, ...], float]:
     """:func:`stepwise_em_step` on a batch ``X`` (n, d) and a fitted mixture's
     ``(weights, means, covariances, precisions_cholesky)``, computed on ``device`` in its
-    dtype; returns the new parameters, float64, and the batch's mean log-likelihood."""
-    params = MixtureParams(*(_on_device(a, device) for a in parameters))
-    result = stepwise_em_step(
-        _on_device(X, device),
-        params,
-        rho,
-        covariance_type=covariance_type,
-        reg_covar=reg_covar,
-        sample_weight=_on_device(sample_weight, device),
-    )
+    dtype, or, where ``X`` has ``gaps`` (NaN), :func:`stepwise_em_step_missing` in
+    float64; returns the new parameters, float64, and the batch's mean log-likelihood."""
+    if gaps:
+        params = MixtureParams(*(_on_device(np.asarray(a, np.float64), device) for a in parameters))
+        result = stepwise_em_step_missing(
+            X, params, rho, covariance_type=covariance_type, reg_covar=reg_covar,
+            sample_weight=sample_weight, device=device,
+        )
+    else:
+        params = MixtureParams(*(_on_device(a, device) for a in parameters))
+        result = stepwise_em_step(
+            _on_device(X, device),
+            params,
+            rho,
+            covariance_type=covariance_type,
+            reg_covar=reg_covar,
+            sample_weight=_on_device(sample_weight, device),
+        )
     fitted = (to_numpy(t[0]) for t in as_tuple(result.params))
     return tuple(fitted), result.log_likelihood
 
@@ -350,16 +483,26 @@ def kmeans_step(
     counts: np.ndarray,
     *,
     device: str,
+    gaps: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """:func:`minibatch_kmeans_step` on a batch ``X`` (n, d), computed on ``device`` in its
-    dtype; returns the new centres and counts (float64), then the batch's labels (int32)
+    dtype, or, where ``X`` has ``gaps`` (NaN), :func:`minibatch_kmeans_step_missing` in
+    float64; returns the new centres and counts (float64), then the batch's labels (int32)
     and weighted inertia under the new centres, as MiniBatchKMeans reports them."""
-    new, total, labels, inertia = minibatch_kmeans_step(
-        shared_tensor(X, device)[None],  # read, never written
-        _on_device(centers, device),
-        _on_device(counts, device),
-        sample_weight=_on_device(sample_weight, device),
-    )
+    if gaps:
+        new, total, labels, inertia = minibatch_kmeans_step_missing(
+            X,
+            _on_device(np.asarray(centers, np.float64), device),
+            _on_device(np.asarray(counts, np.float64), device),
+            sample_weight=sample_weight,
+        )
+    else:
+        new, total, labels, inertia = minibatch_kmeans_step(
+            shared_tensor(X, device)[None],  # read, never written
+            _on_device(centers, device),
+            _on_device(counts, device),
+            sample_weight=_on_device(sample_weight, device),
+        )
     return (
         to_numpy(new[0]),
         to_numpy(total[0]),
