@@ -339,10 +339,24 @@ def test_the_clusterer_says_the_same():
         ).fit(X)
 
 
-def test_the_default_candidates_stop_at_n_samples():
+@pytest.mark.parametrize(
+    "covariance_type, top", [("tied", 6), ("spherical", 3), ("diag", 3), ("full", 2)]
+)
+def test_the_default_candidates_stop_where_components_can_hold_their_points(
+    covariance_type, top
+):
+    # 6 rows in 2-D: each component needs 3 rows for a full covariance, 2 for a variance,
+    # none for a tied one (at most n_samples components, and the clusterer's K, still).
     X = np.random.default_rng(0).standard_normal((6, 2))
-    gmm = TransformerGMM(n_components="auto", checkpoint=None, random_state=0).fit(X)
-    np.testing.assert_array_equal(gmm.candidates_, np.arange(1, 7))
+    gmm = TransformerGMM(
+        n_components="auto", covariance_type=covariance_type, checkpoint=None, random_state=0
+    ).fit(X)
+    np.testing.assert_array_equal(gmm.candidates_, np.arange(1, top + 1))
+    km = TransformerClusterer(n_clusters="auto", checkpoint=None, random_state=0).fit(X)
+    np.testing.assert_array_equal(km.candidates_, np.arange(1, 7))
+    explicit = TransformerGMM(n_components="auto", max_components=4, checkpoint=None,
+                              covariance_type=covariance_type, random_state=0).fit(X)
+    np.testing.assert_array_equal(explicit.candidates_, np.arange(1, 5))  # as asked
 
 
 def test_fit_many_takes_one_int():

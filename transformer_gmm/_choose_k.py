@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import _merge
-from ._collapsed import CollapsedComponentWarning
+from ._collapsed import CollapsedComponentWarning, points_needed
 from ._fitting import draw_seed
 from .engine import model_cache
 from .engine.device import resolve_device
@@ -92,15 +92,20 @@ def is_auto(value) -> bool:
     return not (isinstance(value, Integral) and not isinstance(value, bool))
 
 
-def candidates(value, max_components, n_samples: int, backbone, k_name: str) -> np.ndarray:
-    """The K to choose from, increasing; a ValueError that says what to do for bad ones."""
+def candidates(
+    value, max_components, n_samples: int, backbone, k_name: str, points_needed: int = 1
+) -> np.ndarray:
+    """The K to choose from, increasing; a ValueError that says what to do for bad ones.
+    By default ``"auto"`` considers no K whose components cannot each hold
+    ``points_needed`` of the samples (a mixture's K collapses there, whatever the data)."""
     max_name = _max_name(k_name)
     if isinstance(value, str):  # "auto": 1 .. max_components
         if max_components is None:
             top = DEFAULT_MAX_COMPONENTS
             if backbone is not None:
                 top = backbone.supported_n_components[-1]
-            return np.arange(1, min(top, n_samples) + 1)
+            fitting = max(1, n_samples // max(1, points_needed))
+            return np.arange(1, min(top, fitting) + 1)
         if max_components > n_samples:
             raise ValueError(
                 f"{max_name}={max_components} exceeds n_samples={n_samples}: a fit cannot "
@@ -177,7 +182,12 @@ def choose(
     holds for the rows of each, given their number (see the module)."""
     params = estimator._fit_params()
     backbone = named_backbone(params["checkpoint"])
-    ks = candidates(params[k_name], params[_max_name(k_name)], len(X), backbone, k_name)
+    needed = 1
+    if k_name == "n_components":  # each component's covariance needs its points
+        needed = points_needed(params["covariance_type"], X.shape[1])
+    ks = candidates(
+        params[k_name], params[_max_name(k_name)], len(X), backbone, k_name, needed
+    )
     criterion, covered = _criterion(params, backbone, ks)
     posterior, k_unknown_pass, component_posterior = None, None, None
     clusters = False

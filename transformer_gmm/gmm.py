@@ -53,7 +53,9 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
         (see :ref:`Choosing the number of components <choosing-k>`).
     max_components : int, default=None
         The largest K that ``n_components="auto"`` considers; by default the largest the
-        checkpoint covers (10 without one), at most ``n_samples``. Ignored otherwise.
+        checkpoint covers (10 without one), at most ``n_samples``, and at most the K whose
+        components can each hold the points their covariance needs (``n_features + 1``
+        for ``"full"``, 2 for a variance): more would collapse. Ignored otherwise.
     criterion : {"auto", "bic", "posterior"}, default="auto"
         How K is chosen when ``n_components`` is not an int: ``"posterior"``, the most
         probable K under the checkpoint's learned P(K | X), from one forward pass;
