@@ -72,13 +72,8 @@ def observed_distances(X, centers: np.ndarray) -> np.ndarray:
     if sparse.issparse(X):
         X = X.toarray()
     missing.check_rows(X)
-    # Both less the centres' mean: the expanded squared distances then keep the digits
-    # an offset of the data would take (the differences do not depend on it).
-    c = torch.as_tensor(centers, dtype=torch.float64)
-    offset = c.mean(0)
     x = torch.as_tensor(X, dtype=torch.float64)
-    observed = ~torch.isnan(x)
-    squared = kpod.observed_squared_distances(
-        torch.where(observed, x - offset, 0.0), observed, c - offset
+    squared = kpod.centred_observed_squared_distances(
+        x, ~torch.isnan(x), torch.as_tensor(centers, dtype=torch.float64)
     )
     return squared.sqrt_().numpy().astype(X.dtype, copy=False)

@@ -12,13 +12,16 @@ from sklearn.utils.validation import validate_data
 
 from ._fitting import densified
 from ._initialization import checked_sample_weight
+from ._missing import has_missing
 from .engine.missing import check_rows
 
 
 def validate_batch(estimator, X, sample_weight, accept_sparse=False):
     """A later batch, checked against the first (its number of features and their names,
     as scikit-learn's ``validate_data`` reads them off ``estimator``; NaN, a missing entry,
-    in rows with an observed feature), and its weights or None."""
+    in rows with an observed feature), its weights or None, and whether it has gaps: the
+    one decision of which step reads it."""
+    gaps = False
     if not _is_plain_batch(estimator, X):
         X = validate_data(
             estimator, X, accept_sparse=accept_sparse, dtype=[np.float64, np.float32],
@@ -26,10 +29,12 @@ def validate_batch(estimator, X, sample_weight, accept_sparse=False):
         )
         if sparse.issparse(X):
             X = densified(X)
-        check_rows(X)
+        gaps = has_missing(X)
+        if gaps:
+            check_rows(X)
     if sample_weight is not None:
         sample_weight = checked_sample_weight(sample_weight, X.shape[0], 1)
-    return X, sample_weight
+    return X, sample_weight, gaps
 
 
 def _is_plain_batch(estimator, X) -> bool:

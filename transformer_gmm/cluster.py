@@ -498,13 +498,13 @@ default="transformer"
             self._counts = counts.astype(np.float64)
             self._start_stream(len(self.labels_))
             return self
-        X, sample_weight = _streaming.validate_batch(
+        X, sample_weight, gaps = _streaming.validate_batch(
             self, X, sample_weight, accept_sparse=self._accept_sparse
         )
         self._count_batch(X.shape[0])
         centers, self._counts, self.labels_, self.inertia_ = online.kmeans_step(
             X, sample_weight, self.cluster_centers_, self._counts, device=self.device_,
-            gaps=_missing.has_missing(X),
+            gaps=gaps,
         )
         self.cluster_centers_ = centers.astype(self.cluster_centers_.dtype, copy=False)
         self._mark_stream()

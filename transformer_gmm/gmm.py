@@ -19,7 +19,6 @@ from . import (
     _fitting,
     _initialization,
     _merge,
-    _missing,
     _streaming,
     _verbose,
 )
@@ -498,7 +497,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             X = self._fit_first_batch(X, sample_weight).X
             self._start_stream(X.shape[0])
             return self
-        X, sample_weight = _streaming.validate_batch(self, X, sample_weight)
+        X, sample_weight, gaps = _streaming.validate_batch(self, X, sample_weight)
         self._count_batch(X.shape[0])
         rho = online.step_size(self.n_steps_ - 1, self.learning_decay, self.learning_offset)
         parameters = (self.weights_, self.means_, self.covariances_, self.precisions_cholesky_)
@@ -510,7 +509,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
             covariance_type=self.covariance_type,
             reg_covar=self.reg_covar,
             device=self.device_,
-            gaps=_missing.has_missing(X),
+            gaps=gaps,
         )
         self._set_parameters(*fitted, self.means_.dtype)  # the first batch's dtype, kept
         self.lower_bound_ = log_likelihood

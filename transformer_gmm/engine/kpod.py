@@ -26,7 +26,12 @@ from torch import Tensor
 
 from .kmeans import lloyd, run_lloyd
 
-__all__ = ["KPODResult", "fit_kpod", "observed_squared_distances"]
+__all__ = [
+    "KPODResult",
+    "centred_observed_squared_distances",
+    "fit_kpod",
+    "observed_squared_distances",
+]
 
 
 def observed_squared_distances(x: Tensor, observed: Tensor, centers: Tensor) -> Tensor:
@@ -41,6 +46,17 @@ def observed_squared_distances(x: Tensor, observed: Tensor, centers: Tensor) -> 
         + weights @ centers.square().T
     )
     return squared.clamp_min_(0.0)  # rounding can leave tiny negatives
+
+
+def centred_observed_squared_distances(x: Tensor, observed: Tensor, centers: Tensor) -> Tensor:
+    """:func:`observed_squared_distances` of rows ``x`` (n, d, NaN or anything where not
+    ``observed``) to ``centers`` (K, d), both less the centres' mean: the expanded squares
+    then keep the digits an offset of the data would take (the differences, and so the
+    distances, do not depend on it)."""
+    offset = centers.mean(0)
+    return observed_squared_distances(
+        torch.where(observed, x - offset, 0.0), observed, centers - offset
+    )
 
 
 class _FilledRows:

@@ -405,11 +405,7 @@ def minibatch_kmeans_step_missing(
     observed = ~torch.isnan(x)
 
     def nearest(c: Tensor) -> tuple[Tensor, Tensor]:  # labels (n,), squared distances (n,)
-        # Less the centres' mean, as every distance to the centres is taken.
-        offset = c.mean(0)
-        squared = kpod.observed_squared_distances(
-            torch.where(observed, x - offset, 0.0), observed, c - offset
-        )
+        squared = kpod.centred_observed_squared_distances(x, observed, c)
         labels = squared.argmin(1)
         return labels, squared.gather(1, labels[:, None])[:, 0]
 
