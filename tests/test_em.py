@@ -522,6 +522,21 @@ def test_first_minimum_is_min_indices_on_many_rows(n_clusters):
     np.testing.assert_array_equal(kmeans.first_minimum(finite), finite.argmin(1))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_first_minimum_and_one_hot_where_a_nan_row_and_a_tie_balance_the_hits(dtype):
+    # The one-hot path counts one hit a row: a NaN row has none and a tie two, so one of
+    # each leaves the count right; argmin's rule must still decide both rows.
+    n_rows = kmeans._INDEXED_MIN_SCORES  # past the few scores where min itself decides
+    scores = torch.from_numpy(np.random.default_rng(5).normal(size=(1, 3, n_rows))).to(dtype)
+    scores[0, :, 5] = torch.tensor([0.5, float("nan"), 0.1])  # argmin: the NaN, 1
+    scores[0, :, 9] = torch.tensor([2.0, -4.0, -4.0])  # a tie: the first, 1
+    labels = kmeans.first_minimum(scores)
+    np.testing.assert_array_equal(labels, scores.min(1).indices)
+    assert labels[0, 5] == 1 and labels[0, 9] == 1
+    expected = torch.nn.functional.one_hot(labels, 3).mT.to(dtype)
+    assert torch.equal(kmeans.nearest_one_hot(scores), expected)
+
+
 @pytest.mark.parametrize("n_clusters, n_features", [(3, 6), (6, 6), (32, 9), (1, 2)])
 @pytest.mark.parametrize("shared_rows", [True, False])
 def test_cluster_totals_are_the_sums_by_label(n_clusters, n_features, shared_rows):
@@ -618,7 +633,7 @@ def test_lloyd_inertia_read_in_row_chunks_is_the_whole_sum(monkeypatch):
     padded, mask = padded_batch(datasets)
     init = torch.stack([t(data[:3]) for data in datasets])
     whole = kmeans.lloyd(padded, init, max_iter=100, mask=mask)
-    monkeypatch.setattr(kmeans, "_INERTIA_CHUNK_ROWS", 7)
+    monkeypatch.setattr(kmeans, "_INERTIA_CHUNK_VALUES", 7 * 3)  # 7 rows in 3-D
     chunked = kmeans.lloyd(padded, init, max_iter=100, mask=mask)
     for i, data in enumerate(datasets):
         direct = ((t(data) - whole[0][i][whole[1][i, : len(data)]]) ** 2).sum()

@@ -39,12 +39,14 @@ __all__ = [
 ]
 
 
-# The final inertia reads this many rows at a time (a few MB of temporaries at d = 16).
-_INERTIA_CHUNK_ROWS = 65_536
-# Below this many scores (runs x K x rows, about 470 KB in float64) an index-tracking
-# ``min`` over K is faster than :func:`first_minimum`'s passes; above it, where the scores
-# leave the cache, it is 1.4 to 2.7 times slower (one thread, K = 2 to 20).
-_INDEXED_MIN_SCORES = 60_000
+# The inertia reads rows in chunks of this many values (rows x features): temporaries of
+# 2 MB a run in float64, which stay in a core's cache. Chunks of 65,536 rows whatever the
+# width took 2 to 4 times as long from 32 features on (one thread).
+_INERTIA_CHUNK_VALUES = 262_144
+# Below this many scores (runs x K x rows) an index-tracking ``min`` over K is faster than
+# :func:`first_minimum`'s few passes; above it, two to three times slower (one thread,
+# K = 2 to 20, float32 and float64).
+_INDEXED_MIN_SCORES = 16_384
 
 
 def _squared_norms(X: Tensor) -> Tensor:
@@ -231,10 +233,26 @@ def nearest_one_hot(scores: Tensor) -> Tensor:
     Where a row's smallest score is not unique (centres that coincide) or NaN, the labels
     of :func:`first_minimum` decide, as everywhere else.
     """
-    hit = scores == scores.amin(1, keepdim=True)  # (B, K, N)
-    if bool((hit.sum(1) != 1).any()):
+    hit = _unique_minimum(scores)
+    if hit is None:
         return torch.zeros_like(scores).scatter_(1, first_minimum(scores)[:, None, :], 1.0)
-    return hit.to(scores.dtype)
+    return hit
+
+
+def _unique_minimum(scores: Tensor) -> Tensor | None:
+    """The one-hot (B, K, N) of each row's smallest score, in the scores' dtype, or None
+    where some row's smallest is not unique (a tie) or NaN (which equals nothing)."""
+    smallest = scores.amin(1, keepdim=True)  # (B, 1, N), NaN where a score is NaN
+    # Compared straight into the scores' dtype: on CPU a comparison into bool and then a
+    # cast take about ten times as long (two passes, neither vectorized).
+    hit = torch.eq(scores, smallest, out=torch.empty_like(scores))
+    # A NaN row has no hit and a tie two, so the count alone could balance them; a NaN
+    # makes the minima's sum NaN. (Sums: several times faster here than count_nonzero
+    # and isnan; counted in float64, exact at any size.)
+    n_hits = float(hit.sum(dtype=torch.float64))
+    if n_hits != smallest.numel() or math.isnan(float(smallest.sum())):
+        return None
+    return hit
 
 
 def cluster_totals(
@@ -260,21 +278,19 @@ def first_minimum(scores: Tensor) -> Tensor:
     """``scores.min(1).indices`` of ``scores`` (B, K, N): for each (b, n), the first k of the
     smallest score, or of the first NaN where there is one, as argmin picks.
 
-    Built from reductions without indices (``amin``, then the largest of ``K - k`` where
-    the score is that minimum): on CPU, ``min``'s index-tracking reduction across the K
-    rows takes about twice as long as these vectorized passes on many rows.
+    On many scores on CPU, from the one-hot of the minimum (:func:`_unique_minimum`) and
+    one product with the indices 0 .. K - 1, exact in floating point: ``min``'s
+    index-tracking reduction across the K rows takes two to four times as long. Where a
+    row's minimum is a tie or NaN, ``min`` itself decides.
     """
-    n_clusters = scores.shape[1]
     if scores.device.type != "cpu" or scores.numel() < _INDEXED_MIN_SCORES:
-        # One call: cheaper than five on few scores, and measured slower on CPU only.
+        # One call: cheaper than several on few scores, and measured slower on CPU only.
         return scores.min(1).indices
-    smallest = scores.amin(1, keepdim=True)  # (B, 1, N), NaN where a score is NaN
-    hit = scores == smallest  # (B, K, N)
-    if bool(smallest.isnan().any()):  # NaN equals nothing: argmin takes the first NaN
-        hit |= scores.isnan()
-    rank_dtype = torch.uint8 if n_clusters < 256 else torch.int32
-    rank = torch.arange(n_clusters, 0, -1, dtype=rank_dtype, device=scores.device)  # K .. 1
-    return n_clusters - (hit * rank[:, None]).amax(1).long()  # (B, N)
+    hit = _unique_minimum(scores)
+    if hit is None:
+        return scores.min(1).indices
+    index = torch.arange(scores.shape[1], dtype=scores.dtype, device=scores.device)  # (K,)
+    return (index @ hit).long()  # (B, N): one 1 in each row's K scores
 
 
 def inertia_of(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor | None) -> Tensor:
@@ -288,9 +304,10 @@ def inertia_of(X: Tensor, centers: Tensor, labels: Tensor, weights: Tensor | Non
     stacked = centers.reshape(-1, n_features)  # (B * K, d)
     if n_batch > 1:
         labels = labels + torch.arange(n_batch, device=labels.device)[:, None] * centers.shape[1]
-    parts = []
-    for start in range(0, n_points, _INERTIA_CHUNK_ROWS):
-        rows = slice(start, start + _INERTIA_CHUNK_ROWS)
+    # By the width alone: a run's sum must not depend on how many runs share its batch.
+    parts, chunk = [], max(1, _INERTIA_CHUNK_VALUES // n_features)
+    for start in range(0, n_points, chunk):
+        rows = slice(start, start + chunk)
         nearest = stacked.index_select(0, labels[:, rows].reshape(-1))  # (B * n, d)
         difference = X[:, rows] - nearest.view(n_batch, -1, n_features)  # (B, n, d)
         if weights is None:  # each run's differences by one dot product: a fused pass
