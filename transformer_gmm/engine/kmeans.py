@@ -234,8 +234,8 @@ def nearest_one_hot(scores: Tensor) -> Tensor:
     of :func:`first_minimum` decide, as everywhere else.
     """
     hit = _unique_minimum(scores)
-    if hit is None:
-        return torch.zeros_like(scores).scatter_(1, first_minimum(scores)[:, None, :], 1.0)
+    if hit is None:  # min's labels (first_minimum's rule), without trying the one-hot again
+        return torch.zeros_like(scores).scatter_(1, scores.min(1).indices[:, None, :], 1.0)
     return hit
 
 
@@ -244,7 +244,7 @@ def _unique_minimum(scores: Tensor) -> Tensor | None:
     where some row's smallest is not unique (a tie) or NaN (which equals nothing)."""
     smallest = scores.amin(1, keepdim=True)  # (B, 1, N), NaN where a score is NaN
     # Compared straight into the scores' dtype: on CPU a comparison into bool and then a
-    # cast take about ten times as long (two passes, neither vectorized).
+    # cast take five to ten times as long (two passes, neither vectorized).
     hit = torch.eq(scores, smallest, out=torch.empty_like(scores))
     # A NaN row has no hit and a tie two, so the count alone could balance them; a NaN
     # makes the minima's sum NaN. (Sums: several times faster here than count_nonzero
