@@ -13,10 +13,13 @@ methods; per seed and batch size:
 
 Printed: the paired mean difference of inertia (ours minus ``MiniBatchKMeans``) with its
 standard error, the seeds where ours is at most theirs, and the ratios of seconds (all
-calls, and the later steps alone). One thread, on CPU.
+calls, and the later steps alone). With ``--views-against V``, ours streams each seed a
+second time with ``n_views=V``, and the paired difference of inertia (ours minus that)
+and the first calls' seconds are printed too. One thread, on CPU.
 
     python benchmarks/streaming_seeds.py --quick                   # 2 seeds, 10^5 rows (CI)
     python benchmarks/streaming_seeds.py --datasets synthetic flights --seeds 10  # docs
+    python benchmarks/streaming_seeds.py --views-against 4 --seeds 20 --out streaming_views
 
 Writes benchmarks/results/streaming_seeds.csv.
 """
@@ -54,7 +57,9 @@ def timed_stream(estimator, source: Stream, n_rows: int, size: int) -> tuple[flo
     return first, rest
 
 
-def run_seed(name: str, seed: int, n_rows: int, sizes: list[int], checkpoint) -> list[dict]:
+def run_seed(name: str, seed: int, n_rows: int, sizes: list[int], checkpoint,
+             views: int | None = None) -> list[dict]:
+    """Both methods (and ours with ``n_views=views``, where given) on one seed's stream."""
     from sklearn.cluster import MiniBatchKMeans
 
     from transformer_gmm import TransformerClusterer
@@ -64,11 +69,15 @@ def run_seed(name: str, seed: int, n_rows: int, sizes: list[int], checkpoint) ->
     rows = []
     for size in sizes:
         row = dict(dataset=name, seed=seed, n_rows=n_rows, batch_size=size)
-        for label, estimator in (
+        methods = [
             ("ours", TransformerClusterer(k, checkpoint=checkpoint, random_state=seed,
                                           device="cpu")),
             ("minibatch", MiniBatchKMeans(k, random_state=seed, n_init=1)),
-        ):
+        ]
+        if views is not None:
+            methods.append(("views", TransformerClusterer(
+                k, checkpoint=checkpoint, random_state=seed, device="cpu", n_views=views)))
+        for label, estimator in methods:
             first, rest = timed_stream(estimator, source, n_rows, size)
             row[f"{label}_inertia"] = -float(estimator.score(table)) / len(table)
             row[f"{label}_first_seconds"], row[f"{label}_step_seconds"] = first, rest
@@ -85,7 +94,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     summary = []
     for key in sorted({(r["dataset"], r["batch_size"]) for r in rows}):
         part = [r for r in rows if (r["dataset"], r["batch_size"]) == key]
-        diff = np.array([r["ours_inertia"] - r["minibatch_inertia"] for r in part])
+        diff = _differences(part, "minibatch")
         relative = diff / np.array([r["minibatch_inertia"] for r in part])
 
         def total(label, which=("first", "step"), part=part):
@@ -93,15 +102,28 @@ def summarize(rows: list[dict]) -> list[dict]:
 
         summary.append(dict(
             dataset=key[0], batch_size=key[1], n_seeds=len(part),
-            inertia_difference=diff.mean(),
-            inertia_difference_se=diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1
-            else float("nan"),
+            inertia_difference=diff.mean(), inertia_difference_se=_standard_error(diff),
             relative_difference=relative.mean(),
             seeds_at_most_theirs=int((relative <= 1e-9).sum()),  # equal but for rounding
             seconds_ratio=total("ours") / total("minibatch"),
             step_seconds_ratio=total("ours", ("step",)) / total("minibatch", ("step",)),
         ))
+        if "views_inertia" in part[0]:
+            views = _differences(part, "views")
+            summary[-1].update(
+                views_difference=views.mean(), views_difference_se=_standard_error(views),
+                views_first_seconds_ratio=total("ours", ("first",)) / total("views", ("first",)),
+            )
     return summary
+
+
+def _differences(part: list[dict], other: str) -> np.ndarray:
+    """Ours minus ``other``'s final inertia, seed by seed."""
+    return np.array([r["ours_inertia"] - r[f"{other}_inertia"] for r in part])
+
+
+def _standard_error(values: np.ndarray) -> float:
+    return values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
 
 
 def print_summary(summary: list[dict]) -> None:
@@ -113,6 +135,14 @@ def print_summary(summary: list[dict]) -> None:
               f"{s['inertia_difference']:>+10.5f} ± {s['inertia_difference_se']:<7.5f} "
               f"{s['relative_difference']:>+9.4%} {s['seeds_at_most_theirs']:>8} of "
               f"{s['n_seeds']:<3} {s['seconds_ratio']:>8.2f} {s['step_seconds_ratio']:>6.2f}")
+    if "views_difference" not in summary[0]:
+        return
+    print("\nours - ours with --views-against's n_views, paired over seeds")
+    print(f"{'stream':<10} {'batch':>8} {'seeds':>5} {'inertia diff':>20} {'first call':>11}")
+    for s in summary:
+        print(f"{s['dataset']:<10} {s['batch_size']:>8,} {s['n_seeds']:>5} "
+              f"{s['views_difference']:>+10.5f} ± {s['views_difference_se']:<7.5f} "
+              f"{s['views_first_seconds_ratio']:>11.2f}")
 
 
 def main(argv=None) -> list[dict]:
@@ -125,6 +155,8 @@ def main(argv=None) -> list[dict]:
                                  "county_murders"])
     parser.add_argument("--checkpoint", default="default",
                         help="the transformer that starts our streams ('none': k-means++)")
+    parser.add_argument("--views-against", type=int, default=None, metavar="V",
+                        help="also stream ours with n_views=V, paired with ours")
     parser.add_argument("--out", default="streaming_seeds", help="file stem of the CSV")
     args = parser.parse_args(argv)
     n_rows = args.n_rows or (10**5 if args.quick else 10**6)
@@ -141,7 +173,8 @@ def main(argv=None) -> list[dict]:
         warm_up(checkpoint, args.seed)
         for name in args.datasets:
             for seed in range(args.seed, args.seed + n_seeds):
-                rows.extend(run_seed(name, seed, n_rows, args.batch_sizes, checkpoint))
+                rows.extend(run_seed(name, seed, n_rows, args.batch_sizes, checkpoint,
+                                     args.views_against))
                 write_csv(rows, args.results / f"{args.out}.csv")  # what is done so far
     summary = summarize(rows)
     print_summary(summary)

@@ -15,7 +15,7 @@ from sklearn.cluster import KMeans, MiniBatchKMeans
 from sklearn.utils._param_validation import InvalidParameterError
 
 from transformer_gmm import TransformerClusterer, TransformerGMM, _streaming
-from transformer_gmm._fitting import STREAM_VIEWS
+from transformer_gmm._fitting import MIXTURE_STREAM_VIEWS
 
 COVARIANCE_TYPES = ["full", "tied", "diag", "spherical"]
 GMM_ATTRIBUTES = ["weights_", "means_", "covariances_", "precisions_cholesky_", "precisions_"]
@@ -60,11 +60,12 @@ def assert_same_mixture(a: TransformerGMM, b: TransformerGMM, rtol: float = 0.0)
 
 @pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
 def test_first_call_is_fit_on_first_batch(covariance_type):
-    # n_views="auto" reads STREAM_VIEWS views of a stream's first batch, one in fit.
+    # n_views="auto" reads MIXTURE_STREAM_VIEWS views of a mixture stream's first batch,
+    # one in fit.
     X = stationary_mixture(300)
     params = dict(checkpoint=TINY_CHECKPOINT, random_state=0, covariance_type=covariance_type)
     streamed = TransformerGMM(3, **params).partial_fit(X)
-    fitted = TransformerGMM(3, n_views=STREAM_VIEWS, **params).fit(X)
+    fitted = TransformerGMM(3, n_views=MIXTURE_STREAM_VIEWS, **params).fit(X)
     assert_same_mixture(streamed, fitted)
     assert streamed.init_method_ == fitted.init_method_
     assert streamed.lower_bound_ == fitted.lower_bound_
@@ -368,11 +369,14 @@ def clusterer(**params) -> TransformerClusterer:
     return TransformerClusterer(3, checkpoint=None, random_state=0, **params)
 
 
-def test_clusterer_first_call_is_fit_on_first_batch():
+@pytest.mark.parametrize("max_iter", [300, 0])
+def test_clusterer_first_call_is_fit_on_first_batch(max_iter):
+    # n_views="auto" reads one view of a clusterer stream's first batch, as fit does (with
+    # max_iter=0 the centres are the chosen start's, which four views would move).
     X = stationary_mixture(300)
-    params = dict(checkpoint=TINY_CHECKPOINT, random_state=0)
+    params = dict(checkpoint=TINY_CHECKPOINT, random_state=0, max_iter=max_iter)
     streamed = TransformerClusterer(3, **params).partial_fit(X)
-    fitted = TransformerClusterer(3, n_views=STREAM_VIEWS, **params).fit(X)
+    fitted = TransformerClusterer(3, **params).fit(X)
     np.testing.assert_array_equal(streamed.cluster_centers_, fitted.cluster_centers_)
     np.testing.assert_array_equal(streamed.labels_, fitted.labels_)
     assert streamed.inertia_ == fitted.inertia_ and streamed.n_steps_ == 1
@@ -511,3 +515,21 @@ def test_streaming_seeds_benchmark_pairs_the_seeds(tmp_path):
     assert line["inertia_difference"] == pytest.approx(np.mean(differences))
     assert line["inertia_difference_se"] == pytest.approx(np.std(differences, ddof=1) / np.sqrt(3))
     assert np.isfinite(line["seconds_ratio"]) and line["seconds_ratio"] > 0
+
+
+def test_streaming_seeds_benchmark_pairs_the_views_against(tmp_path):
+    import csv
+
+    (line,) = load_benchmark("streaming_seeds").main(
+        ["--n-rows", "4000", "--batch-sizes", "1000", "--seeds", "2", "--datasets",
+         "synthetic", "--checkpoint", TINY_CHECKPOINT, "--views-against", "2",
+         "--results", str(tmp_path)]
+    )
+    with (tmp_path / "streaming_seeds.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    differences = [float(r["ours_inertia"]) - float(r["views_inertia"]) for r in rows]
+    assert line["views_difference"] == pytest.approx(np.mean(differences))
+    assert line["views_difference_se"] == pytest.approx(np.std(differences, ddof=1) / np.sqrt(2))
+    first = sum(float(r["ours_first_seconds"]) for r in rows)
+    assert line["views_first_seconds_ratio"] == pytest.approx(
+        first / sum(float(r["views_first_seconds"]) for r in rows))

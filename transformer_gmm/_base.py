@@ -167,13 +167,18 @@ class TransformerMixtureBase(BaseEstimator):
         (:func:`~transformer_gmm._fitting.resolved_params`): those of the first batch of a
         stream while :meth:`_fit_first_batch` runs."""
         first_batch = getattr(self, "_reading_first_batch", False)
-        return _fitting.resolved_params(self.get_params(deep=False), first_batch)
+        views = self._stream_views if first_batch else 1
+        return _fitting.resolved_params(self.get_params(deep=False), views)
 
     # --- streams (partial_fit) --------------------------------------------------------
 
+    # The views ``n_views="auto"`` reads of a stream's first batch: fit's one, unless an
+    # estimator's streams gain from more (the stream shares that fit's cost).
+    _stream_views: int = 1
+
     def _fit_first_batch(self, X, sample_weight) -> Rows:
         """A stream's first call: :meth:`_fit` on the batch, whose ``n_views="auto"``
-        reads ``STREAM_VIEWS`` views (the stream shares that fit's cost)."""
+        reads ``_stream_views`` views."""
         self._reading_first_batch = True
         try:
             return self._fit(X, sample_weight)

@@ -75,19 +75,21 @@ def validate_fit_data(
 # --- the plan --------------------------------------------------------------------------
 
 
-# The transformer's readings of a stream's first batch under ``n_views="auto"`` (one in
-# ``fit``): that fit starts every later step, its cost is shared by the whole stream, and
-# on large tables more readings find likelier optima (docs/benchmarks.md, "Streams").
-STREAM_VIEWS = 4
+# The transformer's readings of a mixture stream's first batch under ``n_views="auto"`` (one
+# in ``fit``): that fit starts every later step, its cost is shared by the whole stream, and
+# on large tables more readings find likelier optima (docs/benchmarks.md, "Streams"). A
+# clusterer's stream reads its first batch once, as ``fit`` does: there four readings led
+# to no lower k-means basin, for twice the first call's time.
+MIXTURE_STREAM_VIEWS = 4
 
 
-def resolved_params(params: dict, first_batch: bool = False) -> dict:
+def resolved_params(params: dict, auto_views: int = 1) -> dict:
     """``params`` (an estimator's ``get_params(deep=False)``) as a fit reads them:
-    ``n_views="auto"`` made an int, ``STREAM_VIEWS`` for the ``first_batch`` of a stream
-    and 1 otherwise (an int stays as it is, so resolving twice changes nothing)."""
+    ``n_views="auto"`` made ``auto_views``, one but for a stream's first batch (an int
+    stays as it is, so resolving twice changes nothing)."""
     if params["n_views"] != "auto":
         return params
-    return {**params, "n_views": STREAM_VIEWS if first_batch else 1}
+    return {**params, "n_views": auto_views}
 
 
 def n_starts(params: dict, uses_transformer: bool, with_kmeans: bool = True) -> tuple[int, int]:

@@ -194,8 +194,8 @@ default="transformer"
         cannot be loaded raises. Used by ``init="transformer"`` only.
     n_views : "auto" or int, default="auto"
         Readings of the data by the transformer, in one batch; each costs a forward pass
-        and gives two more starts (see :class:`TransformerGMM`). ``"auto"`` reads one view
-        in :meth:`fit` and four in the first call of :meth:`partial_fit`.
+        and gives two more starts (see :class:`TransformerGMM`). ``"auto"`` reads one view,
+        in :meth:`fit` and in the first call of :meth:`partial_fit` alike.
     device : str, default="auto"
         ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
 
@@ -439,12 +439,12 @@ default="transformer"
         """Update the clustering with one batch of samples: mini-batch k-means.
 
         The first call (on an estimator that :meth:`partial_fit` has not fitted) clusters
-        the batch as :meth:`fit` does (with four views of it under ``n_views="auto"``);
-        each later call is a step of :class:`~sklearn.cluster.MiniBatchKMeans`: each
-        centre moves to the mean of all the samples it has taken. ``labels_`` and
-        ``inertia_`` are then the latest batch's. A batch's missing entries (NaN) take
-        their row's nearest centre's coordinates for the step, as k-POD fills them in
-        :meth:`fit`, and its labels and inertia are over the observed entries.
+        the batch as :meth:`fit` does; each later call is a step of
+        :class:`~sklearn.cluster.MiniBatchKMeans`: each centre moves to the mean of all
+        the samples it has taken. ``labels_`` and ``inertia_`` are then the latest
+        batch's. A batch's missing entries (NaN) take their row's nearest centre's
+        coordinates for the step, as k-POD fills them in :meth:`fit`, and its labels and
+        inertia are over the observed entries.
 
         Read more in the :ref:`User Guide <user-guide-partial-fit>`.
 

@@ -247,6 +247,7 @@ class TransformerGMM(FittedMixtureMixin, DensityMixin, TransformerMixtureBase):
     # NaN marks a missing entry in fit and the methods that score rows (see _missing).
     _allow_nan = True
     _streamed_attribute = "means_"
+    _stream_views = _fitting.MIXTURE_STREAM_VIEWS
     _k_name = "n_components"
     _in_memory_message = (
         "sample_weight, warm_start, weights_init, means_init, precisions_init, "
