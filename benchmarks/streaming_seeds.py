@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import shared_parser, single_threaded, write_csv  # noqa: E402
+from common import shared_parser, single_threaded, summarise, write_csv  # noqa: E402
 from streaming import BLOCK, Resampled, Stream, make_stream, warm_up  # noqa: E402
 
 
@@ -95,6 +95,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     for key in sorted({(r["dataset"], r["batch_size"]) for r in rows}):
         part = [r for r in rows if (r["dataset"], r["batch_size"]) == key]
         diff = _differences(part, "minibatch")
+        mean, se = summarise(diff)
         relative = diff / np.array([r["minibatch_inertia"] for r in part])
 
         def total(label, which=("first", "step"), part=part):
@@ -102,16 +103,16 @@ def summarize(rows: list[dict]) -> list[dict]:
 
         summary.append(dict(
             dataset=key[0], batch_size=key[1], n_seeds=len(part),
-            inertia_difference=diff.mean(), inertia_difference_se=_standard_error(diff),
+            inertia_difference=mean, inertia_difference_se=se,
             relative_difference=relative.mean(),
             seeds_at_most_theirs=int((relative <= 1e-9).sum()),  # equal but for rounding
             seconds_ratio=total("ours") / total("minibatch"),
             step_seconds_ratio=total("ours", ("step",)) / total("minibatch", ("step",)),
         ))
         if "views_inertia" in part[0]:
-            views = _differences(part, "views")
+            views_mean, views_se = summarise(_differences(part, "views"))
             summary[-1].update(
-                views_difference=views.mean(), views_difference_se=_standard_error(views),
+                views_difference=views_mean, views_difference_se=views_se,
                 views_first_seconds_ratio=total("ours", ("first",)) / total("views", ("first",)),
             )
     return summary
@@ -120,10 +121,6 @@ def summarize(rows: list[dict]) -> list[dict]:
 def _differences(part: list[dict], other: str) -> np.ndarray:
     """Ours minus ``other``'s final inertia, seed by seed."""
     return np.array([r["ours_inertia"] - r[f"{other}_inertia"] for r in part])
-
-
-def _standard_error(values: np.ndarray) -> float:
-    return values.std(ddof=1) / np.sqrt(len(values)) if len(values) > 1 else float("nan")
 
 
 def print_summary(summary: list[dict]) -> None:
