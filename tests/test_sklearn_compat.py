@@ -8,7 +8,7 @@ import joblib
 import numpy as np
 import pytest
 from conftest import TINY_CHECKPOINT, TINY_K_CHECKPOINT, make_blobs
-from sklearn.base import clone
+from sklearn.base import BaseEstimator, clone
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -90,6 +90,23 @@ def test_clone_keeps_parameters_and_drops_fit(Estimator, three_blobs):
     copy = clone(estimator)
     assert copy.get_params() == estimator.get_params()
     assert not hasattr(copy, "n_features_in_")
+
+
+@pytest.mark.parametrize("Estimator", [TransformerGMM, TransformerClusterer])
+def test_parameter_names_are_scikit_learns_read_once(Estimator):
+    # The names are read from the constructor once per class; a subclass with a
+    # constructor of its own gets its own names, as scikit-learn reads them.
+    class Subclass(Estimator):
+        def __init__(self, extra=1, checkpoint=None):
+            super().__init__(checkpoint=checkpoint)
+            self.extra = extra
+
+    for cls in (Estimator, Subclass):
+        assert cls._get_param_names() == BaseEstimator._get_param_names.__func__(cls)
+    assert Subclass._get_param_names() == ["checkpoint", "extra"]
+    names = Estimator._get_param_names()
+    names.append("not a parameter")  # a caller's copy: the next call is unchanged
+    assert "not a parameter" not in Estimator._get_param_names()
 
 
 @pytest.mark.parametrize("Estimator", [TransformerGMM, TransformerClusterer])
