@@ -133,3 +133,34 @@ def test_fit_many_reads_datasets_of_other_sizes_as_fit_does(cells_checkpoint):
         alone = TransformerGMM(2, checkpoint=cells_checkpoint, n_init=1, random_state=0).fit(X)
         assert sorted(np.round(fitted.means_[:, 0] / 5).tolist()) == [-1.0, 1.0]
         assert fitted.score(X) == pytest.approx(alone.score(X), abs=1e-6)
+
+
+def test_the_checkpoint_says_how_many_lloyd_iterations_make_the_cells(tmp_path):
+    # summary_iterations (ReadingConfig) bounds Lloyd's iterations; a config.json written
+    # before the field existed reads the 8 its checkpoints were measured with.
+    import json
+
+    from transformer_gmm.nn import ReadingConfig
+    from transformer_gmm.storage import load_checkpoint
+
+    folder = make_tiny_checkpoint(tmp_path / "c", summary_cells=16, summary_iterations=0)
+    model = load_model(folder)
+    assert model.reading_config.summary_iterations == 0
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 200, 3, generator=g, dtype=torch.float64)
+    draws, lloyd = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    read = readout.read_views(model, x, None, 2, draws, n_views=1)
+    z = read.z
+    # No iteration: the cells are those of the drawn rows, each read at its drawn row.
+    none = summarize(z, None, 16, lloyd, n_iterations=0)
+    torch.testing.assert_close(read.views, none.centres * read.signs[0])
+    eight = summarize(z, None, 16, torch.Generator().manual_seed(1))
+    assert not torch.equal(none.centres, eight.centres)  # the default moves them
+
+    config = json.loads((folder / "config.json").read_text())
+    del config["summary_iterations"]
+    (folder / "config.json").write_text(json.dumps(config))
+    assert load_checkpoint(folder).reading_config.summary_iterations == 8
+    assert ReadingConfig().summary_iterations == 8
+    with pytest.raises(ValueError, match="summary_iterations"):
+        ReadingConfig(summary_iterations=-1)

@@ -247,7 +247,9 @@ def read_views(
     z = standardization.transform(x)  # (B, N, d_max) float32
     signs = reflections(n_views, z.shape[-1]).to(z)  # (V, d_max)
     if reads.summary_cells and summary and gaps is None and z.shape[1] <= SUMMARY_ROWS:
-        summaries = summarize_views(z, mask, reads.summary_cells, generator, n_views)
+        summaries = summarize_views(
+            z, mask, reads.summary_cells, generator, n_views, reads.summary_iterations
+        )
         if summaries is not None:
             return _summary_views(standardization, z, mask, signs, summaries)
     # View by view, so that view 0's draw is the same for any number of views.

@@ -42,10 +42,14 @@ class Cells(NamedTuple):
 
 
 def summarize(
-    z: Tensor, mask: Tensor | None, n_cells: int, generator: torch.Generator
+    z: Tensor,
+    mask: Tensor | None,
+    n_cells: int,
+    generator: torch.Generator,
+    n_iterations: int = LLOYD_ITERATIONS,
 ) -> Cells | None:
     """Lloyd's ``n_cells`` cells of the rows ``z`` (B, N, d_max) in model space, from as many
-    drawn rows; None where the rows are no more than the cells (a batch by its largest
+    drawn rows, in at most ``n_iterations`` iterations; None where the rows are no more than the cells (a batch by its largest
     dataset): those are read as rows, as are datasets of more than ``SUMMARY_ROWS`` rows
     (:func:`readout.read_views` decides).
 
@@ -57,12 +61,17 @@ def summarize(
     >>> sorted(cells.counts[0].tolist()), sorted(cells.centres[0, :, 0].tolist())
     ([10.0, 30.0], [0.0, 1.0])
     """
-    views = summarize_views(z, mask, n_cells, generator, 1)
+    views = summarize_views(z, mask, n_cells, generator, 1, n_iterations)
     return None if views is None else views[0]
 
 
 def summarize_views(
-    z: Tensor, mask: Tensor | None, n_cells: int, generator: torch.Generator, n_views: int
+    z: Tensor,
+    mask: Tensor | None,
+    n_cells: int,
+    generator: torch.Generator,
+    n_views: int,
+    n_iterations: int = LLOYD_ITERATIONS,
 ) -> list[Cells] | None:
     """:func:`summarize` ``n_views`` times, each view from its own draw (in view order, as
     that many calls draw them), in one batched Lloyd: on small data its iterations are a
@@ -82,7 +91,7 @@ def summarize_views(
     if n_datasets > 1:  # Lloyd's runs read one dataset each, or all the same one
         z = z.repeat(n_views, 1, 1)  # (V * B, N, d_max), view-major
         mask = None if mask is None else mask.repeat(n_views, 1)
-    result = lloyd(z, torch.cat(starts), max_iter=LLOYD_ITERATIONS, mask=mask, with_inertia=False)
+    result = lloyd(z, torch.cat(starts), max_iter=n_iterations, mask=mask, with_inertia=False)
     cell_of_row = result.labels.clamp_min(0)  # (V * B, N); padding (-1) weighs nothing below
     real = z.new_ones(cell_of_row.shape)
     if mask is not None:

@@ -151,6 +151,9 @@ class ReadingConfig:
         (:meth:`MixtureTransformer.forward`). Fewer tokens than rows cost a
         shorter forward pass, and the cells summarize every row rather than a draw.
         Training reads rows (the same model reads both).
+    summary_iterations : int, default=8
+        Lloyd's iterations of those cells at most, from as many drawn rows: the cells need
+        only tile the data, and each iteration costs a few dozen small operations.
 
     Examples
     --------
@@ -162,6 +165,7 @@ class ReadingConfig:
     context_size: int = 256  # most points one forward pass reads; fit subsamples larger datasets
     noise_directions: int = 0  # principal directions read beyond the K - 1 the means span
     summary_cells: int = 0  # read a dataset of more rows as this many weighted cells; 0: rows
+    summary_iterations: int = 8  # Lloyd's iterations of those cells at most
 
     def __post_init__(self) -> None:
         _check_values(self)
@@ -240,12 +244,12 @@ def _check_values(config) -> None:
 # checkpoints' models were trained to read.
 _ADDED_LATER: dict[str, Any] = {
     "noise_directions": 0, "k_posterior_seeds": 0, "cluster_count_seeds": 0, "reads_gaps": 0,
-    "summary_cells": 0,
+    "summary_cells": 0, "summary_iterations": 8,
 }
 # The int fields that may be 0; every other must be positive.
 _SMALLEST = {
     "noise_directions": 0, "k_posterior_seeds": 0, "cluster_count_seeds": 0, "reads_gaps": 0,
-    "summary_cells": 0,
+    "summary_cells": 0, "summary_iterations": 0,
 }
 # The largest value of each int field. Far beyond any model that fits in memory, they keep
 # a config (a checkpoint's config.json is untrusted input) from asking for a million layers
@@ -264,6 +268,7 @@ LARGEST: dict[str, int] = {
     "cluster_count_seeds": 1024,
     "reads_gaps": 1,
     "summary_cells": 1 << 20,
+    "summary_iterations": 1 << 10,
 }
 
 _SHOWN = reprlib.Repr()
