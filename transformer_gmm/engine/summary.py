@@ -50,8 +50,8 @@ def summarize(
 ) -> Cells | None:
     """Lloyd's ``n_cells`` cells of the rows ``z`` (B, N, d_max) in model space, from as many
     drawn rows, in at most ``n_iterations`` iterations; None where the rows are no more
-    than the cells (a batch by its largest dataset): those are read as rows, as are datasets of more than ``SUMMARY_ROWS`` rows
-    (:func:`readout.read_views` decides).
+    than the cells (a batch by its largest dataset): those are read as rows, as are
+    datasets of more than ``SUMMARY_ROWS`` rows (:func:`readout.read_views` decides).
 
     Examples
     --------
