@@ -62,13 +62,20 @@ def test_equal_numbers_hash_equally_and_weights_travel_with_their_rows(n_feature
     np.testing.assert_array_equal(weights[order], weights[[1, 0, 2, 3]][flipped])
 
 
-def test_wide_rows_hash_the_same_in_blocks_of_any_size(monkeypatch):
+@pytest.mark.parametrize("n_features", [3, WIDE_FROM_COLUMNS + 1])
+def test_rows_hash_the_same_in_blocks_of_any_size(monkeypatch, n_features):
+    # Narrow rows chain their columns, wide ones mix them at once: both block by rows.
     from transformer_gmm.engine import row_order
 
-    X = np.random.default_rng(0).normal(size=(3, 50, WIDE_FROM_COLUMNS + 1))
+    X = np.random.default_rng(0).normal(size=(3, 50, n_features))
+    monkeypatch.setattr(row_order, "_BLOCK_VALUES", 1 << 30)  # one block
     whole = row_hashes(X)
-    monkeypatch.setattr(row_order, "_BLOCK_VALUES", 7 * X.shape[-1])  # blocks of 7 rows
-    np.testing.assert_array_equal(row_hashes(X), whole)
+    for rows_per_block in (7, 1):
+        values = rows_per_block * (n_features if n_features >= WIDE_FROM_COLUMNS else 1)
+        monkeypatch.setattr(row_order, "_BLOCK_VALUES", values)
+        blocks = row_order._row_blocks(150, values // rows_per_block)
+        assert len(blocks) == -(-150 // rows_per_block)
+        np.testing.assert_array_equal(row_hashes(X), whole)
     assert len(set(whole.ravel().tolist())) == whole.size
 
 

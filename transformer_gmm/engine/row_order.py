@@ -26,7 +26,14 @@ _KEY = np.uint64(0x5851F42D4C957F2D)
 # few rows and many columns the chain's cost per column, not the rows, decided a fit's
 # time (50 x 2,000: 15 ms of a 30 ms fit). Both are functions of the values alone.
 WIDE_FROM_COLUMNS = 64
-_BLOCK_VALUES = 1 << 20  # values mixed at once (8 MiB of words): bounds the temporaries
+# Values mixed at once on the host (512 KiB of words), rows by rows: each step of the mix
+# is a pass over its block, and blocks that stay in a core's cache hash 2 to 4 times as
+# fast as blocks of 2^20 values (one thread: 10^6 x 64 rows 0.34 s against 1.25 s,
+# 10^4 x 768 45 against 122 ms, 50 x 16,000 4.4 against 15.8 ms); the same hashes.
+_BLOCK_VALUES = 1 << 16
+# On a device, blocks of 2^20 values (8 MiB of words): each step is a kernel launch, and
+# the blocks only bound the temporaries.
+_DEVICE_BLOCK_VALUES = 1 << 20
 
 
 def _mix(h: np.ndarray) -> None:
@@ -64,8 +71,9 @@ def _column_keys(d: int) -> np.ndarray:
     return keys
 
 
-def _row_blocks(n_rows: int, d: int) -> list[slice]:
-    step = max(1, _BLOCK_VALUES // d)
+def _row_blocks(n_rows: int, d: int, block_values: int | None = None) -> list[slice]:
+    """Slices of rows, ``block_values`` (``_BLOCK_VALUES``) values, at least a row, each."""
+    step = max(1, (_BLOCK_VALUES if block_values is None else block_values) // d)
     return [slice(start, start + step) for start in range(0, n_rows, step)]
 
 
@@ -74,7 +82,7 @@ def _wide_hashes_on_device(X: torch.Tensor) -> torch.Tensor:
     flat = X.reshape(-1, X.shape[-1])
     keys = torch.from_numpy(_column_keys(X.shape[-1]).view(np.int64)).to(X.device)
     h = torch.empty(len(flat), dtype=torch.int64, device=X.device)
-    for rows in _row_blocks(*flat.shape):
+    for rows in _row_blocks(*flat.shape, _DEVICE_BLOCK_VALUES):
         words = (flat[rows].to(torch.float64) + 0.0).view(torch.int64)  # -0.0 -> 0.0
         h[rows] = _mix_on_device(words ^ keys).sum(dim=-1)
     return _mix_on_device(h).reshape(X.shape[:-1])
@@ -122,15 +130,18 @@ def row_hashes(X: np.ndarray) -> np.ndarray:
     """
     if X.shape[-1] >= WIDE_FROM_COLUMNS:
         return _wide_hashes(X)
-    h = np.full(X.shape[:-1], _KEY, dtype=np.uint64)
-    for column in (X[..., j] for j in range(X.shape[-1])):
-        # + 0.0 turns -0.0 into 0.0 (and leaves every other number as it is); the result
-        # is a fresh float64 array, so the view below may be mixed in place.
-        words = (np.asarray(column, dtype=np.float64) + 0.0).view(np.uint64)
-        h += _GAMMA
-        h ^= words
-        _mix(h)
-    return h
+    flat = X.reshape(-1, X.shape[-1])
+    h = np.full(len(flat), _KEY, dtype=np.uint64)
+    for rows in _row_blocks(len(flat), 1):  # the chain over the columns, block by block
+        block = h[rows]  # a view: mixed in place
+        for j in range(flat.shape[-1]):
+            # + 0.0 turns -0.0 into 0.0 (and leaves every other number as it is); the
+            # result is a fresh float64 array, so the view below may be mixed in place.
+            words = (np.asarray(flat[rows, j], dtype=np.float64) + 0.0).view(np.uint64)
+            block += _GAMMA
+            block ^= words
+            _mix(block)
+    return h.reshape(X.shape[:-1])
 
 
 def _wide_hashes(X: np.ndarray) -> np.ndarray:
