@@ -347,7 +347,7 @@ def reading_from_preset(name: str, **overrides: Any) -> ReadingConfig:
     --------
     >>> from transformer_gmm.nn import reading_from_preset
     >>> reading_from_preset("tiny", noise_directions=1)
-    ReadingConfig(context_size=64, noise_directions=1, summary_cells=0)
+    ReadingConfig(context_size=64, noise_directions=1, summary_cells=0, summary_iterations=8)
     """
     return _from_preset(ReadingConfig, name, overrides)
 
