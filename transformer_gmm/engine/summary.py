@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..nn.config import ReadingConfig
 from .kmeans import lloyd
 from .standardize import subsample_rows, take_rows
 
@@ -29,8 +30,8 @@ __all__ = ["Cells", "SUMMARY_ROWS", "LLOYD_ITERATIONS", "summarize", "summarize_
 # cells of many rows (docs/benchmarks.md, "Reading cells"), and Lloyd's cells of 8,192
 # rows cost tens of milliseconds.
 SUMMARY_ROWS = 2048
-# Lloyd's iterations from the drawn rows: the cells need only tile the data.
-LLOYD_ITERATIONS = 8
+# Lloyd's iterations from the drawn rows where no reading config says: its default.
+LLOYD_ITERATIONS = ReadingConfig().summary_iterations
 
 
 class Cells(NamedTuple):
