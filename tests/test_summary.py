@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,8 @@ from transformer_gmm import TransformerClusterer, TransformerGMM, fit_many
 from transformer_gmm.engine import readout
 from transformer_gmm.engine.fit import SELECTION_ROWS
 from transformer_gmm.engine.summary import SUMMARY_ROWS, summarize, summarize_views
-from transformer_gmm.storage import load_model
+from transformer_gmm.nn import ReadingConfig
+from transformer_gmm.storage import load_checkpoint, load_model
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +141,6 @@ def test_fit_many_reads_datasets_of_other_sizes_as_fit_does(cells_checkpoint):
 def test_the_checkpoint_says_how_many_lloyd_iterations_make_the_cells(tmp_path):
     # summary_iterations (ReadingConfig) bounds Lloyd's iterations; a config.json written
     # before the field existed reads the 8 its checkpoints were measured with.
-    import json
-
-    from transformer_gmm.nn import ReadingConfig
-    from transformer_gmm.storage import load_checkpoint
-
     folder = make_tiny_checkpoint(tmp_path / "c", summary_cells=16, summary_iterations=0)
     model = load_model(folder)
     assert model.reading_config.summary_iterations == 0
