@@ -41,6 +41,18 @@ def test_help_does_not_load_torch():
     assert not {name for name in modules if name.split(".")[0] == "torch"}
 
 
+def test_first_fit_does_not_load_torch_compiler():
+    # A checkpoint's model is built on the meta device before its weights are loaded;
+    # drawing initial values there would import torch._dynamo and sympy, most of a second.
+    code = (
+        "import sys, numpy as np; from transformer_gmm import TransformerGMM; "
+        "X = np.random.default_rng(0).normal(size=(60, 3)); "
+        "TransformerGMM(2, random_state=0).fit(X); "
+        "print([name for name in ('torch._dynamo', 'sympy') if name in sys.modules])"
+    )
+    assert python("-c", code).stdout.decode().split() == ["[]"]
+
+
 def test_usage_error_does_not_load_torch():
     code = (
         "import sys; from transformer_gmm.cli import main; "

@@ -207,6 +207,25 @@ def test_presets_build(name):
         assert set(model.heads) == {str(k) for k in range(config.k_min, config.k_max + 1)}
 
 
+def test_a_skeleton_draws_nothing_and_a_model_draws_its_weights():
+    # On the meta device (what a checkpoint's weights are loaded into) nothing is drawn;
+    # elsewhere the weights are nanoGPT's draws, the same for the same seed.
+    config = config_from_preset("tiny", k_posterior_seeds=4, cluster_count_seeds=4)
+    with torch.device("meta"):
+        skeleton = MixtureTransformer(config)
+    drawn = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        drawn.append(MixtureTransformer(config))
+    shapes = {name: tensor.shape for name, tensor in drawn[0].state_dict().items()}
+    assert {name: tensor.shape for name, tensor in skeleton.state_dict().items()} == shapes
+    assert all(tensor.is_meta for tensor in skeleton.state_dict().values())
+    for name, tensor in drawn[0].state_dict().items():
+        torch.testing.assert_close(tensor, drawn[1].state_dict()[name], rtol=0, atol=0)
+    assert 0.015 < float(drawn[0].k_embedding.weight.std()) < 0.025
+    assert 0.8 < float(drawn[0].heads["2"].seeds.std()) < 1.2  # unit normal slot seeds
+
+
 def test_config_from_preset_overrides_and_errors():
     assert config_from_preset("small", scale_type="diag").scale_type == "diag"
     with pytest.raises(ValueError, match="huge"):

@@ -118,6 +118,19 @@ class Block(nn.Module):
         return x
 
 
+def is_skeleton() -> bool:
+    """Whether modules are being built under ``torch.device("meta")``: a skeleton that a
+    checkpoint's weights are loaded into. It holds no values, so none are drawn: drawing
+    random values on the meta device imports torch's compiler and sympy, most of a second
+    of a process's first fit."""
+    return torch.empty(0).is_meta
+
+
+def standard_normal(*shape: int) -> Tensor:
+    """``torch.randn(shape)``, or, in a skeleton, an empty tensor of that shape."""
+    return torch.empty(shape) if is_skeleton() else torch.randn(shape)
+
+
 def scale_width(config: ModelConfig) -> int:
     """Raw scale outputs per slot: 1 (spherical), d_max (diag), or d_max (d_max + 1) / 2
     (full: the diagonal of a Cholesky factor, then its strictly lower entries)."""
@@ -139,7 +152,7 @@ class ReadoutHead(nn.Module):
         scale_dim = scale_width(config)
         # Distinct random seeds break the symmetry between slots; unit scale matches the
         # LayerNorm'd tokens they attend over.
-        self.seeds = nn.Parameter(torch.randn(n_components, d))
+        self.seeds = nn.Parameter(standard_normal(n_components, d))
         self.attn = Attention(config)
         self.ln = nn.LayerNorm(d)
         # A small MLP per slot: width d, not mlp_ratio * d, as there is one head per K.
@@ -175,7 +188,7 @@ class KPosteriorHead(nn.Module):
         n_seeds = config.k_posterior_seeds if n_seeds is None else n_seeds
         self.block = Block(config)
         self.ln_f = nn.LayerNorm(d)
-        self.seeds = nn.Parameter(torch.randn(n_seeds, d))
+        self.seeds = nn.Parameter(standard_normal(n_seeds, d))
         self.attn = Attention(config)
         self.ln = nn.LayerNorm(d)
         self.fc = nn.Linear(n_seeds * d, d)
@@ -241,11 +254,15 @@ class MixtureTransformer(nn.Module):
         super().__init__()
         self.config = config
         self.reading_config = ReadingConfig() if reading_config is None else reading_config
+        skeleton = is_skeleton()  # no values to draw (is_skeleton)
         self.readin = nn.Linear(config.d_max, config.d_model)
         if config.reads_gaps:
             # Each point's share of each coordinate that was missing, added to its token.
             self.readin_gaps = nn.Linear(config.d_max, config.d_model, bias=False)
-        self.k_embedding = nn.Embedding(config.k_max - config.k_min + 1, config.d_model)
+        n_k = config.k_max - config.k_min + 1
+        self.k_embedding = nn.Embedding(
+            n_k, config.d_model, _weight=torch.empty(n_k, config.d_model) if skeleton else None
+        )
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(config.d_model)
         self.heads = nn.ModuleDict(
@@ -259,6 +276,12 @@ class MixtureTransformer(nn.Module):
             # The same head's shape, reading the same tokens: how many clusters, of any
             # shape, where K counts Gaussian components.
             self.cluster_count_head = KPosteriorHead(config, config.cluster_count_seeds)
+        if not skeleton:
+            self._init_parameters()
+
+    def _init_parameters(self) -> None:
+        """nanoGPT's initialization: normal weights of standard deviation 0.02, zero biases."""
+        config = self.config
         self.apply(self._init_weights)
         # nanoGPT: scale the projections that write into the residual stream by the depth,
         # so the stream's variance does not grow with n_layer.
