@@ -222,8 +222,8 @@ def test_a_skeleton_draws_nothing_and_a_model_draws_its_weights():
     assert all(tensor.is_meta for tensor in skeleton.state_dict().values())
     for name, tensor in drawn[0].state_dict().items():
         torch.testing.assert_close(tensor, drawn[1].state_dict()[name], rtol=0, atol=0)
-    assert 0.015 < float(drawn[0].k_embedding.weight.std()) < 0.025
-    assert 0.8 < float(drawn[0].heads["2"].seeds.std()) < 1.2  # unit normal slot seeds
+    assert 0.015 < float(drawn[0].k_embedding.weight.detach().std()) < 0.025
+    assert 0.8 < float(drawn[0].heads["2"].seeds.detach().std()) < 1.2  # unit normal slot seeds
 
 
 def test_config_from_preset_overrides_and_errors():
