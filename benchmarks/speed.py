@@ -16,15 +16,18 @@ scikit-learn measured in the same run (machines here are noisy; ratios travel be
    ``KMeans(n_init=1)`` on the same points: time, mean error, and peak memory growth
    over the memory resident before the fit, each method in a fresh process.
 
-Two more: ``wide`` (50 rows of 2,000 features, diagonal and full covariances; in the
-default set) and ``threads`` (asked for by name: fits at the threads the process starts
-with rather than one, in a row and right after scikit-learn's; see :func:`default_threads`).
+Three more: ``wide`` (50 rows of 2,000 features, diagonal and full covariances; in the
+default set), ``first_fit`` (the import and the first two fits of each estimator in a fresh
+interpreter, on the latency task; in the default set) and ``threads`` (asked for by name:
+fits at the threads the process starts with rather than one, in a row and right after
+scikit-learn's; see :func:`default_threads`).
 
     python benchmarks/speed.py --quick      # small batches, 100,000 points: about a minute
     python benchmarks/speed.py --device cuda --only throughput --batches 1000 10000 100000
     python benchmarks/speed.py --only throughput --batches 1000 10000 --checkpoint none
     python benchmarks/speed.py --only wide       # n = 50, d = 2,000: diag and full
     python benchmarks/speed.py --only threads    # fits at the process's own threads
+    python benchmarks/speed.py --only first_fit  # a script's one fit: fresh interpreters
 
 Prints a table and writes benchmarks/results/speed.csv.
 """
@@ -133,6 +136,66 @@ def wide(checkpoint, device, repeats, seed=0):
             rows.append(dict(measure=f"wide n=50 d=2000 K=2 {covariance}", method=name,
                              value=float(np.median(values)), unit="ms", error=np.nan,
                              mfu=np.nan))
+    return rows
+
+
+# A fresh interpreter that imports one estimator, fits the latency task twice and prints
+# the seconds of the import and of each fit: what a script that fits once pays.
+_FIRST_FIT = """
+import json, sys, time, warnings
+warnings.simplefilter("ignore")
+start = time.perf_counter()
+import numpy as np
+from {module} import {name}
+imported = time.perf_counter()
+X = np.load(sys.argv[1])
+seconds = []
+for _ in range(2):
+    begin = time.perf_counter()
+    {name}({arguments}).fit(X)
+    seconds.append(time.perf_counter() - begin)
+print(json.dumps([imported - start, *seconds]))
+"""
+
+
+def first_fit(checkpoint, device, repeats, seed=0, folder=None):
+    """The import, the first fit and the second of each estimator in a fresh interpreter
+    (one BLAS and OpenMP thread), ``repeats`` interpreters each, on the latency task: a
+    process's first fit loads the checkpoint and runs torch's first operations, which
+    every other measurement here leaves to a warm-up."""
+    import tempfile
+
+    task = sample_tgmm_task(np.random.default_rng(seed), 4, 8)
+    ours = f"checkpoint={None if checkpoint is None else str(checkpoint)!r}, device={device!r}, "
+    estimators = {
+        "TransformerGMM": ("transformer_gmm", "TransformerGMM",
+                           f"4, covariance_type='spherical', {ours}random_state=0"),
+        "GMM n_init=1": ("sklearn.mixture", "GaussianMixture",
+                         "4, covariance_type='spherical', random_state=0"),
+        "TransformerClusterer": ("transformer_gmm", "TransformerClusterer",
+                                 f"4, {ours}random_state=0"),
+        "KMeans n_init=1": ("sklearn.cluster", "KMeans", "4, n_init=1, random_state=0"),
+    }
+    environment = {**os.environ, **{name: "1" for name in (
+        "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
+    times = {name: [] for name in estimators}
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        data = Path(tmp) / "X.npy"
+        np.save(data, task.X)
+        for _ in range(repeats):  # interleaved, so that load on the machine hits all alike
+            for name, (module, cls, arguments) in estimators.items():
+                code = _FIRST_FIT.format(module=module, name=cls, arguments=arguments)
+                done = subprocess.run([sys.executable, "-c", code, str(data)], env=environment,
+                                      capture_output=True, text=True, check=False)
+                if done.returncode != 0:
+                    raise RuntimeError(f"the first fit of {name} failed:\n{done.stderr}")
+                times[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    rows = []
+    for name, values in times.items():
+        medians = 1000 * np.median(np.array(values), axis=0)
+        for measure, value in zip(("import", "first fit", "second fit"), medians, strict=True):
+            rows.append(dict(measure=f"fresh process: {measure}", method=name,
+                             value=float(value), unit="ms", error=np.nan, mfu=np.nan))
     return rows
 
 
@@ -295,7 +358,7 @@ def large_n_in_fresh_processes(checkpoint, device, n_samples, seed=0):
     return rows
 
 
-MEASUREMENTS = ("latency", "throughput", "large_n", "wide")
+MEASUREMENTS = ("latency", "throughput", "large_n", "wide", "first_fit")
 # Asked for by name (--only threads): the others run on one thread.
 DEFAULT_THREADS = "threads"
 
@@ -334,6 +397,8 @@ def main(argv=None):
             rows += throughput(checkpoint, args.device, batches, args.peak_tflops, args.seed)
         if "wide" in args.only:
             rows += wide(checkpoint, args.device, 1 if args.quick else 3, args.seed)
+        if "first_fit" in args.only:
+            rows += first_fit(checkpoint, args.device, 1 if args.quick else 5, args.seed)
         if "large_n" in args.only:
             n_samples = 100_000 if args.quick else 1_000_000
             rows += large_n_in_fresh_processes(checkpoint, args.device, n_samples, args.seed)

@@ -110,6 +110,18 @@ def test_speed_quick_runs(tmp_path):
     _check_speed_rows(rows, tmp_path)
 
 
+@pytest.mark.slow  # four fresh interpreters that import torch or scikit-learn: 15 s
+def test_speed_quick_first_fit_runs(tmp_path):
+    rows = _load("speed").main(["--quick", "--only", "first_fit", "--results", str(tmp_path)])
+    assert {(row["method"], row["measure"]) for row in rows} == {
+        (method, f"fresh process: {measure}")
+        for method in ("TransformerGMM", "GMM n_init=1", "TransformerClusterer", "KMeans n_init=1")
+        for measure in ("import", "first fit", "second fit")
+    }
+    assert all(math.isfinite(row["value"]) and row["value"] > 0 for row in rows)
+    assert (tmp_path / "speed.csv").is_file()
+
+
 @pytest.mark.slow  # four fresh processes that import torch and fit 100,000 points: 20 s
 def test_speed_quick_large_n_runs(tmp_path):
     rows = _load("speed").main(["--quick", "--only", "large_n", "--results", str(tmp_path)])
