@@ -16,9 +16,10 @@ scikit-learn measured in the same run (machines here are noisy; ratios travel be
    ``KMeans(n_init=1)`` on the same points: time, mean error, and peak memory growth
    over the memory resident before the fit, each method in a fresh process.
 
-Three more: ``wide`` (50 rows of 2,000 features, diagonal and full covariances; in the
+Four more: ``wide`` (50 rows of 2,000 features, diagonal and full covariances; in the
 default set), ``first_fit`` (the import and the first two fits of each estimator in a fresh
-interpreter, on the latency task; in the default set) and ``threads`` (asked for by name:
+interpreter, on the latency task; in the default set), ``predictions`` (a fitted
+estimator's methods on 1 to 10,000 new rows; in the default set) and ``threads`` (asked for by name:
 fits at the threads the process starts with rather than one, in a row and right after
 scikit-learn's; see :func:`default_threads`).
 
@@ -28,6 +29,7 @@ scikit-learn's; see :func:`default_threads`).
     python benchmarks/speed.py --only wide       # n = 50, d = 2,000: diag and full
     python benchmarks/speed.py --only threads    # fits at the process's own threads
     python benchmarks/speed.py --only first_fit  # a script's one fit: fresh interpreters
+    python benchmarks/speed.py --only predictions   # predict & co. on new rows
 
 Prints a table and writes benchmarks/results/speed.csv.
 """
@@ -137,6 +139,53 @@ def wide(checkpoint, device, repeats, seed=0):
                              value=float(np.median(values)), unit="ms", error=np.nan,
                              mfu=np.nan))
     return rows
+
+
+def predictions(checkpoint, device, repeats, seed=0):
+    """Each fitted estimator's methods on new rows (1, 100 and 10,000 of the latency
+    task's mixture), against scikit-learn's on the same rows: the median over ``repeats``
+    of the mean time of a call (each timed over enough calls to last about 20 ms). What a
+    service that labels rows as they come pays per call."""
+    task = sample_tgmm_task(np.random.default_rng(seed), 4, 8)
+    fitted = {
+        "TransformerGMM": TransformerGMM(4, covariance_type="spherical", checkpoint=checkpoint,
+                                         device=device, random_state=0).fit(task.X),
+        "GMM n_init=1": GaussianMixture(4, covariance_type="spherical",
+                                        random_state=0).fit(task.X),
+        "TransformerClusterer": TransformerClusterer(4, checkpoint=checkpoint, device=device,
+                                                     random_state=0).fit(task.X),
+        "KMeans n_init=1": KMeans(4, n_init=1, random_state=0).fit(task.X),
+    }
+    methods = {"TransformerGMM": ("predict", "predict_proba", "score_samples"),
+               "TransformerClusterer": ("predict", "transform")}
+    methods["GMM n_init=1"], methods["KMeans n_init=1"] = (
+        methods["TransformerGMM"], methods["TransformerClusterer"])
+    rng = np.random.default_rng(seed + 5)
+    rows = []
+    for n_rows in (1, 100, 10_000):
+        X = rng.normal(scale=3.0, size=(n_rows, task.X.shape[1]))
+        times = {(name, method): [] for name in fitted for method in methods[name]}
+        for _ in range(repeats):  # interleaved, so that load on the machine hits all alike
+            for name, method in times:
+                call = getattr(fitted[name], method)
+                calls = max(1, int(0.02 / _seconds_per_call(call, X)))
+                start = time.perf_counter()
+                for _ in range(calls):
+                    call(X)
+                times[name, method].append(1e6 * (time.perf_counter() - start) / calls)
+        for (name, method), values in times.items():
+            rows.append(dict(measure=f"{method}, {n_rows:,} rows", method=name,
+                             value=float(np.median(values)), unit="us", error=np.nan,
+                             mfu=np.nan))
+    return rows
+
+
+def _seconds_per_call(call, X) -> float:
+    """One call's time after a warm-up call: how many calls fill a timing."""
+    call(X)
+    start = time.perf_counter()
+    call(X)
+    return max(time.perf_counter() - start, 1e-6)
 
 
 # A fresh interpreter that imports one estimator, fits the latency task twice and prints
@@ -358,7 +407,7 @@ def large_n_in_fresh_processes(checkpoint, device, n_samples, seed=0):
     return rows
 
 
-MEASUREMENTS = ("latency", "throughput", "large_n", "wide", "first_fit")
+MEASUREMENTS = ("latency", "throughput", "large_n", "wide", "first_fit", "predictions")
 # Asked for by name (--only threads): the others run on one thread.
 DEFAULT_THREADS = "threads"
 
@@ -397,6 +446,8 @@ def main(argv=None):
             rows += throughput(checkpoint, args.device, batches, args.peak_tflops, args.seed)
         if "wide" in args.only:
             rows += wide(checkpoint, args.device, 1 if args.quick else 3, args.seed)
+        if "predictions" in args.only:
+            rows += predictions(checkpoint, args.device, 3 if args.quick else 15, args.seed)
         if "first_fit" in args.only:
             rows += first_fit(checkpoint, args.device, 1 if args.quick else 5, args.seed)
         if "large_n" in args.only:

@@ -110,6 +110,22 @@ def test_speed_quick_runs(tmp_path):
     _check_speed_rows(rows, tmp_path)
 
 
+def test_speed_quick_predictions_run(tmp_path):
+    rows = _load("speed").main(["--quick", "--only", "predictions", "--results", str(tmp_path)])
+    mixture, clustering = ("predict", "predict_proba", "score_samples"), ("predict", "transform")
+    assert {(row["method"], row["measure"]) for row in rows} == {
+        (method, f"{name}, {n_rows:,} rows")
+        for n_rows in (1, 100, 10_000)
+        for methods, names in (
+            (("TransformerGMM", "GMM n_init=1"), mixture),
+            (("TransformerClusterer", "KMeans n_init=1"), clustering),
+        )
+        for method in methods
+        for name in names
+    }
+    assert all(math.isfinite(row["value"]) and row["value"] > 0 for row in rows)
+
+
 @pytest.mark.slow  # four fresh interpreters that import torch or scikit-learn: 15 s
 def test_speed_quick_first_fit_runs(tmp_path):
     rows = _load("speed").main(["--quick", "--only", "first_fit", "--results", str(tmp_path)])

@@ -157,3 +157,22 @@ def test_large_fit_compares_starts_on_a_subsample_then_runs_lloyd_on_all_rows(mo
     assert km.inertia_ == pytest.approx(((X - km.cluster_centers_[km.labels_]) ** 2).sum())
     distances = np.linalg.norm(km.cluster_centers_[:, None] - np.array(centers)[None], axis=-1)
     assert distances.min(axis=0).max() < 0.5
+
+
+@pytest.mark.parametrize("dtypes", [("float64", "float64"), ("float32", "float64"),
+                                    ("float64", "float32"), ("float32", "float32")])
+def test_distances_are_scikit_learns_to_the_bit(dtypes):
+    # predict and transform compute euclidean_distances' arithmetic themselves, on rows
+    # the estimator already validated; the distances must be the ones it gives.
+    from sklearn.metrics.pairwise import euclidean_distances
+
+    from transformer_gmm.cluster import _distances
+
+    rng = np.random.default_rng(0)
+    for n, d, k, scale in [(1, 3, 2, 1.0), (500, 7, 5, 1e6), (2000, 64, 9, 1e-4)]:
+        X = (rng.normal(size=(n, d)) * scale + 100 * scale).astype(dtypes[0])
+        centers = (rng.normal(size=(k, d)) * scale).astype(dtypes[1])
+        offset = centers.mean(axis=0)
+        expected = euclidean_distances(X - offset, centers - offset)
+        found = _distances(X, centers)
+        assert found.dtype == expected.dtype and np.array_equal(found, expected)
