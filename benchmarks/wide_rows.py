@@ -15,6 +15,12 @@ barely to well apart in d dimensions), noise of a standard deviation drawn per f
 
     python benchmarks/wide_rows.py            # 60 tasks
     python benchmarks/wide_rows.py --quick    # 2 tasks
+    python benchmarks/wide_rows.py --starts-alone --tasks 40   # see below
+
+With ``--starts-alone``, the diagonal fits of tasks under ``ALONE_BELOW_VALUES`` values
+instead, two ways: the default (the transformer's two starts and two k-means++ starts)
+and the transformer's starts alone (``n_init=2``), as the default runs on small data with
+full covariances (``_fitting.transformer_starts_suffice``); writes wide_rows_alone.csv.
 
 Prints paired differences (full width less screened: mean log-likelihood per row, or
 minus the inertia per row, and ARI, with standard errors; the fits likelier either way;
@@ -39,6 +45,9 @@ from transformer_gmm import TransformerClusterer, TransformerGMM  # noqa: E402
 from transformer_gmm.engine import screening as screening_rule  # noqa: E402
 
 ESTIMATORS = ("diag", "spherical", "clusterer")
+# The values (rows x features) below which --starts-alone compares: those of fits whose
+# starts run on every row and whose EM is cheap (engine.fit.GATED_FROM_VALUES).
+ALONE_BELOW_VALUES = 1 << 17
 # Two fits count as at one optimum within this (nats per row; inertia per row, relative).
 SAME = 1e-3
 
@@ -84,11 +93,50 @@ def quality(model, X) -> float:
     return float(model.score(X))
 
 
+def starts_alone(n_tasks: int, seed: int) -> list[dict]:
+    """``--starts-alone``: the default's diagonal fit and ``n_init=2``'s on each of the first
+    ``n_tasks`` tasks of under ``ALONE_BELOW_VALUES`` values."""
+    rows, t = [], 0
+    while len(rows) < n_tasks:
+        X, labels, k = task(np.random.default_rng([seed, t]))
+        t += 1
+        if X.size >= ALONE_BELOW_VALUES:
+            continue
+        row = dict(task=t - 1, rows=len(X), features=X.shape[1], k=k)
+        for name, n_init in (("default", "auto"), ("alone", 2)):
+            model = TransformerGMM(k, covariance_type="diag", n_init=n_init, random_state=seed + t)
+            start = time.perf_counter()
+            model.fit(X)
+            row[f"{name}_ms"] = 1000 * (time.perf_counter() - start)
+            row[f"{name}_quality"] = quality(model, X)
+            row[f"{name}_ari"] = adjusted_rand_score(labels, model.predict(X))
+        rows.append(row)
+    gaps = np.array([r["alone_quality"] - r["default_quality"] for r in rows])
+    gap, gap_se = summarise(gaps)
+    ari, ari_se = summarise([r["alone_ari"] - r["default_ari"] for r in rows])
+    median = np.median([r["alone_ms"] / r["default_ms"] for r in rows])
+    print(f"{len(rows)} diagonal fits under {ALONE_BELOW_VALUES:,} values, the starts alone "
+          f"less the default: log-likelihood {gap:+.4f} +- {gap_se:.4f} nats per row, likelier "
+          f"in {int(np.sum(gaps > SAME))} and less likely in {int(np.sum(gaps < -SAME))}; "
+          f"ARI {ari:+.3f} +- {ari_se:.3f}; time {median:.2f} (median ratio)")
+    return rows
+
+
 def main(argv=None) -> list[dict]:
     parser = shared_parser(__doc__, "2 tasks")
     parser.add_argument("--tasks", type=int, default=60)
+    parser.add_argument("--starts-alone", action="store_true",
+                        help="the default against the transformer's starts alone (diag)")
     args = parser.parse_args(argv)
     n_tasks = 2 if args.quick else args.tasks
+    if args.starts_alone:
+        with warnings.catch_warnings(), single_threaded():
+            warnings.simplefilter("ignore")  # collapse and convergence warnings
+            fit("diag", task(np.random.default_rng(0))[0][:50], 2, 0, False)  # warm-up
+            rows = starts_alone(n_tasks, args.seed)
+        path = write_csv(rows, args.results / "wide_rows_alone.csv")
+        print(f"wrote {path}")
+        return rows
     rows = []
     with warnings.catch_warnings(), single_threaded():
         warnings.simplefilter("ignore")  # collapse and convergence warnings: not measured

@@ -482,6 +482,17 @@ def test_wide_rows_quick_runs(tmp_path):
     assert len(_csv(tmp_path / "wide_rows.csv")) == len(rows)
 
 
+def test_wide_rows_starts_alone_quick_runs(tmp_path):
+    module = _load("wide_rows")
+    rows = module.main(["--quick", "--starts-alone", "--results", str(tmp_path)])
+    assert len(rows) == 2
+    for row in rows:
+        assert row["rows"] * row["features"] < module.ALONE_BELOW_VALUES
+        for way in ("default", "alone"):
+            assert np.isfinite(row[f"{way}_quality"]) and row[f"{way}_ms"] > 0
+    assert len(_csv(tmp_path / "wide_rows_alone.csv")) == len(rows)
+
+
 def test_realdata_large_quick_runs(tmp_path):
     rows = _load("realdata_large").main(["--quick", "--reads", "2", "--results", str(tmp_path)])
     methods = {row["method"] for row in rows}
