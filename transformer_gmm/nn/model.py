@@ -37,6 +37,28 @@ MIN_SCALE = 1e-3
 K_POSTERIOR_WEIGHTS = ("k_unknown", "k_posterior_head", "cluster_count_head")
 
 
+def is_skeleton() -> bool:
+    """Whether modules are being built under ``torch.device("meta")``: a skeleton that a
+    checkpoint's weights are loaded into. It holds no values, so none are drawn: drawing
+    random values on the meta device imports torch's compiler and sympy, most of a second
+    of a process's first fit."""
+    return torch.empty(0).is_meta
+
+
+def standard_normal(*shape: int) -> Tensor:
+    """``torch.randn(shape)``, or, in a skeleton, an empty tensor of that shape."""
+    return torch.empty(shape) if is_skeleton() else torch.randn(shape)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear``, whose initial values are not drawn in a skeleton (see
+    :func:`is_skeleton`; elsewhere they are ``nn.Linear``'s own draws)."""
+
+    def reset_parameters(self) -> None:
+        if not is_skeleton():
+            super().reset_parameters()
+
+
 class MixtureOutput(NamedTuple):
     """What one forward pass returns; component k and cluster label k are the same slot.
 
@@ -58,9 +80,9 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.n_head = config.n_head
-        self.q = nn.Linear(config.d_model, config.d_model)
-        self.kv = nn.Linear(config.d_model, 2 * config.d_model)
-        self.proj = nn.Linear(config.d_model, config.d_model)
+        self.q = Linear(config.d_model, config.d_model)
+        self.kv = Linear(config.d_model, 2 * config.d_model)
+        self.proj = Linear(config.d_model, config.d_model)
 
     def forward(self, x_q: Tensor, x_kv: Tensor, key_mask: Tensor | None) -> Tensor:
         """Attend from ``x_q`` (B, L, D) over ``x_kv`` (B, N, D); returns (B, L, D).
@@ -92,8 +114,8 @@ class MLP(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.fc = nn.Linear(config.d_model, config.mlp_ratio * config.d_model)
-        self.proj = nn.Linear(config.mlp_ratio * config.d_model, config.d_model)
+        self.fc = Linear(config.d_model, config.mlp_ratio * config.d_model)
+        self.proj = Linear(config.mlp_ratio * config.d_model, config.d_model)
 
     def forward(self, x: Tensor) -> Tensor:
         """Apply the MLP to the last dimension of ``x`` (..., D); returns (..., D)."""
@@ -116,19 +138,6 @@ class Block(nn.Module):
         x = x + self.attn(h, h, key_mask)
         x = x + self.mlp(self.ln_2(x))
         return x
-
-
-def is_skeleton() -> bool:
-    """Whether modules are being built under ``torch.device("meta")``: a skeleton that a
-    checkpoint's weights are loaded into. It holds no values, so none are drawn: drawing
-    random values on the meta device imports torch's compiler and sympy, most of a second
-    of a process's first fit."""
-    return torch.empty(0).is_meta
-
-
-def standard_normal(*shape: int) -> Tensor:
-    """``torch.randn(shape)``, or, in a skeleton, an empty tensor of that shape."""
-    return torch.empty(shape) if is_skeleton() else torch.randn(shape)
 
 
 def scale_width(config: ModelConfig) -> int:
@@ -156,10 +165,10 @@ class ReadoutHead(nn.Module):
         self.attn = Attention(config)
         self.ln = nn.LayerNorm(d)
         # A small MLP per slot: width d, not mlp_ratio * d, as there is one head per K.
-        self.fc = nn.Linear(d, d)
-        self.out = nn.Linear(d, 1 + config.d_max + scale_dim)  # weight logit, mean, raw scale
-        self.point_proj = nn.Linear(d, d, bias=False)
-        self.slot_proj = nn.Linear(d, d, bias=False)
+        self.fc = Linear(d, d)
+        self.out = Linear(d, 1 + config.d_max + scale_dim)  # weight logit, mean, raw scale
+        self.point_proj = Linear(d, d, bias=False)
+        self.slot_proj = Linear(d, d, bias=False)
 
     def forward(self, tokens: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """Raw slot outputs (B, K, 1 + d_max + scale_dim) and point logits (B, N, K)."""
@@ -191,8 +200,8 @@ class KPosteriorHead(nn.Module):
         self.seeds = nn.Parameter(standard_normal(n_seeds, d))
         self.attn = Attention(config)
         self.ln = nn.LayerNorm(d)
-        self.fc = nn.Linear(n_seeds * d, d)
-        self.out = nn.Linear(d, config.k_max)  # logits of K = 1..k_max
+        self.fc = Linear(n_seeds * d, d)
+        self.out = Linear(d, config.k_max)  # logits of K = 1..k_max
 
     def forward(self, tokens: Tensor, key_mask: Tensor | None) -> Tensor:
         """Log-probabilities (B, k_max) of K = 1..k_max for tokens (B, N, D)."""
@@ -255,10 +264,10 @@ class MixtureTransformer(nn.Module):
         self.config = config
         self.reading_config = ReadingConfig() if reading_config is None else reading_config
         skeleton = is_skeleton()  # no values to draw (is_skeleton)
-        self.readin = nn.Linear(config.d_max, config.d_model)
+        self.readin = Linear(config.d_max, config.d_model)
         if config.reads_gaps:
             # Each point's share of each coordinate that was missing, added to its token.
-            self.readin_gaps = nn.Linear(config.d_max, config.d_model, bias=False)
+            self.readin_gaps = Linear(config.d_max, config.d_model, bias=False)
         n_k = config.k_max - config.k_min + 1
         self.k_embedding = nn.Embedding(
             n_k, config.d_model, _weight=torch.empty(n_k, config.d_model) if skeleton else None

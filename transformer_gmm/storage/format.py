@@ -482,10 +482,17 @@ def _check_weights(path: Path, header: Header, expected: dict[str, torch.Tensor]
         )
 
 
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every value of ``tensor`` is finite. A NaN or an infinity makes the sum
+    NaN or infinite, so a finite sum settles it in one pass (torch's isfinite is several
+    times slower); a sum that overflows is checked value by value."""
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
+
+
 def _check_finite(path: Path, state: dict[str, torch.Tensor]) -> None:
     """Refuse weights that hold NaN or infinity: every estimate made from them would be
     NaN, and the failure would seem to come from the data."""
-    bad = [name for name, tensor in sorted(state.items()) if not torch.isfinite(tensor).all()]
+    bad = [name for name, tensor in sorted(state.items()) if not _all_finite(tensor)]
     if bad:
         raise CheckpointError(
             f"{path} holds weights that are not finite (NaN or infinity) in {shown(bad)}. The "
