@@ -147,6 +147,18 @@ def test_scoring_surface_agrees_with_sklearn_on_the_same_parameters(three_blobs,
     assert ours.aic(X) == pytest.approx(theirs.aic(X), rel=1e-12)
 
 
+@pytest.mark.parametrize("covariance_type", COVARIANCE_TYPES)
+def test_scoring_reads_the_rows_without_changing_them(three_blobs, covariance_type):
+    # Scoring reads float64 rows in place (no copy); a read-only copy scores the same.
+    gmm = TransformerGMM(3, covariance_type=covariance_type, checkpoint=None).fit(three_blobs)
+    X = make_blobs(50, [[0.0, 0.0]], scale=6.0, seed=5)
+    kept, read_only = X.copy(), X.copy()
+    read_only.setflags(write=False)
+    for method in ("score_samples", "predict_proba", "predict"):
+        np.testing.assert_array_equal(getattr(gmm, method)(X), getattr(gmm, method)(read_only))
+    np.testing.assert_array_equal(X, kept)
+
+
 PARAMETERS = ["weights_", "means_", "covariances_", "precisions_", "precisions_cholesky_"]
 
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .batching import check_batch, compact, zero_padding
-from .device import entry_point, tensor, to_numpy
+from .device import entry_point, shared_tensor, tensor, to_numpy
 from .gaussian import PARAM_SHAPES, estimate_log_gaussian_prob, lookup, needs_grad
 from .m_step import MixtureParams
 
@@ -204,7 +204,7 @@ def weighted_log_prob_of_fitted(
     )
     out = np.empty((X.shape[0], means.shape[0]))
     for start in range(0, X.shape[0], _CHUNK_ROWS):
-        chunk = tensor(X[start : start + _CHUNK_ROWS], "cpu")[None]
+        chunk = shared_tensor(X[start : start + _CHUNK_ROWS], "cpu")[None]  # read only
         out[start : start + _CHUNK_ROWS] = to_numpy(
             estimate_weighted_log_prob(chunk, params, covariance_type)[0]
         )
