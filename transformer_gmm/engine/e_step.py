@@ -21,6 +21,7 @@ from torch import Tensor
 from .batching import check_batch, compact, zero_padding
 from .device import entry_point, shared_tensor, tensor, to_numpy
 from .gaussian import PARAM_SHAPES, estimate_log_gaussian_prob, lookup, needs_grad
+from .logspace import logsumexp
 from .m_step import MixtureParams
 
 __all__ = [
@@ -125,7 +126,7 @@ def e_step_unchecked(
     weighted = estimate_weighted_log_prob(
         X, params, covariance_type, at_once=at_once, x_squared=x_squared
     )
-    log_prob_norm = weighted.logsumexp(-1)  # (B, N)
+    log_prob_norm = logsumexp(weighted, -1)  # (B, N)
     # In place where nothing tracks gradients: weighted is this step's own.
     norm = log_prob_norm[..., None]
     log_resp = weighted - norm if needs_grad(weighted) else weighted.sub_(norm)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from . import logspace
 from .batching import ShrinkingBatch, compact, take, zero_padding
 from .e_step import check_params, e_step_unchecked, estimate_weighted_log_prob
 from .gaussian import (
@@ -152,7 +153,7 @@ def log_likelihood_without(
         params.covariances,
         params.precisions_cholesky,
     )
-    return estimate_weighted_log_prob(X, others, covariance_type).logsumexp(-1)
+    return logspace.logsumexp(estimate_weighted_log_prob(X, others, covariance_type), -1)
 
 
 def reseed_means(means: Tensor, empty: Tensor, worst: Tensor, n_points: Tensor) -> Tensor:
@@ -371,7 +372,7 @@ class RowsInMemory:
         )
         # In place where nothing tracks gradients: the log-responsibilities are not read
         # again, and a second (B, N, K) array would be EM's largest on many rows.
-        resp = log_resp.exp() if needs_grad(log_resp) else log_resp.exp_()
+        resp = log_resp.exp() if needs_grad(log_resp) else logspace.exp_(log_resp)
         if self.sample_weight is not None:
             resp = resp * self.sample_weight[..., None]
         nk, means, covariances = estimate_parameters_unchecked(

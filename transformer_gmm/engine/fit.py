@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import blocks, e_step, em, kmeans, m_step, row_order, runs, screening, starts
+from . import blocks, e_step, em, kmeans, logspace, m_step, row_order, runs, screening, starts
 from .device import dtype_for, entry_point, pad, seeded_generator, tensor, to_numpy
 from .gaussian import ONE_MATRIX_AT_A_TIME, IllDefinedCovariance, all_components_at_once
 from .input_range import check_magnitude, check_range
@@ -325,7 +325,8 @@ class _Mixtures:
         chosen = m_step.MixtureParams(*(getattr(screened.params, f)[kept] for f in runs.FIELDS))
         _, log_resp = e_step.e_step(z, chosen, plan.covariance_type, mask, weights)
         start = m_step.estimate_gaussian_parameters(
-            x, log_resp.exp(), covariance_type=plan.covariance_type, reg_covar=plan.reg_covar,
+            x, logspace.exp_(log_resp), covariance_type=plan.covariance_type,
+            reg_covar=plan.reg_covar,
             mask=mask, sample_weight=weights,
         )
         if index is None:

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from .covariance_prior import CovariancePrior
 from .gaussian import compute_precision_cholesky, covariances_from_precisions_cholesky
+from .logspace import exp_, logsumexp
 from .m_step import MixtureParams
 from .row_order import canonical_order
 from .sufficient_stats import MixtureStatistics, fit_em_from_statistics
@@ -322,8 +323,8 @@ def missing_statistics(
     # the rows' solved deviations serve both.
     for scored in _scored_chunks(runs, weights, means, sigma):
         run, log_prob = scored.chunk.run, scored.log_prob  # (m, K)
-        chunk_norm = torch.logsumexp(log_prob, 1)  # (m,)
-        r = torch.exp(log_prob - chunk_norm[:, None]) * run.weight[:, None]
+        chunk_norm = logsumexp(log_prob, 1)  # (m,)
+        r = exp_(log_prob - chunk_norm[:, None]) * run.weight[:, None]
         resp[run.rows], log_norm[run.rows] = r, chunk_norm
         # About the E-step's means, as the statistics keep the scatter: (K, m, d).
         centred, conditional = _completed(scored, sigma)
@@ -371,7 +372,7 @@ def worst_explained(
     log_prob = _log_prob_by_pattern(
         runs, len(filled), others.weights[0], others.means[0], sigma
     )
-    log_likelihood = torch.logsumexp(log_prob, 1).masked_fill(~points, math.inf)  # (n,)
+    log_likelihood = logsumexp(log_prob, 1).masked_fill(~points, math.inf)  # (n,)
     n_worst = min(empty.shape[1], filled.shape[0])
     worst = log_likelihood.topk(n_worst, largest=False).indices
     return filled[worst][None]
