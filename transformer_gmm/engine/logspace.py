@@ -37,7 +37,7 @@ SAMPLE_VALUES = 1 << 12
 
 def exp_(x: Tensor) -> Tensor:
     """``x.exp_()``: the same values, in place."""
-    if x.dtype != torch.float64 or x.device.type != "cpu" or x.numel() < MIN_VALUES:
+    if not _takes_masks(x):
         return x.exp_()
     if not x.is_contiguous():
         return x.copy_(exp_(x.contiguous()))
@@ -45,6 +45,11 @@ def exp_(x: Tensor) -> Tensor:
     for start in range(0, flat.numel(), CHUNK_VALUES):
         _exp_chunk_(flat[start : start + CHUNK_VALUES])
     return x
+
+
+def _takes_masks(x: Tensor) -> bool:
+    """Whether ``x`` is large enough, and of the dtype and device, for the masks to pay."""
+    return x.dtype == torch.float64 and x.device.type == "cpu" and x.numel() >= MIN_VALUES
 
 
 def _exp_chunk_(x: Tensor) -> None:
@@ -68,8 +73,8 @@ def _exp_chunk_(x: Tensor) -> None:
 def logsumexp(x: Tensor, dim: int = -1) -> Tensor:
     """``x.logsumexp(dim)``, as torch computes it (the maximum out, its infinities read as
     zero), with :func:`exp_`."""
-    if x.requires_grad and torch.is_grad_enabled():
-        return x.logsumexp(dim)
+    if not _takes_masks(x) or (x.requires_grad and torch.is_grad_enabled()):
+        return x.logsumexp(dim)  # one fused call; autograd follows it
     maxes = x.amax(dim, keepdim=True)
     maxes.masked_fill_(maxes.abs() == math.inf, 0.0)
     sums = exp_(x - maxes).sum(dim)
