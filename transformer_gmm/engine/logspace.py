@@ -24,8 +24,9 @@ __all__ = ["exp_", "logsumexp"]
 
 # torch's float64 exp is fast from here up (its results are normal numbers)...
 FAST_FROM = -707.0
-# ...and 0.0 below here (exp(-745.13) is the smallest denormal, 5e-324).
-ZERO_BELOW = -745.2
+# ...and 0.0 below here, however it rounds: e^-746 is less than half the smallest
+# denormal (5e-324 = e^-745.13); between the two, torch's exp decides, one by one.
+ZERO_BELOW = -746.0
 # Smaller tensors, and tensors of other dtypes or on other devices, go to torch's exp
 # directly: the masks cost more than they save there.
 MIN_VALUES = 1 << 15
