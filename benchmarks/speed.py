@@ -207,7 +207,7 @@ print(json.dumps([imported - start, *seconds]))
 """
 
 
-def first_fit(checkpoint, device, repeats, seed=0, folder=None):
+def first_fit(checkpoint, device, repeats, seed=0):
     """The import, the first fit and the second of each estimator in a fresh interpreter
     (one BLAS and OpenMP thread), ``repeats`` interpreters each, on the latency task: a
     process's first fit loads the checkpoint and runs torch's first operations, which
@@ -228,7 +228,7 @@ def first_fit(checkpoint, device, repeats, seed=0, folder=None):
     environment = {**os.environ, **{name: "1" for name in (
         "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
     times = {name: [] for name in estimators}
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "X.npy"
         np.save(data, task.X)
         for _ in range(repeats):  # interleaved, so that load on the machine hits all alike

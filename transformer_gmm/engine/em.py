@@ -36,7 +36,6 @@ from .gaussian import (
     IllDefinedCovariance,
     all_components_at_once,
     covariances_from_precisions_cholesky,
-    needs_grad,
     try_precision_cholesky,
 )
 from .m_step import MixtureParams, estimate_parameters_unchecked, pool_covariances
@@ -372,7 +371,7 @@ class RowsInMemory:
         )
         # In place where nothing tracks gradients: the log-responsibilities are not read
         # again, and a second (B, N, K) array would be EM's largest on many rows.
-        resp = log_resp.exp() if needs_grad(log_resp) else logspace.exp_(log_resp)
+        resp = logspace.responsibilities(log_resp)
         if self.sample_weight is not None:
             resp = resp * self.sample_weight[..., None]
         nk, means, covariances = estimate_parameters_unchecked(

@@ -325,7 +325,7 @@ class _Mixtures:
         chosen = m_step.MixtureParams(*(getattr(screened.params, f)[kept] for f in runs.FIELDS))
         _, log_resp = e_step.e_step(z, chosen, plan.covariance_type, mask, weights)
         start = m_step.estimate_gaussian_parameters(
-            x, logspace.exp_(log_resp), covariance_type=plan.covariance_type,
+            x, logspace.responsibilities(log_resp), covariance_type=plan.covariance_type,
             reg_covar=plan.reg_covar,
             mask=mask, sample_weight=weights,
         )

@@ -21,7 +21,9 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["exp_", "logsumexp"]
+from .gaussian import needs_grad
+
+__all__ = ["exp_", "logsumexp", "responsibilities"]
 
 # torch's float64 exp is fast from here up (its results are normal numbers)...
 FAST_FROM = -707.0
@@ -77,9 +79,15 @@ def _exp_chunk_(x: Tensor) -> None:
 def logsumexp(x: Tensor, dim: int = -1) -> Tensor:
     """``x.logsumexp(dim)``, as torch computes it (the maximum out, its infinities read as
     zero), with :func:`exp_`."""
-    if not _takes_masks(x) or (x.requires_grad and torch.is_grad_enabled()):
+    if not _takes_masks(x) or needs_grad(x):
         return x.logsumexp(dim)  # one fused call; autograd follows it
     maxes = x.amax(dim, keepdim=True)
     maxes.masked_fill_(maxes.abs() == math.inf, 0.0)
     sums = exp_(x - maxes).sum(dim)
     return sums.log_().add_(maxes.squeeze(dim))
+
+
+def responsibilities(log_resp: Tensor) -> Tensor:
+    """``log_resp.exp()``, an E-step's responsibilities from its own log-responsibilities:
+    in place (:func:`exp_`) unless autograd tracks them (training differentiates through)."""
+    return log_resp.exp() if needs_grad(log_resp) else exp_(log_resp)

@@ -22,7 +22,6 @@ from torch import Tensor
 
 from ..nn.model import MixtureOutput
 from . import e_step, logspace, m_step
-from .gaussian import needs_grad
 from .standardize import Standardization, fit_standardization, subsample_rows, take_rows
 from .summary import SUMMARY_ROWS, summarize_views
 
@@ -124,7 +123,7 @@ def model_space_responsibilities(
         precisions_cholesky=precisions_cholesky,
     )
     _, log_resp = e_step.e_step(z, params, covariance_type, mask)  # -inf on padded rows
-    return log_resp.exp() if needs_grad(log_resp) else logspace.exp_(log_resp)
+    return logspace.responsibilities(log_resp)
 
 
 def cholesky_on_kept(lower: Tensor, kept: Tensor) -> Tensor:

@@ -40,7 +40,7 @@ from .em import (
     reseed_weights_and_covariances,
     run_em,
 )
-from .gaussian import PARAM_SHAPES, lookup, needs_grad, try_precision_cholesky
+from .gaussian import PARAM_SHAPES, lookup, try_precision_cholesky
 from .kmeans import (
     assign,
     centers_from_sums,
@@ -51,7 +51,7 @@ from .kmeans import (
     relocate_empty,
     run_lloyd,
 )
-from .logspace import exp_
+from .logspace import responsibilities
 from .m_step import COVARIANCE_ESTIMATORS, MixtureParams
 from .squarem import Accelerated
 
@@ -241,7 +241,7 @@ def mixture_statistics(
     True
     """
     log_prob_norm, log_resp = e_step_unchecked(X, params, covariance_type, None, sample_weight)
-    resp = log_resp.exp() if needs_grad(log_resp) else exp_(log_resp)  # (B, n, K)
+    resp = responsibilities(log_resp)  # (B, n, K)
     total = X.shape[1]  # the weight of the rows, by which the mean log-likelihood multiplies
     if sample_weight is not None:
         resp = resp * sample_weight[..., None]
