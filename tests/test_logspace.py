@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from scipy import special
 
-from transformer_gmm.engine import logspace
+from transformer_gmm.engine import e_step, logspace
 
 
 def log_probabilities(shape, scale, seed):
@@ -61,3 +63,19 @@ def test_other_dtypes_and_gradients_take_torchs_own():
     found = logspace.logsumexp(x, -1)
     found.sum().backward()  # torch's own logsumexp, which autograd follows
     torch.testing.assert_close(x.grad, torch.softmax(x.detach(), -1), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n_rows", [10, 20_000])
+def test_a_fitted_mixtures_densities_and_probabilities_are_scipys_to_rounding(n_rows):
+    # score_samples and predict_proba read these: SciPy's logsumexp gave them before.
+    weighted = log_probabilities((n_rows, 6), 3000.0, seed=n_rows).numpy()
+    weighted[0] = -math.inf  # a row no component can have drawn
+    expected_norm = special.logsumexp(weighted, axis=1)
+    with np.errstate(invalid="ignore"):
+        expected_resp = np.exp(weighted - expected_norm[:, None])
+    norm = e_step.log_norm_of_fitted(weighted)
+    resp = e_step.responsibilities_of_fitted(weighted)
+    assert norm[0] == -math.inf and np.isnan(resp[0]).all()  # as SciPy's
+    np.testing.assert_allclose(norm[1:], expected_norm[1:], rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(resp[1:], expected_resp[1:], rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(resp[1:].sum(1), 1.0, rtol=1e-14)

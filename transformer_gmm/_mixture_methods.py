@@ -10,7 +10,6 @@ from __future__ import annotations
 from numbers import Integral
 
 import numpy as np
-from scipy.special import logsumexp
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
@@ -58,7 +57,7 @@ def _weighted_log_prob(X: np.ndarray, *parameters) -> np.ndarray:
 
 def _score_samples(X: np.ndarray, *parameters) -> np.ndarray:
     # In X's dtype, as GaussianMixture's (its computations are in float64 here).
-    log_prob = logsumexp(_weighted_log_prob(X, *parameters), axis=1)
+    log_prob = e_step.log_norm_of_fitted(_weighted_log_prob(X, *parameters))
     return log_prob.astype(X.dtype, copy=False)
 
 
@@ -67,8 +66,8 @@ def _predict(X: np.ndarray, *parameters) -> np.ndarray:
 
 
 def _predict_proba(X: np.ndarray, *parameters) -> np.ndarray:
-    weighted = _weighted_log_prob(X, *parameters)
-    return np.exp(weighted - logsumexp(weighted, axis=1, keepdims=True)).astype(X.dtype, copy=False)
+    resp = e_step.responsibilities_of_fitted(_weighted_log_prob(X, *parameters))
+    return resp.astype(X.dtype, copy=False)
 
 
 class FittedMixtureMixin:

@@ -21,7 +21,7 @@ from torch import Tensor
 from .batching import check_batch, compact, zero_padding
 from .device import entry_point, shared_tensor, tensor, to_numpy
 from .gaussian import PARAM_SHAPES, estimate_log_gaussian_prob, lookup, needs_grad
-from .logspace import logsumexp
+from .logspace import exp_, logsumexp
 from .m_step import MixtureParams
 
 __all__ = [
@@ -29,6 +29,8 @@ __all__ = [
     "e_step",
     "e_step_unchecked",
     "estimate_weighted_log_prob",
+    "log_norm_of_fitted",
+    "responsibilities_of_fitted",
     "weighted_log_prob_of_fitted",
 ]
 
@@ -210,3 +212,19 @@ def weighted_log_prob_of_fitted(
             estimate_weighted_log_prob(chunk, params, covariance_type)[0]
         )
     return out
+
+
+# A fitted mixture's densities and probabilities from its weighted log-probabilities,
+# through the engine's exponentials (numpy's and SciPy's take the same slow path below
+# -708 as torch's: on well separated components, most of predict_proba's time).
+
+
+def log_norm_of_fitted(weighted: np.ndarray) -> np.ndarray:
+    """log p(x) (n,) from ``weighted`` (n, K), the rows' log p(x | k) + log w_k."""
+    return to_numpy(logsumexp(torch.from_numpy(weighted), -1))
+
+
+def responsibilities_of_fitted(weighted: np.ndarray) -> np.ndarray:
+    """p(k | x) (n, K) from ``weighted`` (n, K), the rows' log p(x | k) + log w_k."""
+    log_resp = torch.from_numpy(weighted)
+    return to_numpy(exp_(log_resp - logsumexp(log_resp, -1)[:, None]))
