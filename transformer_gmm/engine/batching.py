@@ -19,6 +19,7 @@ __all__ = [
     "ShrinkingBatch",
     "check_batch",
     "compact",
+    "matmul",
     "point_weights",
     "take",
     "zero_padding",
@@ -48,6 +49,20 @@ def compact(t: Tensor | None) -> Tensor | None:
     if t is not None and t.shape[0] > 1 and t.stride(0) == 0:
         return t[:1]
     return t
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` of (B|1, n, k) by (B, k, m): (B, n, m), a shared ``a`` (batch 1) read once.
+
+    torch's batched product copies a shared left operand B times (8,192 rows of 256
+    features shared by four starts: twice as long); here the B right-hand sides lie side
+    by side in one product of the shared matrix instead.
+    """
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != 1 or b.shape[0] == 1:
+        return a @ b
+    n_batch, k, m = b.shape
+    products = a[0] @ b.transpose(0, 1).reshape(k, n_batch * m)  # (n, B m)
+    return products.view(-1, n_batch, m).transpose(0, 1).contiguous()
 
 
 def zero_padding(X: Tensor, mask: Tensor | None) -> Tensor:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .batching import matmul
+
 __all__ = [
     "COVARIANCE_TYPES",
     "PARAM_SHAPES",
@@ -292,8 +294,8 @@ def _mahalanobis_diag(
     # 2 (X @ M), not (2 X) @ M: the same bits (doubling is exact), without an (N, d) product.
     return (
         (means.square() * precisions).sum(-1)[:, None, :]
-        - 2.0 * (X @ (means * precisions).mT)
-        + x_squared @ precisions.mT
+        - 2.0 * matmul(X, (means * precisions).mT)
+        + matmul(x_squared, precisions.mT)
     )
 
 
@@ -304,7 +306,7 @@ def _mahalanobis_spherical(
     x_squared = X.square() if x_squared is None else x_squared
     return (
         means.square().sum(-1)[:, None, :] * precisions
-        - 2.0 * (X @ means.mT) * precisions
+        - 2.0 * matmul(X, means.mT) * precisions
         + x_squared.sum(-1, keepdim=True) * precisions
     )
 

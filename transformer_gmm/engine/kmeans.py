@@ -20,7 +20,15 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .batching import ShrinkingBatch, check_batch, compact, point_weights, take, zero_padding
+from .batching import (
+    ShrinkingBatch,
+    check_batch,
+    compact,
+    matmul,
+    point_weights,
+    take,
+    zero_padding,
+)
 
 __all__ = [
     "LloydRows",
@@ -60,7 +68,7 @@ def _squared_distances(X: Tensor, centers: Tensor, x_norms: Tensor) -> Tensor:
     ``x_norms`` is ``_squared_norms(X)``.
     """
     # 2 (X @ C), not (2 X) @ C: the same bits (doubling is exact), without an (N, d) product.
-    dist = x_norms - 2.0 * (X @ centers.mT) + centers.square().sum(-1)[:, None, :]
+    dist = x_norms - 2.0 * matmul(X, centers.mT) + centers.square().sum(-1)[:, None, :]
     return dist.clamp_min_(0.0)  # rounding can leave tiny negatives
 
 
