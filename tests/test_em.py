@@ -897,3 +897,19 @@ def test_lloyd_shrinking_batch_equals_each_problem_alone():
         assert (labels[i, len(data) :] == -1).all()
         np.testing.assert_allclose(inertia[i], alone[2][0], rtol=1e-10)
         assert n_iter[i] == alone[3][0]
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [((1, 50, 30), (4, 30, 3)), ((4, 50, 30), (4, 30, 3)), ((4, 50, 30), (1, 30, 3)),
+     ((1, 50, 30), (1, 30, 3))],
+)
+def test_batched_products_with_shared_rows_equal_torchs(a_shape, b_shape):
+    # Shared rows (batch 1) are multiplied once against every start's matrix side by side.
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(a_shape, generator=generator, dtype=torch.float64)
+    b = torch.randn(b_shape[0], b_shape[2], b_shape[1], generator=generator, dtype=torch.float64)
+    found = batching.matmul(a, b.mT)  # a transposed right-hand side, as the callers pass
+    expected = a @ b.mT
+    assert found.shape == expected.shape and found.is_contiguous()
+    torch.testing.assert_close(found, expected, rtol=1e-13, atol=1e-13)
