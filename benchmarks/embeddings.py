@@ -16,8 +16,9 @@ repeats) and quoted as a ratio to scikit-learn's in the same run:
 
     python benchmarks/embeddings.py            # 2 widths x 2 noise levels x 2 seeds
     python benchmarks/embeddings.py --quick    # 2,000 rows, d = 256, one seed
+    python benchmarks/embeddings.py --widths 1024 --out embeddings_1024   # another width
 
-Prints a table and writes benchmarks/results/embeddings.csv.
+Prints a table and writes benchmarks/results/embeddings.csv (``--out`` names another).
 """
 
 from __future__ import annotations
@@ -103,8 +104,11 @@ def main(argv=None) -> list[dict]:
     parser = shared_parser(__doc__, "2,000 rows, d = 256, one noise level, one seed")
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--widths", type=int, nargs="+", default=[256, 768],
+                        help="numbers of features d (default 256 768)")
+    parser.add_argument("--out", default="embeddings", help="file stem of the CSV")
     args = parser.parse_args(argv)
-    n_rows, widths, noises = 10_000, (256, 768), (0.02, 0.035)
+    n_rows, widths, noises = 10_000, tuple(args.widths), (0.02, 0.035)
     seeds, repeats = range(args.seed, args.seed + args.seeds), args.repeats
     if args.quick:
         n_rows, widths, noises, seeds, repeats = 2_000, (256,), (0.02,), [args.seed], 1
@@ -124,7 +128,7 @@ def main(argv=None) -> list[dict]:
                               f"x{row['time_ratio']:5.2f}  quality {row['quality']:10.4f}"
                               f"  ARI {row['ari']:.3f}", flush=True)
     summary(rows)
-    path = write_csv(rows, args.results / "embeddings.csv")
+    path = write_csv(rows, args.results / f"{args.out}.csv")
     print(f"wrote {path}")
     return rows
 
