@@ -211,7 +211,10 @@ def first_fit(checkpoint, device, repeats, seed=0):
     """The import, the first fit and the second of each estimator in a fresh interpreter
     (one BLAS and OpenMP thread), ``repeats`` interpreters each, on the latency task: a
     process's first fit loads the checkpoint and runs torch's first operations, which
-    every other measurement here leaves to a warm-up."""
+    every other measurement here leaves to a warm-up. Each interpreter reads compiled
+    bytecode, as an installed package does (pip compiles it at install time): an untimed
+    interpreter per estimator writes it first (Python's own ``__pycache__``), where the
+    environment would forbid it (``PYTHONDONTWRITEBYTECODE``) too."""
     import tempfile
 
     task = sample_tgmm_task(np.random.default_rng(seed), 4, 8)
@@ -227,18 +230,20 @@ def first_fit(checkpoint, device, repeats, seed=0):
     }
     environment = {**os.environ, **{name: "1" for name in (
         "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}}
+    environment.pop("PYTHONDONTWRITEBYTECODE", None)
     times = {name: [] for name in estimators}
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "X.npy"
         np.save(data, task.X)
-        for _ in range(repeats):  # interleaved, so that load on the machine hits all alike
+        for warm_up in (True, *[False] * repeats):  # interleaved: load hits all alike
             for name, (module, cls, arguments) in estimators.items():
                 code = _FIRST_FIT.format(module=module, name=cls, arguments=arguments)
                 done = subprocess.run([sys.executable, "-c", code, str(data)], env=environment,
                                       capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     raise RuntimeError(f"the first fit of {name} failed:\n{done.stderr}")
-                times[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                if not warm_up:
+                    times[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     rows = []
     for name, values in times.items():
         medians = 1000 * np.median(np.array(values), axis=0)
