@@ -308,6 +308,8 @@ def test_stages_account_for_the_whole_fit(tmp_path):
         "matmul 128x512 @ 512x512",
         "forward pass, batch 1",
         "forward pass, batch 64",
+        "forward pass, batch 1, as loaded",
+        "forward pass, batch 64, as loaded",
         "matmul in bfloat16",
         "forward pass, batch 1, bfloat16",
         "forward pass, batch 64, bfloat16",
