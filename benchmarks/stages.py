@@ -60,15 +60,8 @@ from common import (  # noqa: E402
 from real_datasets import DATASETS, load_dataset  # noqa: E402
 
 from transformer_gmm import TransformerGMM, _base, _fitting  # noqa: E402
-from transformer_gmm.engine import (  # noqa: E402
-    em,
-    gaussian,
-    m_step,
-    model_cache,
-    precision,
-    readout,
-)
-from transformer_gmm.storage import load_model  # noqa: E402
+from transformer_gmm.engine import em, gaussian, m_step, precision, readout  # noqa: E402
+from transformer_gmm.storage import load_checkpoint, load_model  # noqa: E402
 
 # (label, module, attribute): the functions timed, looked up by the package at call time.
 STAGES = [
@@ -207,10 +200,10 @@ def _seconds_per_call(call: Callable[[], object], repeats: int) -> float:
 
 def flop_rates(checkpoint: str, repeats: int) -> list[dict]:
     """GFLOP/s of the backbone's forward pass (K = 4, 128 points; one dataset and a batch
-    of 64) and of a plain matmul, all on this thread in this run: the copy a fit reads
-    (``model_cache.model_on``, weights laid out for products of few rows) and the model as
-    loaded; then the same in bfloat16 (the model's bfloat16 copy, under "medium"
-    precision), as fractions of the float32 matmul."""
+    of 64) and of a plain matmul, all on this thread in this run: the model fits read
+    (``load_model``: frozen, weights laid out for products of few rows) and a private copy
+    (``load_checkpoint``, weights as trained); then the same in bfloat16 (the model's
+    bfloat16 copy, under "medium" precision), as fractions of the float32 matmul."""
     model = load_model(checkpoint)
     config = model.config
     generator = torch.Generator().manual_seed(0)
@@ -229,8 +222,8 @@ def flop_rates(checkpoint: str, repeats: int) -> list[dict]:
             rows.append(dict(what=f"forward pass, batch {batch}{suffix}", gflops=rate,
                              fraction_of_matmul=rate / matmul))
 
-    forward_rates(model_cache.model_on(model, "cpu"))
-    forward_rates(model, ", as loaded")
+    forward_rates(model)
+    forward_rates(load_checkpoint(checkpoint), ", weights as trained")
     with bfloat16_products():
         a16, b16 = a.bfloat16(), b.bfloat16()
         rate = 2 * 128 * 512 * 512 / _seconds_per_call(lambda: a16 @ b16, 10 * repeats) / 1e9
@@ -321,7 +314,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"\nFLOP rates on one thread ({args.checkpoint!r} checkpoint, K = 4, 128 points"
           f"{native}):")
     for row in flops:
-        print(f"  {row['what']:<38} {row['gflops']:7.1f} GFLOP/s  "
+        print(f"  {row['what']:<46} {row['gflops']:7.1f} GFLOP/s  "
               f"{100 * row['fraction_of_matmul']:5.1f} % of the matmul")
     print("\nOne full-covariance EM iteration, us (runs batched; scikit-learn: one run):")
     print(f"  {'runs x K x N x d':<18} {'all components':>15} {'one at a time':>14} {'sklearn':>8}")

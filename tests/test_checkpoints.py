@@ -306,7 +306,7 @@ def test_copies_on_other_devices_are_bounded_and_cleared(tmp_path, monkeypatch):
     models = [tiny_model(seed) for seed in range(size + 1)]
     # The "meta" device holds no data, so this runs without a GPU.
     copies = [model_cache.model_on(model, "meta") for model in models[:size]]
-    assert copies[0].readin.weight.is_meta
+    assert copies[0].readin.weight.is_meta and model_cache.model_on(models[0], "cpu") is models[0]
     assert model_cache.model_on(models[0], "meta") is copies[0]
     model_cache.model_on(models[size], "meta")
     assert len(model_cache._MODELS_ON_DEVICES) == size

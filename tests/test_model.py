@@ -313,3 +313,31 @@ def test_configs_written_before_noise_directions_read_as_zero():
     assert split_checkpoint_config(written_before)[1].noise_directions == 0
     reads_one_more = ReadingConfig(noise_directions=1)
     assert ReadingConfig.from_dict(reads_one_more.to_dict()) == reads_one_more
+
+
+def test_freeze_keeps_the_weights_and_lays_them_out_for_inference():
+    model, frozen = make_model(), make_model().freeze()
+    for (name, before), after in zip(
+        model.state_dict().items(), frozen.state_dict().values(), strict=True
+    ):
+        assert torch.equal(after, before), name  # the same values, every weight
+    linears = [m for m in frozen.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.stride() == (1, m.weight.shape[0]) for m in linears)
+    assert not frozen.training and not any(p.requires_grad for p in frozen.parameters())
+    x = torch.randn(2, 40, model.config.d_max)
+    with torch.inference_mode():
+        for a, b in zip(model(x, 3), frozen(x, 3), strict=True):  # rounding apart
+            torch.testing.assert_close(b, a, rtol=ATOL, atol=ATOL)
+
+
+def test_the_shared_model_is_frozen_and_a_private_copy_is_not(tmp_path):
+    from transformer_gmm.storage import load_checkpoint, load_model, save_checkpoint
+
+    folder = save_checkpoint(make_model(), tmp_path / "ckpt")
+    shared, private = load_model(folder), load_checkpoint(folder)
+    assert shared.readin.weight.stride() == (1, shared.config.d_model)
+    assert private.readin.weight.is_contiguous() and private.readin.weight.requires_grad
+    # Saved from the frozen layout, the weights read back the same.
+    again = load_checkpoint(save_checkpoint(shared, tmp_path / "again"))
+    for name, tensor in again.state_dict().items():
+        assert torch.equal(tensor, private.state_dict()[name]), name

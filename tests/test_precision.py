@@ -1,5 +1,4 @@
-"""The backbone's products on CPU: the float32 copy laid out for few rows; bfloat16 products
-where the user allows them: the copy, when it is used, and the fits."""
+"""bfloat16 products where the user allows them: the copy, when it is used, and the fits."""
 
 from __future__ import annotations
 
@@ -77,36 +76,15 @@ def test_native_bfloat16_is_a_bool():
     assert isinstance(precision.native_bfloat16(), bool)
 
 
-def test_float32_copy_holds_the_same_weights_transposed_and_leaves_the_model_alone():
+def test_model_on_keeps_one_bfloat16_copy(matmul_precision, native):
     model = tiny_model()
-    before = {name: t.clone() for name, t in model.state_dict().items()}
-    copied = precision.float32_copy(model)
-    for name, tensor in copied.state_dict().items():
-        assert torch.equal(tensor, before[name]), name  # the same values, every weight
-        assert torch.equal(model.state_dict()[name], before[name])
-    for module in copied.modules():
-        if isinstance(module, torch.nn.Linear):  # (out, in), each column contiguous
-            assert module.weight.stride() == (1, module.weight.shape[0])
-            assert not module.weight.requires_grad
-    assert all(p.is_contiguous() for p in model.parameters())
-    x = torch.randn(2, 40, model.config.d_max)
-    with torch.inference_mode():
-        expected, got = model(x, n_components=3), copied(x, n_components=3)
-    for a, b in zip(expected, got, strict=True):  # the products differ in rounding alone
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-
-
-def test_model_on_keeps_one_copy_per_precision(matmul_precision, native):
-    model = tiny_model()
-    float32 = model_cache.model_on(model, "cpu")
-    assert float32 is not model and model_cache.model_on(model, "cpu") is float32
-    assert type(float32.blocks[0].mlp.fc) is type(model.blocks[0].mlp.fc)
+    assert model_cache.model_on(model, "cpu") is model
     matmul_precision("medium")
     copied = model_cache.model_on(model, "cpu")
     assert copied is not model and model_cache.model_on(model, "cpu") is copied
     assert isinstance(copied.blocks[0].mlp.fc, precision.BFloat16Linear)
     matmul_precision("highest")
-    assert model_cache.model_on(model, "cpu") is float32
+    assert model_cache.model_on(model, "cpu") is model
 
 
 def test_fit_in_bfloat16_matches_float32_and_stays_deterministic(matmul_precision, native):

@@ -1,5 +1,4 @@
-"""The backbone's matrix products on CPU: float32 with weights laid out for few rows, or
-bfloat16 on request.
+"""The precision of the backbone's matrix products on CPU: float32, or bfloat16 on request.
 
 PyTorch's own switch decides: after ``torch.set_float32_matmul_precision("medium")``,
 which allows float32 matrix products to run in bfloat16 "if a fast matmul algorithm using
@@ -10,12 +9,7 @@ float32, EM in float64. At torch's default (``"highest"``) nothing changes. On C
 switch is torch's to apply (TF32 there): a bfloat16 copy of this width-128 backbone was
 measured slower than TF32 on an H200 (docs/performance.md).
 
-In float32, the copy a fit reads (:func:`float32_copy`) holds each linear layer's weight
-(out, in) as the transpose of an (in, out) array: the same values, and the layout in which
-MKL's products of a few dozen rows run fastest (a dataset read as 32 cells: 128 x 512
-products in 0.78 of the time, 512 x 128 ones in 0.52; the forward pass in 0.85).
-
-Each copy is made once per model (see :func:`transformer_gmm.engine.model_cache.model_on`);
+The bfloat16 copy is made once per model (see :func:`transformer_gmm.engine.model_cache.model_on`);
 the loaded model itself is never changed.
 """
 
@@ -49,19 +43,6 @@ class BFloat16Linear(nn.Module):
         """``x`` (..., in) to (..., out) in ``out_dtype``."""
         y = F.linear(x.to(torch.bfloat16), self.weight).to(self.out_dtype)
         return y if self.bias is None else y + self.bias
-
-
-def float32_copy(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose every ``nn.Linear`` weight (out, in) is the transpose of a
-    contiguous (in, out) array (see the module's docstring): equal values, whose products
-    differ from the loaded model's in rounding alone."""
-    copied = copy.deepcopy(model)
-    for module in copied.modules():
-        if isinstance(module, nn.Linear):
-            module.weight = nn.Parameter(
-                module.weight.detach().t().contiguous().t(), requires_grad=False
-            )
-    return copied
 
 
 def bfloat16_copy(model: nn.Module) -> nn.Module:

@@ -327,6 +327,25 @@ class MixtureTransformer(nn.Module):
         """The K this model has a readout head for, ``range(k_min, k_max + 1)``."""
         return range(self.config.k_min, self.config.k_max + 1)
 
+    def freeze(self) -> MixtureTransformer:
+        """This model, in place, for inference alone: eval mode, no gradients, and each
+        linear layer's weight (out, in) held as the transpose of an (in, out) array. The
+        values are the same; MKL multiplies a few dozen rows (a dataset read as cells) by
+        a weight in that layout faster, so products round differently in the last bits
+        (docs/performance.md, "Weights laid out for few rows"). Returns the model.
+
+        Examples
+        --------
+        >>> from transformer_gmm.nn import MixtureTransformer, config_from_preset
+        >>> model = MixtureTransformer(config_from_preset("tiny")).freeze()
+        >>> model.training, model.readin.weight.requires_grad, model.readin.weight.stride()
+        (False, False, (1, 16))
+        """
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                module.weight = nn.Parameter(module.weight.detach().mT.contiguous().mT)
+        return self.eval().requires_grad_(False)
+
     def has_head(self, n_components: int) -> bool:
         """Whether the model has a readout head for ``n_components`` (an int).
 

@@ -271,8 +271,10 @@ def load_model(checkpoint: str | os.PathLike) -> MixtureTransformer:
     so a rewritten checkpoint is loaded again; a Hub id is looked up on the Hub once per
     process (see :func:`transformer_gmm.storage.hub.resolve`). The cache keeps the four
     most recently used models; :func:`clear_cache` empties it. The returned model is SHARED
-    by every caller and frozen (``requires_grad`` off, eval mode): use it for inference only
-    and never modify it; call :func:`load_checkpoint` for a private copy to train or change.
+    by every caller and frozen (:meth:`~transformer_gmm.nn.MixtureTransformer.freeze`:
+    ``requires_grad`` off, eval mode, weights laid out for inference): use it for inference
+    only and never modify it; call :func:`load_checkpoint` for a private copy to train or
+    change.
 
     Parameters
     ----------
@@ -304,7 +306,7 @@ def load_model(checkpoint: str | os.PathLike) -> MixtureTransformer:
         if cached is not None and cached[0] == stamp:
             _CACHE.move_to_end(files)
             return cached[1]
-        model = _read(folder, checkpoint).requires_grad_(False)
+        model = _read(folder, checkpoint).freeze()
         _CACHE[files] = (stamp, model)  # replaces a stale model of the same files
         _CACHE.move_to_end(files)
         while len(_CACHE) > _CACHE_SIZE:
