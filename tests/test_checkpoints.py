@@ -284,6 +284,31 @@ def test_bundled_checkpoints_found_and_resolved(monkeypatch, tmp_path):
         resolve_checkpoint("nothing")
 
 
+def test_bundled_listing_follows_checkpoints_added_and_removed(monkeypatch, tmp_path):
+    monkeypatch.setattr(checkpoints, "_bundled_root", lambda: tmp_path)
+    assert bundled_checkpoints() == {}
+    save_checkpoint(tiny_model(), tmp_path / "demo")  # a new folder changes the root's mtime
+    assert bundled_checkpoints() == {"demo": tmp_path / "demo"}
+    listing = bundled_checkpoints()
+    listing.clear()  # the caller's copy: the listing kept is not changed
+    assert bundled_checkpoints() == {"demo": tmp_path / "demo"}
+    for file in (tmp_path / "demo").iterdir():
+        file.unlink()
+    (tmp_path / "demo").rmdir()
+    assert bundled_checkpoints() == {}
+
+
+def test_a_link_pointed_elsewhere_loads_the_model_it_points_to(tmp_path):
+    first = save_checkpoint(tiny_model(0), tmp_path / "first")
+    second = save_checkpoint(tiny_model(1), tmp_path / "second")
+    link = tmp_path / "current"
+    link.symlink_to(first, target_is_directory=True)
+    assert load_model(link) is load_model(first)
+    link.unlink()
+    link.symlink_to(second, target_is_directory=True)
+    assert load_model(link) is load_model(second) and load_model(second) is not load_model(first)
+
+
 def test_load_model_keeps_the_most_recently_used_models(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoints, "_CACHE", type(checkpoints._CACHE)())
     size = checkpoints._CACHE_SIZE

@@ -61,12 +61,26 @@ def bundled_checkpoints() -> dict[str, Path]:
     >>> isinstance(checkpoints, dict)
     True
     """
-    found = {}
-    for entry in _bundled_root().iterdir():
-        if entry.is_dir() and entry.joinpath(CONFIG_FILE).is_file():
-            # A regular package on disk, so the Traversable is a filesystem path.
-            found[entry.name] = Path(str(entry))
-    return dict(sorted(found.items()))
+    global _bundled
+    root = _bundled_root()
+    try:  # the folder and its mtime, where it is one on disk (not inside a zip)
+        key = (str(root), os.stat(str(root)).st_mtime_ns)
+    except OSError:
+        key = None
+    if key is None or _bundled is None or _bundled[0] != key:
+        found = {}
+        for entry in root.iterdir():
+            if entry.is_dir() and entry.joinpath(CONFIG_FILE).is_file():
+                # A regular package on disk, so the Traversable is a filesystem path.
+                found[entry.name] = Path(str(entry))
+        _bundled = (key, dict(sorted(found.items())))
+    return dict(_bundled[1])
+
+
+# The last listing of the bundled checkpoints, by their folder and its mtime (a checkpoint
+# added or removed changes it): every fit looks its checkpoint up, and listing the folder
+# took 40 us of the 140 us that lookup took.
+_bundled: tuple[tuple[str, int] | None, dict[str, Path]] | None = None
 
 
 # The checkpoint the estimators name by default.
@@ -249,7 +263,28 @@ _CACHE_LOCK = threading.Lock()
 def _model_files(folder: Path) -> tuple[str, ...]:
     """The real paths of the files a model is built from. In the Hub cache they are links
     to content-addressed blobs, so two names for one revision share one model."""
-    return tuple(os.path.realpath(folder / name) for name in (CONFIG_FILE, WEIGHTS_FILE))
+    return tuple(_real_path(str(folder / name)) for name in (CONFIG_FILE, WEIGHTS_FILE))
+
+
+# Real paths by path and the link's own (mtime, inode): a path's lookup reads every folder
+# on the way (54 us for a checkpoint's two files), a link re-pointed or a file replaced
+# changes its own.
+_REAL_PATHS: dict[tuple[str, int, int], str] = {}
+_REAL_PATHS_SIZE = 64
+
+
+def _real_path(path: str) -> str:
+    try:
+        stat = os.lstat(path)
+    except OSError:
+        return os.path.realpath(path)
+    key = (path, stat.st_mtime_ns, stat.st_ino)
+    real = _REAL_PATHS.get(key)
+    if real is None:
+        if len(_REAL_PATHS) >= _REAL_PATHS_SIZE:
+            _REAL_PATHS.clear()
+        real = _REAL_PATHS[key] = os.path.realpath(path)
+    return real
 
 
 def _stamp(files: tuple[str, ...]) -> tuple:
