@@ -208,7 +208,8 @@ def test_chosen_k_is_pinned(make_X, k_bic, k_posterior, k_clusterer, posterior):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_clusterer_counts_two_curved_clusters(make_data, seed):
     """Two moons take many Gaussian components, two nested circles one: the mixture counts
-    those, the clusterer the two clusters a person sees (the cluster-count head)."""
+    those, the clusterer the two clusters a person sees (the cluster-count head), and labels
+    them by their rows, which stand apart."""
     X, y = make_data()
     mixture = TransformerGMM(n_components="auto", random_state=seed).fit(X)
     clusterer = TransformerClusterer(n_clusters="auto", random_state=seed).fit(X)
@@ -221,9 +222,23 @@ def test_the_clusterer_counts_two_curved_clusters(make_data, seed):
     assert merged.n_clusters_ == 2 and merged._separated is not None
     np.testing.assert_array_equal(merged.k_posterior_, clusterer.k_posterior_)
     assert merged.mixture_.n_components_ == max(2, mixture.n_components_)
-    # k-means cuts them straight; the rows' groups follow them.
-    assert adjusted_rand_score(y, clusterer.labels_) < 0.3
+    # The rows' groups label both (k-means's centres alone would cut them straight), and
+    # new rows go to the group of their nearest row.
     assert adjusted_rand_score(y, merged.labels_) > 0.95  # moons: 0.99 (tips), circles: 1
+    np.testing.assert_array_equal(clusterer.labels_, merged.labels_)
+    np.testing.assert_array_equal(clusterer.predict(X), clusterer.labels_)
+    for label in range(2):  # the centres are the groups' means
+        np.testing.assert_allclose(
+            clusterer.cluster_centers_[label], X[clusterer.labels_ == label].mean(axis=0)
+        )
+    assert clusterer.inertia_ == pytest.approx(
+        ((X - clusterer.cluster_centers_[clusterer.labels_]) ** 2).sum()
+    )
+    # A stream's later batches move the centres, which label the rows from then on.
+    stream = TransformerClusterer(n_clusters="auto", random_state=seed).partial_fit(X)
+    np.testing.assert_array_equal(stream.labels_, clusterer.labels_)
+    stream.partial_fit(X)
+    np.testing.assert_array_equal(stream.predict(X), stream.transform(X).argmin(axis=1))
 
 
 @pytest.mark.parametrize("seed, k", [(1, 7), (2, 8)])

@@ -153,9 +153,13 @@ class TransformerClusterer(
         most probable count under P(C | X) P(K | X)^(1/2): a ring or two moons are
         clusters, not the many components a mixture needs for them; a count that the
         rows show to be too many, falling into fewer groups that stand apart and are
-        each one Gaussian, gives way to that number of groups); ``"bic"``, the lowest
-        BIC of every candidate's clustering (X-means); ``"auto"``, the posterior where the
-        checkpoint reads it for every candidate, else BIC.
+        each one Gaussian, gives way to that number of groups; where the rows fall into
+        as many groups as the count that stand apart, no row's near neighbour in another,
+        ``labels_`` are those groups and :meth:`predict` gives each row the group of its
+        nearest fitted row, so that two moons or nested rings are labelled as a person
+        sees them); ``"bic"``, the lowest BIC of every candidate's clustering (X-means);
+        ``"auto"``, the posterior where the checkpoint reads it for every candidate, else
+        BIC.
     merge : bool, default=False
         With ``n_clusters`` not an int, label the clusters by a merged mixture rather
         than by k-means: the components of a mixture that ``TransformerGMM`` fits are
@@ -165,11 +169,9 @@ class TransformerClusterer(
         the count ``merge=False`` finds, components whose rows touch first; elsewhere by
         the entropy criterion; the mixture runs from one start (the transformer's, or
         k-means++ without one) unless ``n_init`` is an int. Where the rows themselves
-        fall into that many groups that
-        stand apart (no row's near neighbour in another), ``labels_`` are those groups
-        and :meth:`predict` gives each row the group of its nearest fitted row: a
-        component that spans two nested rings then splits. Ignored with an int
-        ``n_clusters``.
+        fall into that many groups that stand apart, those groups label them, as without
+        ``merge`` (see ``criterion``): a component that spans two nested rings then
+        splits. Ignored with an int ``n_clusters``.
     init : {"transformer", "k-means++", "random"}, callable or array-like, \
 default="transformer"
         Where Lloyd starts: ``"transformer"``, the transformer's clusterings, then
@@ -216,9 +218,12 @@ default="transformer"
         Cluster centres, of the dtype of the training data.
     labels_ : ndarray of shape (n_samples,)
         The nearest centre of each training sample; after a fit on a dask array, a lazy
-        dask array (see :ref:`Fitting on a Dask array <dask-fit>`).
+        dask array (see :ref:`Fitting on a Dask array <dask-fit>`). With ``n_clusters``
+        not an int, where the rows fall into groups that stand apart (see
+        ``criterion``), or with ``merge=True``, each sample's cluster, whose mean is its
+        centre.
     inertia_ : float
-        Sum of squared distances of the training samples to their nearest centre,
+        Sum of squared distances of the training samples to the centre of their label,
         weighted by ``sample_weight``.
     n_iter_ : int
         Lloyd iterations of the kept initialisation (above 8,192 samples, those on the
@@ -428,6 +433,10 @@ default="transformer"
         if choice.fitted is not None:  # BIC fitted every candidate: keep the chosen one
             self._take_fitted(choice.fitted)
             return None, None
+        if choice.separated is not None and not has_missing:
+            # The rows fall into that many groups that stand apart: they label the fit
+            # (:meth:`_fit_k`), as they do a merged one.
+            self._separated = choice.separated.partition
         return choice.n_components, choice.k_unknown_pass
 
     def _fit_k_missing(self, X, start_rows, sample_weight, n_clusters, k_unknown_pass) -> None:
@@ -513,6 +522,9 @@ default="transformer"
             self, X, sample_weight, accept_sparse=self._accept_sparse
         )
         self._count_batch(X.shape[0])
+        if not hasattr(self, "component_to_cluster_"):
+            # The first batch's groups labelled its rows; the stream's centres move on.
+            self.__dict__.pop("_separated", None)
         centers, self._counts, self.labels_, self.inertia_ = online.kmeans_step(
             X, sample_weight, self.cluster_centers_, self._counts, device=self.device_,
             gaps=gaps,
@@ -537,6 +549,9 @@ default="transformer"
         plan = self._plan(X, sample_weight, random_state, n_clusters, k_unknown_pass)
         self._n_init = plan.n_runs
         self._store_fit(run(plan, X, sample_weight), X, plan)
+        if getattr(self, "_separated", None) is not None:  # "auto": clusters apart, by row
+            labels = _nearest_row_group(X, *self._separated)
+            self._set_clusters(X, labels, n_clusters, sample_weight)
         return self
 
     def _store_fit(self, fitted, X, plan: KMeansPlan) -> None:
@@ -729,9 +744,20 @@ default="transformer"
             labels = _nearest_row_group(X, *self._separated)
         else:
             labels = mapping[np.asarray(mixture.predict(X))].astype(np.int32)
+        self.mixture_ = mixture
+        self.component_to_cluster_ = mapping
+        self._set_clusters(X, labels, n_clusters, sample_weight)
+        self.n_iter_ = mixture.n_iter_
+        self.init_method_ = mixture.init_method_
+        self.device_ = mixture.device_
+        self.n_clusters_ = n_clusters
+        self._n_init = getattr(mixture, "_n_init", 1)
+
+    def _set_clusters(self, X, labels: np.ndarray, n_clusters: int, sample_weight) -> None:
+        """``labels_``, and ``cluster_centers_`` and ``inertia_`` as their (weighted) means and
+        squared distances, summed in canonical row order, as every fit reads its rows: the
+        same centres and inertia, to the bit, whatever the rows' own order."""
         w = np.ones(len(X)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
-        # Summed in canonical row order, as every fit reads its rows: the same centres and
-        # inertia, to the bit, whatever the rows' own order.
         order = row_order.canonical_order(X, sample_weight)
         rows, rows_labels, rows_w = X[order], labels[order], w[order]
         mass = np.bincount(rows_labels, weights=rows_w, minlength=n_clusters)
@@ -741,19 +767,14 @@ default="transformer"
             axis=1,
         )
         centers = sums / np.maximum(mass, np.finfo(float).tiny)[:, None]
-        self.mixture_ = mixture
-        self.component_to_cluster_ = mapping
         self.cluster_centers_ = centers.astype(X.dtype, copy=False)
         self.labels_ = labels
         self.inertia_ = float(rows_w @ ((rows - centers[rows_labels]) ** 2).sum(axis=1))
-        self.n_iter_ = mixture.n_iter_
-        self.init_method_ = mixture.init_method_
-        self.device_ = mixture.device_
-        self.n_clusters_ = n_clusters
-        self._n_init = getattr(mixture, "_n_init", 1)
 
     def predict(self, X):
-        """The nearest cluster centre of each sample.
+        """The nearest cluster centre of each sample (where the fit labelled clusters that
+        stand apart by their rows, or merged a mixture's components, see ``labels_``:
+        the group of its nearest fitted row, or its merged component's cluster).
 
         Parameters
         ----------
