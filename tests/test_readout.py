@@ -8,6 +8,8 @@ pass per dataset, the E-step of the transformer's own mixture and one M-step in 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -502,3 +504,63 @@ def test_standardization_holds_the_map_of_its_own_rows(shape):
     torch.testing.assert_close(held, recomputed, rtol=1e-6, atol=1e-6)
     direct = (x - st.center[:, None, :]) @ st.basis / st.scale[:, None, None]
     torch.testing.assert_close(st.kept, direct, rtol=1e-12, atol=1e-12)
+
+
+def test_axes_from_every_rows_gram_match_the_orthogonalized_ones(monkeypatch):
+    """With every row in the Gram matrix its eigenpairs give the axes, their variances and
+    the rows' scores directly: those of the orthogonalized subspace, to rounding; where
+    the rows span fewer directions than are sought, the orthogonalized path is taken."""
+    from transformer_gmm.engine import standardize
+
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.normal(size=(2, 40, 500)))
+    x[:, :20] += 2.0
+    centred = x - x.mean(1, keepdim=True)
+    counts = torch.full((2, 1), 40.0, dtype=torch.float64)
+    values, vectors = torch.linalg.eigh(centred @ centred.mT)
+    assert standardize._axes_from_gram(centred, values[:, -14:], vectors[..., -14:], counts)
+    direct = standardize.leading_axes(centred, counts, 6)  # 6 + OVERSAMPLE axes, from it
+    monkeypatch.setattr(standardize, "_axes_from_gram", lambda *args: None)
+    orthogonalized = standardize.leading_axes(centred, counts, 6)
+    monkeypatch.undo()
+    torch.testing.assert_close(direct.values, orthogonalized.values, rtol=1e-10, atol=0)
+    eye = torch.eye(direct.vectors.shape[-1], dtype=torch.float64).expand(2, -1, -1)
+    torch.testing.assert_close(direct.vectors.mT @ direct.vectors, eye, rtol=0, atol=1e-10)
+    signs = (direct.vectors * orthogonalized.vectors).sum(1, keepdim=True).sign()  # (2, 1, m)
+    torch.testing.assert_close(direct.vectors, orthogonalized.vectors * signs, rtol=0, atol=1e-8)
+    torch.testing.assert_close(direct.scores, orthogonalized.scores * signs, rtol=0, atol=1e-8)
+    # Four distinct rows, repeated: rank 3 after centring, fewer than the 14 axes sought.
+    few = centred[:1, :4].repeat(1, 10, 1)
+    few = few - few.mean(1, keepdim=True)
+    axes = standardize.leading_axes(few, counts[:1], 6)
+    gram = standardize._axes_from_gram(
+        few, *[t[..., -axes.vectors.shape[-1]:] for t in torch.linalg.eigh(few @ few.mT)],
+        counts[:1],
+    )
+    assert gram is None  # ill-conditioned: orthogonalized instead
+    eye = torch.eye(axes.vectors.shape[-1], dtype=torch.float64)[None]
+    torch.testing.assert_close(axes.vectors.mT @ axes.vectors, eye, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("covariance_type", ["full", "diag", "tied", "spherical"])
+def test_starts_on_the_same_rows_share_one_m_step(covariance_type):
+    """The transformer's starts on one dataset's rows get their covariances from one
+    batched M-step: the parameters of each are those of its own M-step, to the bit."""
+    from transformer_gmm.engine import starts
+
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.normal(size=(1, 60, 3)))
+    inits = []
+    for seed in (1, 2):
+        resp = torch.from_numpy(np.random.default_rng(seed).dirichlet(np.ones(2), 60))[None]
+        means = (resp.mT @ x) / resp.sum(1)[..., None]
+        inits.append(readout.MixtureInit(x, None, resp, resp.mean(1), means))
+    shared = starts._transformer_start_params(tuple(inits), lambda t: t, covariance_type, 1e-6)
+    apart = [  # the same starts on copies of the rows: an M-step each
+        starts._transformer_start_params((dataclasses.replace(init, x=x.clone()),), lambda t: t,
+                                         covariance_type, 1e-6)[0]
+        for init in inits
+    ]
+    for one, alone in zip(shared, apart, strict=True):
+        for field in ("weights", "means", "covariances", "precisions_cholesky"):
+            assert torch.equal(getattr(one, field), getattr(alone, field)), field

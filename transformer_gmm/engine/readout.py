@@ -190,8 +190,9 @@ class ReadViews(NamedTuple):
     def rows(self, x: Tensor) -> Tensor:
         """The rows of ``x`` (B, N, d) each view read, in the user's space: (V * B, C, d),
         or every row, (V * B, N, d), where views read cells or all rows fit."""
-        if self.rows_index is None:
-            return x.repeat(self.signs.shape[0], 1, 1)
+        if self.rows_index is None:  # one view reads x itself: no copy
+            n_views = self.signs.shape[0]
+            return x if n_views == 1 else x.repeat(n_views, 1, 1)
         return _take_each_view(x, self.rows_index)
 
 
@@ -348,7 +349,8 @@ def _read(
         view = MixtureOutput(*(field[part] for field in out))
         view_mask = None if rows_mask is None else rows_mask[part]
         cells = None if token_of_row is None else token_of_row[part]
-        views.append(View(view._replace(means=view.means * sign), rows[part], view_mask, cells))
+        view_rows = rows if len(signs) == 1 else rows[part]  # one view: x itself, as read
+        views.append(View(view._replace(means=view.means * sign), view_rows, view_mask, cells))
     return standardization, z, views
 
 

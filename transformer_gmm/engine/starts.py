@@ -92,16 +92,7 @@ def mixture_starts(
             k_unknown_pass=plan.k_unknown_pass,
             gaps=gaps,
         )
-        for init in starts:
-            params = m_step.estimate_gaussian_parameters(
-                space(init.x),
-                init.resp,
-                covariance_type=covariance_type,
-                reg_covar=reg_covar,
-                means=space(init.means),
-                mask=init.mask,
-            )
-            params.weights = init.weights
+        for params in _transformer_start_params(starts, space, covariance_type, reg_covar):
             if not covariances:
                 params.covariances = None
             run_params.append(runs.unflatten(params, n_datasets))
@@ -134,6 +125,40 @@ def mixture_starts(
         reg_covar=reg_covar,
     )
     return _with_given(runs.flatten(runs.concatenate(run_params)), given, covariance_type)
+
+
+def _transformer_start_params(
+    starts: tuple, space, covariance_type: str, reg_covar: float
+) -> list[m_step.MixtureParams]:
+    """Each of the transformer's ``starts`` (``readout.MixtureInit``) as parameters: the
+    weights its responsibilities gave, and the covariances of one M-step about its means
+    (in the ``space`` the starts are made in). Starts on the same rows of one dataset
+    (every start where the rows fit the context) share one batched M-step: its
+    products and the rows' squares are then made once."""
+    first = starts[0]
+    shared = first.x.shape[0] == 1 and all(
+        init.x is first.x and init.mask is first.mask for init in starts
+    )
+    groups = [starts] if shared and len(starts) > 1 else [(init,) for init in starts]
+    params_of_starts = []
+    for group in groups:
+        params = m_step.estimate_gaussian_parameters(
+            space(first.x if len(group) > 1 else group[0].x),
+            torch.cat([init.resp for init in group]),  # (S, M, K): start s is row s
+            covariance_type=covariance_type,
+            reg_covar=reg_covar,
+            means=torch.cat([space(init.means) for init in group]),
+            mask=group[0].mask,
+        )
+        for s, init in enumerate(group):
+            one = m_step.MixtureParams(*(
+                None if t is None else t[s : s + 1] if len(group) > 1 else t
+                for t in (params.weights, params.means, params.covariances,
+                          params.precisions_cholesky)
+            ))
+            one.weights = init.weights
+            params_of_starts.append(one)
+    return params_of_starts
 
 
 def _given_starts(
