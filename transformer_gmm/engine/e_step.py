@@ -102,6 +102,14 @@ def estimate_weighted_log_prob(
     True
     """
     check_params(X, params, covariance_type, None)
+    return _weighted_log_prob_unchecked(X, params, covariance_type, at_once, x_squared)
+
+
+def _weighted_log_prob_unchecked(
+    X: Tensor, params: MixtureParams, covariance_type: str, at_once: bool,
+    x_squared: Tensor | None,
+) -> Tensor:
+    """:func:`estimate_weighted_log_prob` on parameters already checked (the loops')."""
     log_prob = estimate_log_gaussian_prob(
         X, params.means, params.precisions_cholesky, covariance_type, at_once=at_once,
         x_squared=x_squared,
@@ -125,9 +133,7 @@ def e_step_unchecked(
     """:func:`e_step` on inputs already checked, compacted and with padding zeroed, as
     the loops hold them (``sample_weight`` compacted too); ``at_once`` and ``x_squared``
     as :func:`estimate_weighted_log_prob` takes them."""
-    weighted = estimate_weighted_log_prob(
-        X, params, covariance_type, at_once=at_once, x_squared=x_squared
-    )
+    weighted = _weighted_log_prob_unchecked(X, params, covariance_type, at_once, x_squared)
     log_prob_norm = logsumexp(weighted, -1)  # (B, N)
     # In place where nothing tracks gradients: weighted is this step's own.
     norm = log_prob_norm[..., None]

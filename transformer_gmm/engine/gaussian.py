@@ -115,7 +115,10 @@ def _precision_cholesky_matrix(covariances: Tensor) -> tuple[Tensor, Tensor]:
 
 def _precision_cholesky_vector(covariances: Tensor) -> tuple[Tensor, Tensor]:
     precisions_chol = 1.0 / covariances.sqrt()
-    return precisions_chol, (covariances <= 0) | ~torch.isfinite(precisions_chol)
+    # Failed where a variance is not positive or is NaN: there 1 / sqrt is NaN or inf, and
+    # nowhere else (an infinite variance gives 0). One comparison: isfinite on the factors
+    # is several times slower on CPU.
+    return precisions_chol, ~(covariances > 0)
 
 
 _PRECISION_CHOLESKY = {
