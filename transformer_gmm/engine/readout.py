@@ -349,35 +349,51 @@ def _read(
         view = MixtureOutput(*(field[part] for field in out))
         view_mask = None if rows_mask is None else rows_mask[part]
         cells = None if token_of_row is None else token_of_row[part]
-        view_rows = rows if len(signs) == 1 else rows[part]  # one view: x itself, as read
+        # Where the part is every row read (one view), the rows themselves: x, as read.
+        view_rows = rows if rows.shape[0] == n_datasets else rows[part]
         views.append(View(view._replace(means=view.means * sign), view_rows, view_mask, cells))
     return standardization, z, views
 
 
-def _mixture_start(
-    x: Tensor, mask: Tensor | None, z: Tensor, standardization: Standardization, out: MixtureOutput
-) -> MixtureInit:
-    """Every row scored under the transformer's own mixture, and one M-step on that."""
-    resp = model_space_responsibilities(z.to(x.dtype), standardization.n_kept, out, mask)
-    return _start(x, mask, resp, standardization, out)
+class _Responsibilities(NamedTuple):
+    """A start before its M-step: the rows, their mask, their responsibilities, and the
+    view's output (whose weights and means an empty component keeps)."""
+
+    rows: Tensor
+    rows_mask: Tensor | None
+    resp: Tensor
+    out: MixtureOutput
 
 
-def _start(
-    rows: Tensor,
-    rows_mask: Tensor | None,
-    resp: Tensor,
-    standardization: Standardization,
-    out: MixtureOutput,
-) -> MixtureInit:
-    """One M-step on ``resp`` (zero on padded rows); an empty component keeps the head's."""
-    weights, means = weights_and_means_from_responsibilities(
-        rows,
-        resp,
-        rows_mask,
-        fallback_weights=out.weights / out.weights.sum(dim=-1, keepdim=True),
-        fallback_means=standardization.inverse_transform_means(out.means),
+def _starts(
+    pending: list[_Responsibilities], standardization: Standardization
+) -> tuple[MixtureInit, ...]:
+    """One M-step (weights and means) on each start's responsibilities, zero on padded
+    rows; an empty component keeps the head's. Starts on the same rows of one dataset
+    share one batched product."""
+    first = pending[0]
+    shared = len(pending) > 1 and first.rows.shape[0] == 1 and all(
+        p.rows is first.rows and p.rows_mask is first.rows_mask for p in pending
     )
-    return MixtureInit(rows, rows_mask, resp, weights, means)
+    groups = [pending] if shared else [[p] for p in pending]
+    starts = []
+    for group in groups:
+        weights, means = weights_and_means_from_responsibilities(
+            first.rows if shared else group[0].rows,
+            torch.cat([p.resp for p in group]),  # start s is row s
+            group[0].rows_mask,
+            fallback_weights=torch.cat(
+                [p.out.weights / p.out.weights.sum(dim=-1, keepdim=True) for p in group]
+            ),
+            fallback_means=torch.cat(
+                [standardization.inverse_transform_means(p.out.means) for p in group]
+            ),
+        )
+        rows_of_start = weights.shape[0] // len(group)
+        for s, p in enumerate(group):
+            part = slice(s * rows_of_start, (s + 1) * rows_of_start)
+            starts.append(MixtureInit(p.rows, p.rows_mask, p.resp, weights[part], means[part]))
+    return tuple(starts)
 
 
 def mixture_inits(
@@ -460,20 +476,22 @@ def _view_starts(
         model, x, mask, n_components, generator, n_starts, k_unknown_pass, gaps
     )
 
-    def mixture(view: View) -> MixtureInit:
-        return _mixture_start(x, mask, z, standardization, view.out)
+    def mixture(view: View) -> _Responsibilities:  # every row, under the view's mixture
+        resp = model_space_responsibilities(z.to(x.dtype), standardization.n_kept, view.out, mask)
+        return _Responsibilities(x, mask, resp, view.out)
 
-    def per_point(view: View) -> MixtureInit:
+    def per_point(view: View) -> _Responsibilities:
         if view.token_of_row is None:
             resp = point_resp(view.out, view.rows_mask, x.dtype)
         else:  # every row takes its cell's probabilities
             resp = take_rows(point_resp(view.out, None, x.dtype), view.token_of_row)
             if view.rows_mask is not None:
                 resp = resp.masked_fill(~view.rows_mask[..., None], 0.0)
-        return _start(view.rows, view.rows_mask, resp, standardization, view.out)
+        return _Responsibilities(view.rows, view.rows_mask, resp, view.out)
 
     order = (mixture, per_point) if mixture_first else (per_point, mixture)
-    return tuple(islice((make(view) for view in views for make in order), n_starts))
+    pending = list(islice((make(view) for view in views for make in order), n_starts))
+    return _starts(pending, standardization)
 
 
 def cluster_centers(
