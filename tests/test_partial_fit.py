@@ -533,3 +533,22 @@ def test_streaming_seeds_benchmark_pairs_the_views_against(tmp_path):
     first = sum(float(r["ours_first_seconds"]) for r in rows)
     assert line["views_first_seconds_ratio"] == pytest.approx(
         first / sum(float(r["views_first_seconds"]) for r in rows))
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_a_clusterer_stream_labels_later_batches_by_its_centres(merge):
+    """The first batch of an "auto" stream is labelled as fit labels it (row groups that
+    stand apart, or the merged mixture's clusters); later batches move the centres, and
+    the nearest centre then labels a row in labels_ and in predict alike."""
+    from sklearn.datasets import make_moons
+
+    X, _ = make_moons(400, noise=0.05, random_state=0)
+    km = TransformerClusterer(n_clusters="auto", merge=merge, random_state=0)
+    km.partial_fit(X[:200])
+    fitted = TransformerClusterer(n_clusters="auto", merge=merge, random_state=0).fit(X[:200])
+    np.testing.assert_array_equal(km.labels_, fitted.labels_)
+    np.testing.assert_array_equal(km.predict(X[:200]), km.labels_)
+    km.partial_fit(X[200:])
+    assert not hasattr(km, "mixture_") and not hasattr(km, "component_to_cluster_")
+    np.testing.assert_array_equal(km.predict(X[200:]), km.labels_)
+    np.testing.assert_array_equal(km.transform(X[200:]).argmin(1), km.labels_)

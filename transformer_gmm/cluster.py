@@ -462,7 +462,10 @@ default="transformer"
         the batch as :meth:`fit` does; each later call is a step of
         :class:`~sklearn.cluster.MiniBatchKMeans`: each centre moves to the mean of all
         the samples it has taken. ``labels_`` and ``inertia_`` are then the latest
-        batch's. A batch's missing entries (NaN) take their row's nearest centre's
+        batch's, and the nearest centre labels a row, in them and in :meth:`predict`
+        alike: the first batch's clusters that stood apart or were merged from a mixture
+        (``merge=True``: ``mixture_`` and ``component_to_cluster_``, then dropped) label
+        that batch alone. A batch's missing entries (NaN) take their row's nearest centre's
         coordinates for the step, as k-POD fills them in :meth:`fit`, and its labels and
         inertia are over the observed entries.
 
@@ -522,9 +525,9 @@ default="transformer"
             self, X, sample_weight, accept_sparse=self._accept_sparse
         )
         self._count_batch(X.shape[0])
-        if not hasattr(self, "component_to_cluster_"):
-            # The first batch's groups labelled its rows; the stream's centres move on.
-            self.__dict__.pop("_separated", None)
+        # The first batch's groups, or its merged mixture, labelled its rows; the stream's
+        # centres move on, and label the later batches and predict, as MiniBatchKMeans's.
+        self._forget_previous_fit()
         centers, self._counts, self.labels_, self.inertia_ = online.kmeans_step(
             X, sample_weight, self.cluster_centers_, self._counts, device=self.device_,
             gaps=gaps,
