@@ -20,6 +20,7 @@ __all__ = [
     "check_batch",
     "compact",
     "matmul",
+    "on_shared_rows",
     "point_weights",
     "take",
     "zero_padding",
@@ -79,6 +80,16 @@ def point_weights(X: Tensor, mask: Tensor | None, sample_weight: Tensor | None =
     if mask is None:
         return X.new_ones(X.shape[:2])
     return mask.to(X.dtype)
+
+
+def on_shared_rows(rows: list[tuple[Tensor, Tensor | None]]) -> bool:
+    """Whether every item of ``rows``, each its rows (1, N, d) and their mask or None, is
+    the same rows of one dataset: then their steps (the starts' M-steps, say) can run as
+    one batch, each a row of it, reading the rows once."""
+    first, mask = rows[0]
+    return len(rows) > 1 and first.shape[0] == 1 and all(
+        x is first and m is mask for x, m in rows
+    )
 
 
 def take(t: Tensor | None, index: Tensor) -> Tensor | None:

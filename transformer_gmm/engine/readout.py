@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..nn.model import MixtureOutput
 from . import e_step, logspace, m_step
+from .batching import on_shared_rows
 from .standardize import Standardization, fit_standardization, subsample_rows, take_rows
 from .summary import SUMMARY_ROWS, summarize_views
 
@@ -372,9 +373,7 @@ def _starts(
     rows; an empty component keeps the head's. Starts on the same rows of one dataset
     share one batched product."""
     first = pending[0]
-    shared = len(pending) > 1 and first.rows.shape[0] == 1 and all(
-        p.rows is first.rows and p.rows_mask is first.rows_mask for p in pending
-    )
+    shared = on_shared_rows([(p.rows, p.rows_mask) for p in pending])
     groups = [pending] if shared else [[p] for p in pending]
     starts = []
     for group in groups:

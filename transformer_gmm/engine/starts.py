@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from . import gaussian, kmeans, m_step, model_cache, readout, runs
+from .batching import on_shared_rows
 from .device import tensor
 from .plan import GivenStarts
 from .screening import Projection
@@ -136,10 +137,8 @@ def _transformer_start_params(
     (every start where the rows fit the context) share one batched M-step: its
     products and the rows' squares are then made once."""
     first = starts[0]
-    shared = first.x.shape[0] == 1 and all(
-        init.x is first.x and init.mask is first.mask for init in starts
-    )
-    groups = [starts] if shared and len(starts) > 1 else [(init,) for init in starts]
+    shared = on_shared_rows([(init.x, init.mask) for init in starts])
+    groups = [starts] if shared else [(init,) for init in starts]
     params_of_starts = []
     for group in groups:
         params = m_step.estimate_gaussian_parameters(
