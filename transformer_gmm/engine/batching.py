@@ -17,6 +17,7 @@ from torch import Tensor
 __all__ = [
     "SHRINK_WHEN_STOPPED",
     "ShrinkingBatch",
+    "cat_batch",
     "check_batch",
     "compact",
     "matmul",
@@ -80,6 +81,11 @@ def point_weights(X: Tensor, mask: Tensor | None, sample_weight: Tensor | None =
     if mask is None:
         return X.new_ones(X.shape[:2])
     return mask.to(X.dtype)
+
+
+def cat_batch(parts: list[Tensor]) -> Tensor:
+    """``parts`` joined along the batch; a part alone is returned itself, not copied."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def on_shared_rows(rows: list[tuple[Tensor, Tensor | None]]) -> bool:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..nn.model import MixtureOutput
 from . import e_step, logspace, m_step
-from .batching import on_shared_rows
+from .batching import cat_batch, on_shared_rows
 from .standardize import Standardization, fit_standardization, subsample_rows, take_rows
 from .summary import SUMMARY_ROWS, summarize_views
 
@@ -372,26 +372,23 @@ def _starts(
     """One M-step (weights and means) on each start's responsibilities, zero on padded
     rows; an empty component keeps the head's. Starts on the same rows of one dataset
     share one batched product."""
-    first = pending[0]
     shared = on_shared_rows([(p.rows, p.rows_mask) for p in pending])
     groups = [pending] if shared else [[p] for p in pending]
     starts = []
     for group in groups:
         weights, means = weights_and_means_from_responsibilities(
-            first.rows if shared else group[0].rows,
-            torch.cat([p.resp for p in group]),  # start s is row s
+            group[0].rows,
+            cat_batch([p.resp for p in group]),  # start s is row s
             group[0].rows_mask,
-            fallback_weights=torch.cat(
+            fallback_weights=cat_batch(
                 [p.out.weights / p.out.weights.sum(dim=-1, keepdim=True) for p in group]
             ),
-            fallback_means=torch.cat(
+            fallback_means=cat_batch(
                 [standardization.inverse_transform_means(p.out.means) for p in group]
             ),
         )
-        rows_of_start = weights.shape[0] // len(group)
-        for s, p in enumerate(group):
-            part = slice(s * rows_of_start, (s + 1) * rows_of_start)
-            starts.append(MixtureInit(p.rows, p.rows_mask, p.resp, weights[part], means[part]))
+        parts = zip(group, weights.chunk(len(group)), means.chunk(len(group)), strict=True)
+        starts += [MixtureInit(p.rows, p.rows_mask, p.resp, w, m) for p, w, m in parts]
     return tuple(starts)
 
 

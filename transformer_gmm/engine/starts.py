@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from . import gaussian, kmeans, m_step, model_cache, readout, runs
-from .batching import on_shared_rows
+from .batching import cat_batch, on_shared_rows
 from .device import tensor
 from .plan import GivenStarts
 from .screening import Projection
@@ -136,25 +136,21 @@ def _transformer_start_params(
     (in the ``space`` the starts are made in). Starts on the same rows of one dataset
     (every start where the rows fit the context) share one batched M-step: its
     products and the rows' squares are then made once."""
-    first = starts[0]
     shared = on_shared_rows([(init.x, init.mask) for init in starts])
     groups = [starts] if shared else [(init,) for init in starts]
     params_of_starts = []
     for group in groups:
         params = m_step.estimate_gaussian_parameters(
-            space(first.x if len(group) > 1 else group[0].x),
-            torch.cat([init.resp for init in group]),  # (S, M, K): start s is row s
+            space(group[0].x),
+            cat_batch([init.resp for init in group]),  # (S, M, K): start s is row s
             covariance_type=covariance_type,
             reg_covar=reg_covar,
-            means=torch.cat([space(init.means) for init in group]),
+            means=cat_batch([space(init.means) for init in group]),
             mask=group[0].mask,
         )
-        for s, init in enumerate(group):
-            one = m_step.MixtureParams(*(
-                None if t is None else t[s : s + 1] if len(group) > 1 else t
-                for t in (params.weights, params.means, params.covariances,
-                          params.precisions_cholesky)
-            ))
+        fields = [getattr(params, f).chunk(len(group)) for f in runs.FIELDS]
+        for init, *parts in zip(group, *fields, strict=True):
+            one = m_step.MixtureParams(*parts)
             one.weights = init.weights
             params_of_starts.append(one)
     return params_of_starts
