@@ -302,13 +302,32 @@ def test_separated_count_raises_a_count_to_sheared_blobs_far_apart():
         assert read.n_clusters == 6
         rows, groups = read.partition
         assert adjusted_rand_score(truth[pairwise_distances_argmin(rows, X)], groups) == 1.0
-    assert separated_count(X, 3, None, is_one_gaussian, 5).n_clusters == 3  # 6 not allowed
+    # 6 not allowed: 5, the most allowed (one group holds two blobs far apart).
+    assert separated_count(X, 3, None, is_one_gaussian, 5).n_clusters == 5
     blobs = [X[truth == k] for k in range(6)]
     assert not any(is_one_gaussian(blob, 6) for blob in blobs)  # tilted: two diagonal ones
     assert all(is_one_gaussian(_principal_axes(blob), 6) for blob in blobs)
     # Two moons: their arcs never stand far enough apart to be counted as more.
     moons, _ = make_moons(300, noise=0.05, random_state=0)
     assert separated_count(moons, 2, None, is_one_gaussian, 10).n_clusters == 2
+
+
+def test_separated_count_raises_a_count_past_one_group_of_touching_blobs():
+    # The six sheared blobs with two of them touching: five groups stand far apart, four
+    # of them one Gaussian each and one of two (not one Gaussian). They are at least five
+    # clusters, and the count is raised to five.
+    rng = np.random.default_rng(3)
+    means = 16.0 * np.array([[0, 0], [1, 0], [2, 0], [0, 1], [1, 1], [2, 1]])
+    means[1] = means[0] + [0.0, 5.0]  # touching the first blob
+    truth = np.arange(360) % 6
+    X = (means[truth] + rng.standard_normal((360, 2))) @ np.array([[0.6, -0.64], [-0.41, 0.85]])
+    assert not is_one_gaussian(_principal_axes(X[truth <= 1]), 5)
+    joined = np.where(truth == 1, 0, truth)
+    for count in (1, 2, 3):
+        read = separated_count(X, count, None, is_one_gaussian, 10)
+        assert read.n_clusters == 5
+        rows, groups = read.partition
+        assert adjusted_rand_score(joined[pairwise_distances_argmin(rows, X)], groups) == 1.0
 
 
 def test_separated_count_keeps_a_count_of_touching_or_curved_clusters():

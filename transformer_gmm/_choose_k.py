@@ -28,8 +28,9 @@ from the benchmark's; docs/choosing_k.md). Where the rows show fewer clusters th
 count, standing apart and each one cluster by the clusterer's test (one Gaussian;
 ``_merge.separated_count``), it takes the rows' count: the heads read a small
 separated blob as two. Where they show more, standing twice as far apart and each one
-Gaussian of any orientation, it takes that count too: the heads read elongated clusters
-sheared alike as fewer.
+Gaussian of any orientation but at most one (which may hold clusters that touch), it
+takes the largest such count too: the heads read elongated clusters sheared alike as
+fewer.
 """
 
 from __future__ import annotations

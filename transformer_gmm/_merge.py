@@ -307,14 +307,17 @@ def separated_count(
     """``n_clusters``, or another count that the rows show. Smaller: the largest c <
     ``n_clusters`` for which they fall into c groups that stand apart (as
     :func:`separated_partition`'s), provided ``is_one_cluster(rows, c)`` holds for the rows
-    of each. Else larger: the smallest c, up to ``max_clusters``, for which they fall into
-    c groups that stand ``RAISE_APART`` times further apart, each one cluster by
-    ``is_one_cluster`` in its own principal axes. None where too few rows leave nothing
-    to count.
+    of each. Else larger: the largest c, up to ``max_clusters``, for which they fall into
+    c groups that stand ``RAISE_APART`` times further apart, all but at most one of them
+    one cluster by ``is_one_cluster`` in its own principal axes. None where too few rows
+    leave nothing to count.
 
     A count read off the whole data can overshoot clusters that stand apart (a small blob
     read as two); the groups of a smaller count, each one cluster, show it did. It can also
-    fall short of elongated clusters that stand far apart (sheared blobs, read as fewer).
+    fall short of elongated clusters that stand far apart (sheared blobs, read as fewer):
+    c - 1 groups far apart that are one cluster each, and one more that holds at least
+    one, are at least c clusters, though two of them touch inside the last group; a curve
+    broken into pieces far apart leaves more than one piece that is not one cluster.
     Rows that stand apart in ``n_clusters`` groups keep it unless more groups stand far
     apart, and so do clusters that touch (no other partition) or groups of several
     touching clusters (the first smaller partition has a group that is not one cluster).
@@ -331,12 +334,10 @@ def separated_count(
                 if _each_one_cluster(rows, labels, count, is_one_cluster):
                     return SeparatedCount(count, (rows, labels))
                 break
-    for count in range(n_clusters + 1, (max_clusters or n_clusters) + 1):
-        if len(rows) < 2 * count:
-            break
+    for count in range(min(max_clusters or n_clusters, len(rows) // 2), n_clusters, -1):
         labels = _apart(tree, count, RAISE_APART * TOUCHING)
         if labels is not None and _each_one_cluster(
-            rows, labels, count, is_one_cluster, any_orientation=True
+            rows, labels, count, is_one_cluster, any_orientation=True, exceptions=1
         ):
             return SeparatedCount(count, (rows, labels))
     return SeparatedCount(n_clusters, None if kept is None else (rows, kept))
@@ -348,15 +349,21 @@ def _each_one_cluster(
     count: int,
     is_one_cluster: Callable[[np.ndarray, int], bool],
     any_orientation: bool = False,
+    exceptions: int = 0,
 ) -> bool:
-    """Whether ``is_one_cluster`` holds for the rows of each of the ``count`` groups, the
-    largest first (the likeliest to be several); with ``any_orientation``, each group read
-    in its own principal axes."""
+    """Whether ``is_one_cluster`` holds for the rows of each of the ``count`` groups but at
+    most ``exceptions``, tested the largest first (the likeliest to be several) until more
+    fail; with ``any_orientation``, each group read in its own principal axes."""
     by_size = np.argsort(-np.bincount(labels, minlength=count), kind="stable")
     groups = (rows[labels == g] for g in by_size)
     if any_orientation:
         groups = (_principal_axes(group) for group in groups)
-    return all(is_one_cluster(group, count) for group in groups)
+    failed = 0
+    for group in groups:
+        failed += not is_one_cluster(group, count)
+        if failed > exceptions:
+            return False
+    return True
 
 
 def _principal_axes(rows: np.ndarray) -> np.ndarray:
