@@ -153,7 +153,9 @@ class TransformerClusterer(
         most probable count under P(C | X) P(K | X)^(1/2): a ring or two moons are
         clusters, not the many components a mixture needs for them; a count that the
         rows show to be too many, falling into fewer groups that stand apart and are
-        each one Gaussian, gives way to that number of groups; where the rows fall into
+        each one Gaussian, gives way to that number of groups, and one they show to be too
+        few, falling into more groups far apart that are all but at most one one
+        Gaussian of any orientation, to the largest such number; where the rows fall into
         as many groups as the count that stand apart, no row's near neighbour in another,
         ``labels_`` are those groups and :meth:`predict` gives each row the group of its
         nearest fitted row, so that two moons or nested rings are labelled as a person
