@@ -550,3 +550,19 @@ def test_shape_tasks_hold_the_rows_asked_for():
             assert X.shape == (16 * k + 50, d) and np.isfinite(X).all()
             again = sample_shapes(np.random.default_rng([k, d]), k, d, 16 * k + 50)
             np.testing.assert_array_equal(X, again)
+            sheared = sample_shapes(np.random.default_rng([k, d]), k, d, 16 * k + 50, 1.0)
+            assert sheared.shape == X.shape and np.isfinite(sheared).all()
+
+
+def test_sheared_shape_tasks_are_one_linear_map_of_the_plane():
+    # Every cluster stretched alike, and the gaps with them: one map of the whole plane,
+    # whose smaller stretch against its larger lies in SHEAR_RATIO.
+    from transformer_gmm.training.shapes import SHEAR_RATIO, _sheared
+
+    X = np.random.default_rng(0).normal(size=(200, 2))
+    for seed in range(20):
+        Y = _sheared(np.random.default_rng(seed), X)
+        A = np.linalg.lstsq(X, Y, rcond=None)[0]
+        np.testing.assert_allclose(X @ A, Y, atol=1e-12)
+        low, high = np.linalg.svd(A, compute_uv=False)[::-1]
+        assert SHEAR_RATIO[0] - 1e-12 <= low / high <= SHEAR_RATIO[1] + 1e-12

@@ -83,10 +83,12 @@ def sample_k_batch(
     reading: ReadingConfig,
     batch_size: int,
     prior_weights: dict[str, float] | None = None,
+    sheared: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(x, mask, k)``: B tasks of K uniform in 1..k_max, each subsampled to the context
     the model (``config``, ``reading``) reads; each task's prior drawn by ``prior_weights``
-    (by default those of ``K_PRIORS``)."""
+    (by default those of ``K_PRIORS``); ``sheared``, the share of separate shapes sheared
+    alike (:func:`~transformer_gmm.training.shapes.sample_shapes`)."""
     weights = prior_weights or {name: weight for name, (weight, _) in K_PRIORS.items()}
     names = list(weights)
     probs = np.array([weights[name] for name in names])
@@ -96,7 +98,7 @@ def sample_k_batch(
         K = int(rng.integers(1, config.k_max + 1))
         if name == SHAPES:  # at least 16 rows a cluster, for a reading to see each
             n = max(int(rng.integers(64, 513)), 16 * K)
-            X = sample_shapes(rng, K, int(rng.choice(SHAPE_DIMENSIONS)), n)
+            X = sample_shapes(rng, K, int(rng.choice(SHAPE_DIMENSIONS)), n, sheared)
         else:
             prior = K_PRIORS[name][1]
             n = max(int(rng.integers(prior.n_range[0], prior.n_range[1] + 1)), K)
@@ -123,10 +125,11 @@ def k_batch_of_step(
     batch_size: int,
     seed: int,
     prior_weights: dict[str, float] | None = None,
+    sheared: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step ``step``'s batch: :func:`sample_k_batch` from the seed ``(seed, step)`` alone."""
     rng = np.random.default_rng([seed, step])
-    return sample_k_batch(rng, config, reading, batch_size, prior_weights)
+    return sample_k_batch(rng, config, reading, batch_size, prior_weights, sheared)
 
 
 def with_k_posterior_head(
@@ -228,10 +231,16 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="the share of each prior of K_PRIORS, e.g. unit=0.4,broad=0.2,real=0.4",
     )
+    parser.add_argument(
+        "--sheared-shapes", type=float, default=0.0,
+        help="the share of the shapes prior's separate shapes sheared alike by one linear map",
+    )
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--workers", type=int, default=0, help="processes drawing batches")
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.sheared_shapes <= 1.0:
+        parser.error(f"--sheared-shapes is a share in [0, 1], got {args.sheared_shapes}")
 
     args.out.mkdir(parents=True, exist_ok=True)
     prior_weights = None
@@ -266,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         batch_size=args.batch_size,
         seed=args.seed,
         prior_weights=prior_weights,
+        sheared=args.sheared_shapes,
     )
     draws = step_batches(draw, step, args.steps, args.workers)
     model.train()

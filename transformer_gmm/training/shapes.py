@@ -6,8 +6,9 @@ a shape drawn at random: an arc, an annulus, a uniform disc or box, a skewed blo
 elongated Gaussian or a round one; now and then a task is a set of nested rings (or
 shells) or of interleaved spiral arms. Clusters are placed apart by a random multiple of
 their extents, so that a person would count K, and each holds enough of the rows that a
-reading of the context sees it. The plane of the shapes is rotated into ``d`` dimensions
-with a little noise in the others.
+reading of the context sees it; a share of the tasks of separate shapes can then be
+sheared alike, by one linear map of their plane. The plane of the shapes is rotated into
+``d`` dimensions with a little noise in the others.
 
 :func:`sample_shapes` returns the rows and K; the caller standardizes them as a fit would.
 """
@@ -22,6 +23,9 @@ import numpy as np
 NESTED_PROB = 0.2
 INTERLEAVED_PROB = 0.15
 SPIRAL_PROB = 0.1
+# A shear's smaller stretch against its larger (``sample_shapes``'s ``sheared``):
+# log-uniform in this range.
+SHEAR_RATIO = (0.1, 1.0)
 _SHAPES = ("arc", "annulus", "disc", "box", "skewed", "elongated", "round")
 
 
@@ -94,6 +98,13 @@ def _separate_shapes(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def _sheared(rng: np.random.Generator, X: np.ndarray) -> np.ndarray:
+    """``X`` (n, 2) under one random linear map: a rotation, the axes stretched by 1 and
+    by ``SHEAR_RATIO``'s draw, another rotation."""
+    ratio = np.exp(rng.uniform(*np.log(SHEAR_RATIO)))
+    return X @ _rotation(rng, 2) @ np.diag([1.0, ratio]) @ _rotation(rng, 2)
+
+
 def _nested(rng: np.random.Generator, n: int, k: int, d: int) -> np.ndarray:
     """k concentric rings (shells where d > 2), the innermost sometimes a filled blob."""
     counts = _counts(rng, n, k)
@@ -135,8 +146,15 @@ def _spirals(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def sample_shapes(rng: np.random.Generator, k: int, d: int, n: int) -> np.ndarray:
-    """``n`` rows (n, d) of ``k`` clusters that are shapes (see the module), in random order."""
+def sample_shapes(
+    rng: np.random.Generator, k: int, d: int, n: int, sheared: float = 0.0
+) -> np.ndarray:
+    """``n`` rows (n, d) of ``k`` clusters that are shapes (see the module), in random order;
+    a share ``sheared`` of the tasks of separate shapes sheared by one linear map of their
+    plane (features correlated across the data, as in scikit-learn's anisotropic
+    example): every cluster is stretched alike, and so are the gaps between them, which
+    keep their size against the clusters' own extent in each direction, so a person still
+    counts ``k``. With ``sheared=0`` no draw is spent on it (the bundled head's tasks)."""
     u = rng.uniform()
     if 2 <= k <= 4 and u < NESTED_PROB:
         X = _nested(rng, n, k, d)
@@ -146,6 +164,8 @@ def sample_shapes(rng: np.random.Generator, k: int, d: int, n: int) -> np.ndarra
         X = _spirals(rng, n, k)
     else:
         X = _separate_shapes(rng, n, k)
+        if sheared > 0 and rng.uniform() < sheared:
+            X = _sheared(rng, X)
     if d > X.shape[1]:  # the shapes' plane (or space) rotated into d dimensions
         scale = X.std()
         noise = rng.uniform(0.0, 0.05) * scale * rng.standard_normal((n, d - X.shape[1]))
