@@ -11,6 +11,9 @@ stop working on the problems that have converged.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
 import torch
 from torch import Tensor
 
@@ -20,12 +23,14 @@ __all__ = [
     "cat_batch",
     "check_batch",
     "compact",
+    "groups_on_shared_rows",
     "matmul",
-    "on_shared_rows",
     "point_weights",
     "take",
     "zero_padding",
 ]
+
+T = TypeVar("T")
 
 
 def check_batch(X: Tensor, *batched: Tensor, mask: Tensor | None = None) -> int:
@@ -88,14 +93,17 @@ def cat_batch(parts: list[Tensor]) -> Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def on_shared_rows(rows: list[tuple[Tensor, Tensor | None]]) -> bool:
-    """Whether every item of ``rows``, each its rows (1, N, d) and their mask or None, is
-    the same rows of one dataset: then their steps (the starts' M-steps, say) can run as
-    one batch, each a row of it, reading the rows once."""
+def groups_on_shared_rows(items: Sequence[T], rows_of: Callable[[T], tuple]) -> list[list[T]]:
+    """``items`` as groups whose steps (the starts' M-steps, say) can run as one batch, each
+    item a row of it, reading the rows once: all of them together where every item's rows
+    (``rows_of(item)``: rows (1, N, d) and their mask or None) are the same rows of one
+    dataset, else each alone."""
+    rows = [rows_of(item) for item in items]
     first, mask = rows[0]
-    return len(rows) > 1 and first.shape[0] == 1 and all(
+    shared = len(rows) > 1 and first.shape[0] == 1 and all(
         x is first and m is mask for x, m in rows
     )
+    return [list(items)] if shared else [[item] for item in items]
 
 
 def take(t: Tensor | None, index: Tensor) -> Tensor | None:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..nn.model import MixtureOutput
 from . import e_step, logspace, m_step
-from .batching import cat_batch, on_shared_rows
+from .batching import cat_batch, groups_on_shared_rows
 from .standardize import Standardization, fit_standardization, subsample_rows, take_rows
 from .summary import SUMMARY_ROWS, summarize_views
 
@@ -372,10 +372,8 @@ def _starts(
     """One M-step (weights and means) on each start's responsibilities, zero on padded
     rows; an empty component keeps the head's. Starts on the same rows of one dataset
     share one batched product."""
-    shared = on_shared_rows([(p.rows, p.rows_mask) for p in pending])
-    groups = [pending] if shared else [[p] for p in pending]
     starts = []
-    for group in groups:
+    for group in groups_on_shared_rows(pending, lambda p: (p.rows, p.rows_mask)):
         weights, means = weights_and_means_from_responsibilities(
             group[0].rows,
             cat_batch([p.resp for p in group]),  # start s is row s

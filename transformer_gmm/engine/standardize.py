@@ -163,6 +163,9 @@ AXES_ROWS = 2048
 # matrix gives the axes' subspace exactly, for less than the iterations cost (50 x 2,000:
 # 0.8 ms against 2.2 ms on one CPU thread).
 GRAM_ROWS_PER_AXIS = 8
+# The smallest Gram eigenvalue kept against the largest for which _axes_from_gram's axes
+# stay orthonormal to about 1e-10 (their error is about eps times the ratio's inverse).
+GRAM_CONDITION = 1e-6
 
 
 def leading_axes(
@@ -232,10 +235,6 @@ def _axes_from_gram(
     axes = rows.mT @ (vectors / root)  # (B, d, m), orthonormal
     return Axes(values / counts, axes, vectors * root)
 
-
-# The smallest Gram eigenvalue kept against the largest for which _axes_from_gram's axes
-# stay orthonormal to about 1e-10 (their error is about eps times the ratio's inverse).
-GRAM_CONDITION = 1e-6
 
 
 def _principal_axes(

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from . import gaussian, kmeans, m_step, model_cache, readout, runs
-from .batching import cat_batch, on_shared_rows
+from .batching import cat_batch, groups_on_shared_rows
 from .device import tensor
 from .plan import GivenStarts
 from .screening import Projection
@@ -136,10 +136,8 @@ def _transformer_start_params(
     (in the ``space`` the starts are made in). Starts on the same rows of one dataset
     (every start where the rows fit the context) share one batched M-step: its
     products and the rows' squares are then made once."""
-    shared = on_shared_rows([(init.x, init.mask) for init in starts])
-    groups = [starts] if shared else [(init,) for init in starts]
     params_of_starts = []
-    for group in groups:
+    for group in groups_on_shared_rows(starts, lambda init: (init.x, init.mask)):
         params = m_step.estimate_gaussian_parameters(
             space(group[0].x),
             cat_batch([init.resp for init in group]),  # (S, M, K): start s is row s
